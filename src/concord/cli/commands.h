@@ -1,0 +1,13 @@
+// Registration of the concord subcommands; each lives in its own <name>_cmd.cpp.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace concord::cli {
+
+void add_codec_command(CLI::App& app);
+void add_quant_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+void add_demo_command(CLI::App& app);
+
+}  // namespace concord::cli
