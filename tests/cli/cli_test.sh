@@ -1,0 +1,150 @@
+#!/bin/bash
+# End-to-end tests of the concord binary: named codec values, usage errors (one line, exit 2),
+# quant -> inspect -> dequant on a generated checkpoint, and corrupt files.
+# Usage: cli_test.sh PATH/TO/concord
+set -u
+CONCORD="$1"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+FAILURES=0
+
+fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+pass() { echo "ok: $*"; }
+
+# expect_output NAME EXPECTED COMMAND... : stdout equals EXPECTED and exit status is 0.
+expect_output() {
+  local name="$1" expected="$2"; shift 2
+  local got; got="$("$@" 2>"$WORK/stderr")"; local rc=$?
+  if [[ $rc -ne 0 || "$got" != "$expected" ]]; then
+    fail "$name: rc=$rc, got '$got', expected '$expected' ($(cat "$WORK/stderr"))"
+  else
+    pass "$name"
+  fi
+}
+
+# expect_error NAME FRAGMENT COMMAND... : exit 2, stderr is one line containing FRAGMENT.
+expect_error() {
+  local name="$1" fragment="$2"; shift 2
+  "$@" >"$WORK/stdout" 2>"$WORK/stderr" </dev/null; local rc=$?
+  local lines; lines=$(wc -l <"$WORK/stderr")
+  if [[ $rc -ne 2 ]]; then
+    fail "$name: exit status $rc, expected 2 ($(cat "$WORK/stderr"))"
+  elif [[ $lines -ne 1 ]]; then
+    fail "$name: stderr has $lines lines, expected 1: $(cat "$WORK/stderr")"
+  elif ! grep -qF -- "$fragment" "$WORK/stderr"; then
+    fail "$name: stderr lacks '$fragment': $(cat "$WORK/stderr")"
+  else
+    pass "$name"
+  fi
+}
+
+# --- codec: named values ---
+expect_output "e4m3 464 ties to even at max" "0x7E" bash -c "echo 464 | '$CONCORD' codec encode --format e4m3"
+expect_output "e5m2 61440 overflows to inf" "0x7C" bash -c "echo 61440 | '$CONCORD' codec encode --format e5m2"
+expect_output "e5m2 61440 saturates" "0x7B" bash -c "echo 61440 | '$CONCORD' codec encode --format e5m2 --saturate"
+expect_output "bf16 encode 1" "0x3F80" bash -c "echo 1 | '$CONCORD' codec encode --format bf16"
+expect_output "e2m1 decode 0x7" "0x40C00000 6" bash -c "echo 0x7 | '$CONCORD' codec decode --format e2m1"
+
+# --- usage errors: one line, exit 2 ---
+expect_error "missing --format" "format" "$CONCORD" codec encode
+expect_error "unknown subcommand" "concord:" "$CONCORD" no-such-command
+expect_error "unknown quant format" "unknown --format 'mxfp3'" "$CONCORD" quant a b --format mxfp3
+expect_error "bad skip regex" "--skip '(' is not a valid regular expression" "$CONCORD" quant a b --format mxfp4 --skip "("
+
+# --- a generated checkpoint (python3 standard library only) ---
+python3 - "$WORK/model.safetensors" <<'PY'
+import json, random, struct, sys
+random.seed(1)
+def f32(values): return struct.pack("<%df" % len(values), *values)
+tensors = {
+    "model.layers.0.mlp.up_proj.weight": ("F32", [64, 96], f32([random.gauss(0, 0.02) for _ in range(64 * 96)])),
+    "model.layers.0.input_layernorm.weight": ("F32", [96], f32([1 + random.gauss(0, 0.02) for _ in range(96)])),
+    "model.embed_tokens.weight": ("F32", [32, 96], f32([random.gauss(0, 1) for _ in range(32 * 96)])),
+    "odd": ("F32", [3, 5], f32([random.gauss(0, 1) for _ in range(15)])),
+    "step": ("I64", [1], struct.pack("<q", 7)),
+}
+header, data = {"__metadata__": {"format": "pt"}}, b""
+for name, (dtype, shape, raw) in tensors.items():
+    header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+    data += raw
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)
+PY
+[[ -s "$WORK/model.safetensors" ]] || fail "could not generate the checkpoint"
+
+"$CONCORD" quant "$WORK/model.safetensors" "$WORK/q.safetensors" --format mxfp8-e4m3 --skip 'norm|odd' >"$WORK/table" 2>&1
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail "quant mxfp8-e4m3: exit $rc: $(cat "$WORK/table")"
+else
+  grep -q "SQNR dB" "$WORK/table" && grep -q "^total (2 quantized)" "$WORK/table" &&
+    grep -q "model.layers.0.input_layernorm.weight .*kept (skip)" "$WORK/table" &&
+    grep -q "^model.layers.0.mlp.up_proj.weight .*mxfp8-e4m3  *[0-9]" "$WORK/table" &&
+    grep -q "^bytes: in [0-9]*, out [0-9]*" "$WORK/table" &&
+    pass "quant prints the table" || fail "quant table: $(cat "$WORK/table")"
+  # E4M3 with 32-element MX blocks of Gaussian data: SQNR ~31 dB.
+  sqnr=$(awk '/^total/ {print $(NF-2)}' "$WORK/table")
+  awk -v s="$sqnr" 'BEGIN {exit !(s > 28 && s < 34)}' && pass "mxfp8 SQNR $sqnr dB in (28, 34)" ||
+    fail "mxfp8 total SQNR $sqnr dB outside (28, 34)"
+fi
+[[ -z "$(ls "$WORK" | grep '\.tmp\.')" ]] && pass "no temp files left" || fail "temp files left: $(ls "$WORK")"
+
+"$CONCORD" inspect "$WORK/q.safetensors" >"$WORK/inspect" 2>&1
+if [[ $? -ne 0 ]]; then
+  fail "inspect: $(cat "$WORK/inspect")"
+else
+  grep -q "^model.layers.0.mlp.up_proj.weight  *F8_E4M3  *\[64, 96\]" "$WORK/inspect" &&
+    grep -q "^model.layers.0.mlp.up_proj.weight.scales  *F8_E8M0  *\[64, 3\]" "$WORK/inspect" &&
+    grep -q "^step  *I64" "$WORK/inspect" &&
+    grep -q "format = pt" "$WORK/inspect" &&
+    grep -q "model.embed_tokens.weight: MX: e4m3 elements in 1x32 blocks, e8m0 power-of-two scales (rule floor)" "$WORK/inspect" &&
+    pass "inspect lists tensors, metadata and formats" || fail "inspect output: $(cat "$WORK/inspect")"
+fi
+
+"$CONCORD" dequant "$WORK/q.safetensors" "$WORK/d.safetensors" >/dev/null 2>"$WORK/stderr" &&
+  "$CONCORD" inspect "$WORK/d.safetensors" >"$WORK/inspect_d" 2>&1 &&
+  grep -q "^model.layers.0.mlp.up_proj.weight  *F32  *\[64, 96\]" "$WORK/inspect_d" &&
+  ! grep -q "scales\|concord.quant" "$WORK/inspect_d" &&
+  pass "dequant restores F32 tensors" || fail "dequant: $(cat "$WORK/stderr" "$WORK/inspect_d")"
+# Kept tensors are copied bit for bit.
+a=$("$CONCORD" inspect "$WORK/model.safetensors" --dump odd)
+b=$("$CONCORD" inspect "$WORK/d.safetensors" --dump odd)
+[[ -n "$a" && "$a" == "$b" ]] && pass "skipped tensor unchanged" || fail "skipped tensor changed"
+
+# bf16 of fp32 values that are already bf16 (dequantized MXFP8) is exact: SQNR inf.
+"$CONCORD" quant "$WORK/d.safetensors" "$WORK/b.safetensors" --format bf16 --skip "norm|odd" >"$WORK/table16" 2>&1 &&
+  grep -q "^total (2 quantized) .* inf  *0.000e+00  *0.000e+00" "$WORK/table16" &&
+  pass "bf16 of bf16-representable values is exact" || fail "bf16 exactness: $(cat "$WORK/table16")"
+"$CONCORD" quant "$WORK/model.safetensors" "$WORK/p.safetensors" --format mxfp6-e2m3 --scale-rule rceil --round sr --seed 3 --skip odd >"$WORK/table6" 2>&1 &&
+  grep -q "^total" "$WORK/table6" && pass "quant with --scale-rule/--round sr" || fail "quant options: $(cat "$WORK/table6")"
+
+expect_error "4-bit format needs even columns" "tensor 'odd' has shape [3, 5] with an odd last dim" \
+  "$CONCORD" quant "$WORK/model.safetensors" "$WORK/x.safetensors" --format mxfp4
+expect_error "scale rule on a non-MX format" "--scale-rule applies to MX formats only" \
+  "$CONCORD" quant "$WORK/model.safetensors" "$WORK/x.safetensors" --format nvfp4 --scale-rule ceil
+expect_error "quantizing twice" "already holds concord-quantized tensors" \
+  "$CONCORD" quant "$WORK/q.safetensors" "$WORK/x.safetensors" --format mxfp4
+
+# --- corrupt files: exit 2, one line naming the file ---
+head -c 100 "$WORK/model.safetensors" >"$WORK/truncated.safetensors"
+expect_error "inspect truncated file" "[safetensors] $WORK/truncated.safetensors: header length" \
+  "$CONCORD" inspect "$WORK/truncated.safetensors"
+size=$(stat -c %s "$WORK/model.safetensors")
+head -c $((size - 1)) "$WORK/model.safetensors" >"$WORK/short.safetensors"
+expect_error "quant truncated data" "[safetensors] $WORK/short.safetensors:" \
+  "$CONCORD" quant "$WORK/short.safetensors" "$WORK/x.safetensors" --format mxfp4
+printf 'not a safetensors file at all' >"$WORK/text.safetensors"
+expect_error "inspect text file" "[safetensors] $WORK/text.safetensors: header length" \
+  "$CONCORD" inspect "$WORK/text.safetensors"
+expect_error "inspect missing file" "[safetensors] $WORK/none.safetensors: cannot open" \
+  "$CONCORD" inspect "$WORK/none.safetensors"
+expect_error "dump unknown tensor" "no tensor named 'nope'" \
+  "$CONCORD" inspect "$WORK/model.safetensors" --dump nope
+[[ ! -e "$WORK/x.safetensors" ]] && pass "failed commands write no output" || fail "x.safetensors written"
+
+if [[ $FAILURES -ne 0 ]]; then
+  echo "$FAILURES failure(s)"
+  exit 1
+fi
+echo "all CLI tests passed"
