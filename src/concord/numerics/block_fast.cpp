@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -77,7 +78,7 @@ void for_each_unit(int64_t units, int64_t elements, int64_t cols, int64_t grid_c
 #pragma omp parallel
   {
     RowScratch scratch(cols, grid_cols);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)
     for (int64_t u = 0; u < units; ++u) body(u, scratch);
   }
 }
@@ -115,6 +116,15 @@ void quantize_blocks(QuantizedTensor& q, const float* x, RandomStream rng) {
   }
   // The reference's decode_scale = block_amax * (global_encode_scale * (1/6)).
   const float nvfp4_factor = global_encode * (1.0f / 6.0f);
+  // The reference's encode multiplier of each ue4m3 block-scale code, computed once.
+  std::array<float, 256> nvfp4_multipliers{};
+  if (desc.is_nvfp4()) {
+    const auto& ue4m3_values = scale_decode_table<Format::ue4m3>();
+    for (size_t code = 0; code < 256; ++code) {
+      nvfp4_multipliers[code] =
+          std::fmin(1.0f / (ue4m3_values[code] * q.tensor_scale), kFloatMax);
+    }
+  }
   simd::EncodeRequest scale_request;
   scale_request.params = simd::encode_params(Format::ue4m3, Rounding::rne, Overflow::saturate);
   simd::EncodeRequest request;
@@ -124,17 +134,60 @@ void quantize_blocks(QuantizedTensor& q, const float* x, RandomStream rng) {
   request.rng = rng;
   const simd::Kernels& kernels = simd::active_kernels();
   const auto& mx_multipliers = mx_encode_multipliers();
-  const auto& ue4m3_values = scale_decode_table<Format::ue4m3>();
+  // FLOOR reads only amax's exponent field: its scale code per field value (NaN and Inf have
+  // field 0xFF), from the reference rule.
+  std::vector<uint8_t> floor_codes;
+  if (desc.is_mx() && desc.scale_rule == ScaleRule::floor) {
+    floor_codes.resize(256);
+    for (uint32_t field = 0; field < 256; ++field) {
+      floor_codes[field] = mx_scale_code(f32_from_bits(field << 23 | (field == 0xFF ? 1u : 0u)),
+                                         desc.element, desc.scale_rule);
+    }
+  }
 
   const int64_t per_unit = block_rows_per_unit(desc, b.rows, cols);
   const int64_t units = (grid_rows + per_unit - 1) / per_unit;
-  for_each_unit(units, q.numel(), cols, grid_cols, [&](int64_t unit, RowScratch& s) {
+  // Rows of 1 x 2^k blocks (MXFP8/6/4 FLOOR, NVFP4 1x16) under RNE or RTZ run the fused
+  // one-pass kernel over whole groups of `lanes` blocks; the rest of the row (and every other
+  // layout) goes through amax, scales and a scaled encode below.
+  const bool nibbles = traits(desc.element).bits == 4;
+  const bool fusable = b.rows == 1 && desc.rounding != Rounding::stochastic &&
+                       (desc.is_nvfp4() || !floor_codes.empty()) &&
+                       std::has_single_bit(static_cast<uint64_t>(b.cols)) &&
+                       b.cols % kernels.lanes == 0 && b.cols % (nibbles ? 8 : 4) == 0;
+  const int64_t fused_group_cols = b.cols * kernels.lanes;
+  simd::RowBlocksRequest fused;
+  fused.element = request;
+  fused.block_shift = std::countr_zero(static_cast<uint64_t>(b.cols));
+  fused.nibbles = nibbles;
+  fused.ue4m3_scale = desc.is_nvfp4();
+  fused.exponent_table = floor_codes.data();
+  fused.multiplier_table = desc.is_mx() ? mx_multipliers.data() : nvfp4_multipliers.data();
+  fused.scale_params = scale_request.params;
+  fused.scale_factor = nvfp4_factor;
+
+  // NVFP4 has just read the whole tensor for its amax: walking it backwards starts on the
+  // rows still in the last-level cache.
+  const bool backwards = desc.is_nvfp4();
+  for_each_unit(units, q.numel(), cols, grid_cols, [&](int64_t step, RowScratch& s) {
+    const int64_t unit = backwards ? units - 1 - step : step;
     for (int64_t gr = unit * per_unit; gr < std::min(grid_rows, (unit + 1) * per_unit); ++gr) {
       const int64_t r0 = gr * b.rows, r1 = std::min(rows, r0 + b.rows);
+      uint8_t* scale_row = q.scales.data() + gr * grid_cols;
+      // Columns [0, head) fused; [head, cols) below, from block column gc0.
+      int64_t head = 0;
+      if (fusable && (!nibbles || (r0 * cols) % 2 == 0)) {
+        const int64_t groups = cols / fused_group_cols;
+        head = groups * fused_group_cols;
+        kernels.encode_row_blocks(fused, x + r0 * cols, static_cast<size_t>(groups), scale_row,
+                                  q.codes.data() + (nibbles ? r0 * cols / 2 : r0 * cols));
+      }
+      if (head == cols) continue;
+      const int64_t gc0 = head / b.cols, rest = cols - head;
       const auto* row_bits = reinterpret_cast<const uint32_t*>(x);  // fp32 bit patterns
       if (r1 - r0 == 1) {
-        kernels.block_abs_max(row_bits + r0 * cols, static_cast<size_t>(cols),
-                              static_cast<size_t>(b.cols), s.block_amax.data());
+        kernels.block_abs_max(row_bits + r0 * cols + head, static_cast<size_t>(rest),
+                              static_cast<size_t>(b.cols), s.block_amax.data() + gc0);
       } else {
         std::fill(s.column_amax.begin(), s.column_amax.end(), 0u);
         for (int64_t r = r0; r < r1; ++r) {
@@ -144,34 +197,45 @@ void quantize_blocks(QuantizedTensor& q, const float* x, RandomStream rng) {
         kernels.block_abs_max(s.column_amax.data(), static_cast<size_t>(cols),
                               static_cast<size_t>(b.cols), s.block_amax.data());
       }
-      uint8_t* scale_row = q.scales.data() + gr * grid_cols;
       if (desc.is_mx()) {
-        for (int64_t gc = 0; gc < grid_cols; ++gc) {
-          const uint8_t code = mx_scale_code(f32_from_bits(s.block_amax[static_cast<size_t>(gc)]),
-                                             desc.element, desc.scale_rule);
+        for (int64_t gc = gc0; gc < grid_cols; ++gc) {
+          const uint32_t amax_bits = s.block_amax[static_cast<size_t>(gc)];
+          const uint8_t code =
+              floor_codes.empty()
+                  ? mx_scale_code(f32_from_bits(amax_bits), desc.element, desc.scale_rule)
+                  : floor_codes[amax_bits >> 23];  // sign is clear: the exponent field
           scale_row[gc] = code;
           s.block_multiplier[static_cast<size_t>(gc)] = mx_multipliers[code];
         }
       } else {
-        for (int64_t gc = 0; gc < grid_cols; ++gc) {
+        for (int64_t gc = gc0; gc < grid_cols; ++gc) {
           s.block_values[static_cast<size_t>(gc)] =
               f32_from_bits(s.block_amax[static_cast<size_t>(gc)]) * nvfp4_factor;
         }
-        kernels.encode(scale_request, s.block_values.data(), scale_row,
-                       static_cast<size_t>(grid_cols));
-        for (int64_t gc = 0; gc < grid_cols; ++gc) {
-          const float block_decode = ue4m3_values[scale_row[gc]];
-          s.block_multiplier[static_cast<size_t>(gc)] =
-              std::fmin(1.0f / (block_decode * q.tensor_scale), kFloatMax);
+        kernels.encode(scale_request, s.block_values.data() + gc0, scale_row + gc0,
+                       static_cast<size_t>(grid_cols - gc0));
+        for (int64_t gc = gc0; gc < grid_cols; ++gc) {
+          s.block_multiplier[static_cast<size_t>(gc)] = nvfp4_multipliers[scale_row[gc]];
         }
       }
-      expand_per_column(s.block_multiplier, cols, b.cols, s.column_multiplier);
+      // Power-of-two block widths (MX: 32, NVFP4: 16) broadcast each block's multiplier in
+      // the kernel; column blocks (width 1) already have one per column; others expand.
+      simd::EncodeRequest row_request = request;
+      if (b.cols == 1) {
+        row_request.element_scale = s.block_multiplier.data();
+      } else if (std::has_single_bit(static_cast<uint64_t>(b.cols))) {
+        row_request.scale_mode = simd::ScaleMode::per_block;
+        row_request.block_scale = s.block_multiplier.data() + gc0;
+        row_request.block_shift = std::countr_zero(static_cast<uint64_t>(b.cols));
+      } else {
+        expand_per_column(s.block_multiplier, cols, b.cols, s.column_multiplier);
+        row_request.element_scale = s.column_multiplier.data();
+      }
       for (int64_t r = r0; r < r1; ++r) {
-        simd::EncodeRequest local = request;
-        local.element_scale = s.column_multiplier.data();
-        local.first_index = static_cast<uint64_t>(r * cols);
-        simd::encode_span(desc.element, local, x + r * cols, q.codes.data(),
-                          static_cast<size_t>(r * cols), static_cast<size_t>(cols),
+        simd::EncodeRequest local = row_request;
+        local.first_index = static_cast<uint64_t>(r * cols + head);
+        simd::encode_span(desc.element, local, x + r * cols + head, q.codes.data(),
+                          static_cast<size_t>(r * cols + head), static_cast<size_t>(rest),
                           s.staging.data());
       }
     }

@@ -73,7 +73,7 @@ void for_each_chunk(size_t n, const Body& body) {
 #pragma omp parallel
   {
     std::vector<uint8_t> staging(chunk);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int64_t c = 0; c < chunks; ++c) {
       const size_t begin = static_cast<size_t>(c) * chunk;
       body(begin, std::min(chunk, n - begin), staging.data());

@@ -41,9 +41,11 @@ struct DecodeParams {
   bool sixteen_bit = false;
 };
 
-// How each input element is scaled before encoding: not at all, by one fp32 factor, or by its
-// own factor from an array (block scales expanded per element).
-enum class ScaleMode : uint8_t { none, uniform, per_element };
+// How each input element is scaled before encoding: not at all, by one fp32 factor, by its
+// own factor from an array, or by the factor of its block of 2^block_shift consecutive
+// elements (element i uses block_scale[i >> block_shift]; a vector inside one block
+// broadcasts it).
+enum class ScaleMode : uint8_t { none, uniform, per_element, per_block };
 
 struct EncodeRequest {
   EncodeParams params;
@@ -51,6 +53,8 @@ struct EncodeRequest {
   ScaleMode scale_mode = ScaleMode::none;
   float uniform_scale = 1.0f;
   const float* element_scale = nullptr;  // per_element: one factor per input element
+  const float* block_scale = nullptr;    // per_block: one factor per block of elements
+  int block_shift = 0;                   // per_block: log2 of the elements per block
   RandomStream rng;                      // stochastic: element i uses rng.word(first_index + i)
   uint64_t first_index = 0;
 };
@@ -61,8 +65,29 @@ struct DecodeRequest {
   const float* uniform_scale = nullptr;  // optional, applied after element_scale
 };
 
+// One row of 1 x 2^k blocks in one pass (block amax, scale code, multiplier, encode), so
+// that reading the row from memory overlaps the arithmetic. The block scale is either a
+// table over amax's exponent field (MX FLOOR) or the ue4m3 encoding of amax * scale_factor
+// (NVFP4); multiplier_table maps each scale code to the reference's element multiplier.
+struct RowBlocksRequest {
+  EncodeRequest element;              // rounding rne or rtz; params of the element format
+  int block_shift = 5;                // elements per block: 2^block_shift, a multiple of W
+  bool nibbles = false;               // 4-bit codes, two per byte (else one byte each)
+  bool ue4m3_scale = false;           // NVFP4 block scales (else the exponent table)
+  const uint8_t* exponent_table = nullptr;  // (256) MX scale code by amax exponent field
+  const float* multiplier_table = nullptr;  // (256) multiplier by scale code
+  EncodeParams scale_params;          // ue4m3, RNE, saturate
+  float scale_factor = 1.0f;          // NVFP4: global encode scale / 6
+};
+
 struct Kernels {
   const char* name;
+  // Lanes per vector: encode_row_blocks handles groups of `lanes` blocks.
+  int lanes;
+  // Encodes groups * lanes whole blocks from x: one scale code per block into scales, codes
+  // into `codes` (byte 0 holds element 0; nibbles: element 2k in the low nibble).
+  void (*encode_row_blocks)(const RowBlocksRequest& request, const float* x, size_t groups,
+                            uint8_t* scales, uint8_t* codes);
   // codes: uint16_t per code for 16-bit formats, else one uint8_t per code (4-bit unpacked).
   void (*encode)(const EncodeRequest& request, const float* x, void* codes, size_t n);
   void (*decode)(const DecodeRequest& request, const void* codes, float* out, size_t n);

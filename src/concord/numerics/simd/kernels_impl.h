@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "concord/numerics/simd/kernels.h"
@@ -108,50 +109,150 @@ inline u32v zip_hi(u32v a, u32v b, std::integer_sequence<int, I...>) {
 
 using Lanes = std::make_integer_sequence<int, W>;
 
-// The random words of elements first_block*4 .. first_block*4 + G - 1, in element order:
+// The random words of elements first_block*4 .. first_block*4 + K*G - 1, in element order:
 // words[k] holds elements k*W .. k*W + W - 1 (RandomStream::word, philox.h, bit for bit).
-inline void philox_group(const RandomStream& rng, uint64_t first_block, u32v words[4]) {
-  const u32v lo0 = splat(static_cast<uint32_t>(first_block));
-  u32v c0 = lo0 + iota();
-  u32v c1 = splat(static_cast<uint32_t>(first_block >> 32)) + bit(c0 < lo0);
-  u32v c2 = splat(rng.stream);
-  u32v c3 = splat(0u);
+// K independent sets of W counters run through the rounds together: one set is a chain of
+// dependent multiplies, so more sets fill the pipeline.
+constexpr int kPhiloxSets = 2;  // counter sets per Philox call on full groups
+
+template <int K>
+inline void philox_groups(const RandomStream& rng, uint64_t first_block, u32v words[4 * K]) {
+  u32v c0[K], c1[K], c2[K], c3[K];
+  for (int k = 0; k < K; ++k) {
+    const uint64_t block = first_block + static_cast<uint64_t>(k * W);
+    const u32v lo = splat(static_cast<uint32_t>(block));
+    c0[k] = lo + iota();
+    c1[k] = splat(static_cast<uint32_t>(block >> 32)) + bit(c0[k] < lo);
+    c2[k] = splat(rng.stream);
+    c3[k] = splat(0u);
+  }
   uint32_t k0 = static_cast<uint32_t>(rng.seed), k1 = static_cast<uint32_t>(rng.seed >> 32);
   const u32v m0 = splat(0xD2511F53u), m1 = splat(0xCD9E8D57u);
   for (int round = 0; round < 10; ++round) {
-    u32v hi0, lo0p, hi1, lo1;
-    mul_hi_lo(c0, m0, hi0, lo0p, Lanes{});
-    mul_hi_lo(c2, m1, hi1, lo1, Lanes{});
-    const u32v n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0p;
+    for (int k = 0; k < K; ++k) {
+      u32v hi0, lo0, hi1, lo1;
+      mul_hi_lo(c0[k], m0, hi0, lo0, Lanes{});
+      mul_hi_lo(c2[k], m1, hi1, lo1, Lanes{});
+      const u32v n0 = hi1 ^ c1[k] ^ k0, n2 = hi0 ^ c3[k] ^ k1;
+      c0[k] = n0;
+      c1[k] = lo1;
+      c2[k] = n2;
+      c3[k] = lo0;
+    }
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
   // Lane b holds block b's words (c0..c3); element 4b+j takes word j: a 4 x W transpose.
-  const u32v a = zip_lo(c0, c2, Lanes{}), b = zip_lo(c1, c3, Lanes{});
-  const u32v c = zip_hi(c0, c2, Lanes{}), d = zip_hi(c1, c3, Lanes{});
-  words[0] = zip_lo(a, b, Lanes{});
-  words[1] = zip_hi(a, b, Lanes{});
-  words[2] = zip_lo(c, d, Lanes{});
-  words[3] = zip_hi(c, d, Lanes{});
+  for (int k = 0; k < K; ++k) {
+    const u32v a = zip_lo(c0[k], c2[k], Lanes{}), b = zip_lo(c1[k], c3[k], Lanes{});
+    const u32v c = zip_hi(c0[k], c2[k], Lanes{}), d = zip_hi(c1[k], c3[k], Lanes{});
+    words[4 * k + 0] = zip_lo(a, b, Lanes{});
+    words[4 * k + 1] = zip_hi(a, b, Lanes{});
+    words[4 * k + 2] = zip_lo(c, d, Lanes{});
+    words[4 * k + 3] = zip_hi(c, d, Lanes{});
+  }
 }
 
 // ---- fp32 -> element code ----
 
+// Format knowledge at compile time: the hot formats get their mantissa width and bias as
+// constants (immediate shifts, folded constants); RuntimeFormat reads them from EncodeParams.
+// Bf16Format marks the one format whose quantum is always 2^16 fp32 units (bf16 is fp32's top
+// half, subnormals included), where the whole rounding is one add and one shift.
+struct RuntimeFormat {
+  static constexpr bool fixed = false;
+};
+template <int MantissaBits, int Bias>
+struct FixedFormat {
+  static constexpr bool fixed = true;
+  static constexpr int mantissa_bits = MantissaBits;
+  static constexpr int bias = Bias;
+};
+struct Bf16Format {
+  static constexpr bool fixed = true;
+  static constexpr int mantissa_bits = 7;
+  static constexpr int bias = 127;
+};
+
+// Overflow, specials and sign, shared by every format: `magnitude` is the rounded magnitude
+// code of a finite input (possibly past the largest finite code).
+template <class F>
+inline u32v finish_code(const EncodeParams& p, u32v sign, u32v a, u32v magnitude) {
+  // Every operand below is < 2^31: signed compares are single instructions on x86.
+  const i32v ai = as_i(a);
+  u32v code = as_i(magnitude) > static_cast<int32_t>(p.max_magnitude)
+                  ? splat(p.finite_overflow_magnitude)
+                  : magnitude;
+  const u32v special = ai == 0x7F800000 ? splat(p.inf_magnitude) : splat(p.nan_magnitude);
+  code = ai >= 0x7F800000 ? special : code;
+  if (!F::fixed && p.is_unsigned) {
+    return (sign != 0u) & (a != 0u) & (a <= 0x7F800000u) ? splat(p.nan_magnitude) : code;
+  }
+  return code | (sign << static_cast<uint32_t>(p.sign_shift));
+}
+
+// bf16: the quantum is 2^16 fp32 units for every finite input, so the rounded magnitude code
+// is (|x| bits + increment) >> 16 (a carry steps into the next binade, the top one into Inf,
+// which finish_code treats as overflow). Stochastic: D = rem << 16 carries with r exactly
+// when rem + (r >> 16) >= 2^16, as r's low 16 bits cannot complete a carry.
 template <Rounding R>
+inline u32v encode_bf16_vector(const EncodeParams& p, u32v bits, u32v random) {
+  const u32v sign = bits >> 31;
+  const u32v a = bits & 0x7FFFFFFFu;
+  u32v n;
+  if constexpr (R == Rounding::rne) {
+    n = (a + 0x7FFFu + ((a >> 16) & 1u)) >> 16;
+  } else if constexpr (R == Rounding::rtz) {
+    n = a >> 16;
+  } else {
+    n = (a + (random >> 16)) >> 16;
+  }
+  return finish_code<Bf16Format>(p, sign, a, n);
+}
+
+// e2m1 has eight magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}: under RNE the magnitude code is the
+// number of midpoints below |x|, a midpoint counting when reached exactly only if the code
+// above it is even (0.75, 1.75 and 3.5 round up; 0.25, 1.25, 2.5 and 5 round down). Past 6
+// the count stops at 7, the largest finite code, which is also e2m1's overflow code.
+struct E2m1Format {
+  static constexpr bool fixed = true;
+  static constexpr int mantissa_bits = 1;
+  static constexpr int bias = 1;
+};
+
+inline u32v encode_e2m1_rne_vector(const EncodeParams& p, u32v bits) {
+  const u32v sign = bits >> 31;
+  const u32v a = bits & 0x7FFFFFFFu;
+  const i32v ai = as_i(a);  // fp32 bits of |x| order like the values
+  const i32v count = (ai > 0x3E800000) + (ai > 0x3F3FFFFF) + (ai > 0x3FA00000) +
+                     (ai > 0x3FDFFFFF) + (ai > 0x40200000) + (ai > 0x405FFFFF) +
+                     (ai > 0x40A00000);  // each true compare is -1
+  return finish_code<E2m1Format>(p, sign, a, as_u(-count));
+}
+
+template <Rounding R, class F>
 inline u32v encode_vector(const EncodeParams& p, u32v bits, u32v random) {
-  const int M = p.mantissa_bits;
+  if constexpr (std::is_same_v<F, Bf16Format>) {
+    return encode_bf16_vector<R>(p, bits, random);
+  } else if constexpr (std::is_same_v<F, E2m1Format> && R == Rounding::rne) {
+    return encode_e2m1_rne_vector(p, bits);
+  } else {
+  int M = 0, bias = 0;
+  if constexpr (F::fixed) {
+    M = F::mantissa_bits;
+    bias = F::bias;
+  } else {
+    M = p.mantissa_bits;
+    bias = p.bias;
+  }
   const u32v sign = bits >> 31;
   const u32v a = bits & 0x7FFFFFFFu;
   const i32v exponent_field = as_i(a >> 23);
   const i32v effective_field = max_i(exponent_field, splat_i(1));  // fp32 subnormals: 1
   const u32v significand =
       (a & 0x7FFFFFu) | (as_u(exponent_field > 0) & 0x800000u);
-  const i32v e = max_i(effective_field - 127, splat_i(1 - p.bias));  // binade, >= emin
-  const i32v shift = e - M - effective_field + 150;                  // >= 13
+  const i32v e = max_i(effective_field - 127, splat_i(1 - bias));  // binade, >= emin
+  const i32v shift = e - M - effective_field + 150;                // >= 13
   const u32v s = as_u(min_i(shift, splat_i(31)));  // beyond 31 every rule agrees (sig < 2^24)
   u32v n;
   if constexpr (R == Rounding::rne) {
@@ -174,18 +275,9 @@ inline u32v encode_vector(const EncodeParams& p, u32v bits, u32v random) {
     const u32v d = (as_u(shift <= 32) & (rem << left)) | (as_u(shift > 32) & (coarse + coarse_up));
     n = kept + bit(d + random < d);  // d + r >= 2^32: the 32-bit sum carried out
   }
-  const u32v magnitude = (as_u(e + (p.bias - 1)) << static_cast<uint32_t>(M)) + n;
-  // Every operand below is < 2^31: signed compares are single instructions on x86.
-  const i32v ai = as_i(a);
-  u32v code = as_i(magnitude) > static_cast<int32_t>(p.max_magnitude)
-                  ? splat(p.finite_overflow_magnitude)
-                  : magnitude;
-  const u32v special = ai == 0x7F800000 ? splat(p.inf_magnitude) : splat(p.nan_magnitude);
-  code = ai >= 0x7F800000 ? special : code;
-  if (p.is_unsigned) {
-    return (sign != 0u) & (a != 0u) & (a <= 0x7F800000u) ? splat(p.nan_magnitude) : code;
+  const u32v magnitude = (as_u(e + (bias - 1)) << static_cast<uint32_t>(M)) + n;
+  return finish_code<F>(p, sign, a, magnitude);
   }
-  return code | (sign << static_cast<uint32_t>(p.sign_shift));
 }
 
 template <ScaleMode S>
@@ -193,6 +285,17 @@ inline u32v scaled_input(const EncodeRequest& r, const float* x, size_t offset) 
   f32v v = load<f32v>(x + offset);
   if constexpr (S == ScaleMode::uniform) v = v * r.uniform_scale;
   if constexpr (S == ScaleMode::per_element) v = v * load<f32v>(r.element_scale + offset);
+  if constexpr (S == ScaleMode::per_block) {
+    const auto shift = static_cast<unsigned>(r.block_shift);
+    const size_t block_mask = (size_t{1} << shift) - 1;
+    if ((offset & block_mask) + W <= block_mask + 1) {
+      v = v * r.block_scale[offset >> shift];
+    } else {  // the vector straddles blocks (small blocks or an unaligned start)
+      f32v scale;
+      for (int j = 0; j < W; ++j) scale[j] = r.block_scale[(offset + static_cast<size_t>(j)) >> shift];
+      v = v * scale;
+    }
+  }
   return as_u(v);
 }
 
@@ -250,7 +353,8 @@ inline void store_u8(void* out, u32v a, u32v b, u32v c, u32v d) {
 // W codes from W uint16_t / W bytes, zero-extended.
 inline u32v load_u16(const void* in) {
 #if CONCORD_SIMD_WIDTH == 16
-  return reinterpret_cast<u32v>(_mm512_cvtepu16_epi32(load<__m256i>(in)));
+  return reinterpret_cast<u32v>(
+      _mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xFFFF), load<__m256i>(in)));
 #elif CONCORD_SIMD_WIDTH == 8
   return reinterpret_cast<u32v>(_mm256_cvtepu16_epi32(load<__m128i>(in)));
 #else
@@ -260,9 +364,11 @@ inline u32v load_u16(const void* in) {
 }
 inline u32v load_u8(const void* in) {
 #if CONCORD_SIMD_WIDTH == 16
-  return reinterpret_cast<u32v>(_mm512_cvtepu8_epi32(load<__m128i>(in)));
+  return reinterpret_cast<u32v>(
+      _mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xFFFF), load<__m128i>(in)));
 #elif CONCORD_SIMD_WIDTH == 8
-  return reinterpret_cast<u32v>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(in))));
+  return reinterpret_cast<u32v>(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(in))));
 #else
   const __m128i zero = _mm_setzero_si128();
   const __m128i bytes = _mm_cvtsi32_si128(static_cast<int>(load<uint32_t>(in)));
@@ -280,23 +386,25 @@ inline void store_codes4(Code* out, const u32v code[4]) {
   }
 }
 
-// One group of G elements whose first global index is a multiple of 4.
-template <Rounding R, ScaleMode S, class Code>
+// K groups of G elements each, the first global index a multiple of 4.
+template <Rounding R, ScaleMode S, class F, int K = 1, class Code>
 inline void encode_group(const EncodeRequest& r, const float* x, Code* out, size_t offset,
                          uint64_t global_first) {
-  u32v random[4] = {};
-  if constexpr (R == Rounding::stochastic) philox_group(r.rng, global_first >> 2, random);
-  u32v codes[4];
-  for (int k = 0; k < 4; ++k) {
-    const size_t at = offset + static_cast<size_t>(k * W);
-    codes[k] = encode_vector<R>(r.params, scaled_input<S>(r, x, at), random[k]);
+  u32v random[4 * K] = {};
+  if constexpr (R == Rounding::stochastic) philox_groups<K>(r.rng, global_first >> 2, random);
+  for (int g = 0; g < K; ++g) {
+    u32v codes[4];
+    for (int k = 0; k < 4; ++k) {
+      const size_t at = offset + static_cast<size_t>(g * G + k * W);
+      codes[k] = encode_vector<R, F>(r.params, scaled_input<S>(r, x, at), random[4 * g + k]);
+    }
+    store_codes4(out + offset + static_cast<size_t>(g * G), codes);
   }
-  store_codes4(out + offset, codes);
 }
 
 // Groups are aligned to global indices (multiples of 4, for Philox); a partial group at
 // either end runs through zero-padded copies of its inputs.
-template <Rounding R, ScaleMode S, class Code>
+template <Rounding R, ScaleMode S, class F, class Code>
 void encode_run(const EncodeRequest& r, const float* x, Code* out, size_t n) {
   const size_t head = static_cast<size_t>(r.first_index & 3u);
   size_t i = 0;  // next element to produce
@@ -305,48 +413,72 @@ void encode_run(const EncodeRequest& r, const float* x, Code* out, size_t n) {
     const size_t room = static_cast<size_t>(G) - lane0;
     const size_t count = n - i < room ? n - i : room;
     const uint64_t global_first = r.first_index + i - lane0;
+    if constexpr (R == Rounding::stochastic) {
+      if (lane0 == 0 && n - i >= static_cast<size_t>(kPhiloxSets * G)) {
+        encode_group<R, S, F, kPhiloxSets>(r, x, out, i, global_first);
+        i += static_cast<size_t>(kPhiloxSets * G);
+        continue;
+      }
+    }
     if (count == static_cast<size_t>(G)) {
-      encode_group<R, S>(r, x, out, i, global_first);
+      encode_group<R, S, F>(r, x, out, i, global_first);
     } else {
       float xs[G] = {}, scales[G] = {};
       Code codes[G] = {};
       for (size_t j = 0; j < count; ++j) {
         xs[lane0 + j] = x[i + j];
         if constexpr (S == ScaleMode::per_element) scales[lane0 + j] = r.element_scale[i + j];
+        if constexpr (S == ScaleMode::per_block) {
+          scales[lane0 + j] = r.block_scale[(i + j) >> static_cast<unsigned>(r.block_shift)];
+        }
       }
       EncodeRequest local = r;
       local.element_scale = scales;
-      encode_group<R, S>(local, xs, codes, 0, global_first);
+      // Per-block factors travel as per-element ones through the padded copy.
+      constexpr ScaleMode padded_mode = S == ScaleMode::per_block ? ScaleMode::per_element : S;
+      encode_group<R, padded_mode, F>(local, xs, codes, 0, global_first);
       for (size_t j = 0; j < count; ++j) out[i + j] = codes[lane0 + j];
     }
     i += count;
   }
 }
 
-template <Rounding R, class Code>
+template <Rounding R, class F, class Code>
 void encode_scale_mode(const EncodeRequest& r, const float* x, Code* out, size_t n) {
   switch (r.scale_mode) {
-    case ScaleMode::none: return encode_run<R, ScaleMode::none>(r, x, out, n);
-    case ScaleMode::uniform: return encode_run<R, ScaleMode::uniform>(r, x, out, n);
-    case ScaleMode::per_element: return encode_run<R, ScaleMode::per_element>(r, x, out, n);
+    case ScaleMode::none: return encode_run<R, ScaleMode::none, F>(r, x, out, n);
+    case ScaleMode::uniform: return encode_run<R, ScaleMode::uniform, F>(r, x, out, n);
+    case ScaleMode::per_element: return encode_run<R, ScaleMode::per_element, F>(r, x, out, n);
+    case ScaleMode::per_block: return encode_run<R, ScaleMode::per_block, F>(r, x, out, n);
   }
 }
 
-template <class Code>
-void encode_code_type(const EncodeRequest& r, const float* x, Code* out, size_t n) {
+template <class F, class Code>
+void encode_format(const EncodeRequest& r, const float* x, Code* out, size_t n) {
   switch (r.rounding) {
-    case Rounding::rne: return encode_scale_mode<Rounding::rne>(r, x, out, n);
-    case Rounding::rtz: return encode_scale_mode<Rounding::rtz>(r, x, out, n);
-    case Rounding::stochastic: return encode_scale_mode<Rounding::stochastic>(r, x, out, n);
+    case Rounding::rne: return encode_scale_mode<Rounding::rne, F>(r, x, out, n);
+    case Rounding::rtz: return encode_scale_mode<Rounding::rtz, F>(r, x, out, n);
+    case Rounding::stochastic: return encode_scale_mode<Rounding::stochastic, F>(r, x, out, n);
   }
 }
 
+// The formats of the hot paths (bf16; e4m3 for MXFP8; e2m1 for MXFP4 and NVFP4) run with
+// compile-time constants; every other format reads its parameters at run time.
 void encode(const EncodeRequest& r, const float* x, void* codes, size_t n) {
-  if (r.params.sixteen_bit) {
-    encode_code_type(r, x, static_cast<uint16_t*>(codes), n);
-  } else {
-    encode_code_type(r, x, static_cast<uint8_t*>(codes), n);
+  const EncodeParams& p = r.params;
+  if (p.sixteen_bit) {
+    auto* out = static_cast<uint16_t*>(codes);
+    if (p.mantissa_bits == 7 && p.bias == 127) return encode_format<Bf16Format>(r, x, out, n);
+    return encode_format<RuntimeFormat>(r, x, out, n);
   }
+  auto* out = static_cast<uint8_t*>(codes);
+  if (!p.is_unsigned && p.mantissa_bits == 3 && p.bias == 7) {
+    return encode_format<FixedFormat<3, 7>>(r, x, out, n);
+  }
+  if (!p.is_unsigned && p.mantissa_bits == 1 && p.bias == 1) {
+    return encode_format<E2m1Format>(r, x, out, n);
+  }
+  encode_format<RuntimeFormat>(r, x, out, n);
 }
 
 // ---- element code -> fp32 ----
@@ -429,11 +561,57 @@ inline uint32_t reduce_max(u32v v, std::integer_sequence<int, I...>) {
   return v[0];
 }
 
+// One step of a transposing reduction: lanes come in chunks of d; the result keeps a's even
+// chunks and b's odd chunks, each the max of a chunk and its neighbour.
+constexpr int fold_lo_index(int i, int d) { return (i / d) % 2 == 0 ? i : W + i - d; }
+constexpr int fold_hi_index(int i, int d) { return (i / d) % 2 == 0 ? i + d : W + i; }
+template <int D, int... I>
+inline u32v fold(u32v a, u32v b, std::integer_sequence<int, I...>) {
+  return max_u(__builtin_shufflevector(a, b, fold_lo_index(I, D)...),
+               __builtin_shufflevector(a, b, fold_hi_index(I, D)...));
+}
+// Lane b of the result = max over the lanes of v[b] (W vectors in, one out).
+template <int D = 1>
+inline u32v transpose_max(u32v* v) {
+  if constexpr (D >= W) {
+    return v[0];
+  } else {
+    for (int k = 0; k < W / (2 * D); ++k) v[k] = fold<D>(v[2 * k], v[2 * k + 1], Lanes{});
+    return transpose_max<2 * D>(v);
+  }
+}
+
 void block_abs_max(const uint32_t* x, size_t n, size_t block, uint32_t* out) {
-  for (size_t start = 0, b = 0; start < n; start += block, ++b) {
+  size_t start = 0, b = 0;
+  if (block % W == 0) {
+    // W whole blocks at a time: one vector of maxima per block, then one transposing
+    // reduction for all W instead of a horizontal one per block.
+    for (; start + W * block <= n; start += W * block, b += W) {
+      u32v acc[W];
+      for (int k = 0; k < W; ++k) {
+        const uint32_t* p = x + start + static_cast<size_t>(k) * block;
+        u32v m = load<u32v>(p) & 0x7FFFFFFFu;
+        for (size_t i = W; i < block; i += W) m = max_u(m, load<u32v>(p + i) & 0x7FFFFFFFu);
+        acc[k] = m;
+      }
+      store(out + b, transpose_max(acc));
+    }
+  }
+  for (; start < n; start += block, ++b) {
     const size_t end = start + block < n ? start + block : n;
     u32v acc = splat(0u);
     size_t i = start;
+    // Long blocks (a whole tensor's amax): four vectors a step, prefetching ahead, to keep
+    // more cache lines in flight than the hardware prefetcher alone.
+    u32v acc1 = acc, acc2 = acc, acc3 = acc;
+    for (; i + 4 * W <= end; i += 4 * W) {
+      for (size_t line = 0; line < 4 * W; line += 16) __builtin_prefetch(x + i + 2048 + line);
+      acc = max_u(acc, load<u32v>(x + i) & 0x7FFFFFFFu);
+      acc1 = max_u(acc1, load<u32v>(x + i + W) & 0x7FFFFFFFu);
+      acc2 = max_u(acc2, load<u32v>(x + i + 2 * W) & 0x7FFFFFFFu);
+      acc3 = max_u(acc3, load<u32v>(x + i + 3 * W) & 0x7FFFFFFFu);
+    }
+    acc = max_u(max_u(acc, acc1), max_u(acc2, acc3));
     for (; i + W <= end; i += W) acc = max_u(acc, load<u32v>(x + i) & 0x7FFFFFFFu);
     uint32_t m = reduce_max(acc, Lanes{});
     for (; i < end; ++i) {
@@ -474,8 +652,103 @@ void unpack_nibbles(const uint8_t* packed, uint8_t* codes, size_t n) {
 
 }  // namespace
 
+// ---- fused row-block quantization ----
+
+// Packs the 4-bit codes of 2*4 vectors (8W codes) into 4W bytes, element 2k in the low nibble:
+// lanes 2k and 2k+1 meet in one 64-bit lane, then the even 32-bit lanes are gathered.
+template <int... I>
+inline u32v pair_nibbles(u32v a, u32v b, std::integer_sequence<int, I...>) {
+  const u64v pa = (reinterpret_cast<u64v>(a) & 0xFu) | ((reinterpret_cast<u64v>(a) >> 32) << 4);
+  const u64v pb = (reinterpret_cast<u64v>(b) & 0xFu) | ((reinterpret_cast<u64v>(b) >> 32) << 4);
+  return __builtin_shufflevector(reinterpret_cast<u32v>(pa), reinterpret_cast<u32v>(pb),
+                                 (2 * I)...);
+}
+
+constexpr size_t kPrefetchGroups = 4;
+
+template <Rounding R, class F, bool Nibbles>
+void encode_row_blocks_impl(const RowBlocksRequest& r, const float* x, size_t groups,
+                            uint8_t* scales, uint8_t* codes) {
+  const auto shift = static_cast<unsigned>(r.block_shift);
+  const size_t block = size_t{1} << shift;
+  const size_t vectors = block;  // W blocks of `block` elements: `block` vectors of W
+  const auto* bits = reinterpret_cast<const uint32_t*>(x);  // fp32 bit patterns
+  for (size_t g = 0; g < groups; ++g) {
+    const uint32_t* in = bits + g * W * block;
+    // Request the group kPrefetchGroups ahead: the arithmetic of this group then overlaps
+    // the memory reads of later ones (prefetches past the end of the array do not fault).
+    for (size_t line = 0; line < W * block; line += 16) {
+      __builtin_prefetch(in + kPrefetchGroups * W * block + line);
+    }
+    u32v acc[W];
+    for (int k = 0; k < W; ++k) {
+      const uint32_t* p = in + static_cast<size_t>(k) * block;
+      u32v m = load<u32v>(p) & 0x7FFFFFFFu;
+      for (size_t i = W; i < block; i += W) m = max_u(m, load<u32v>(p + i) & 0x7FFFFFFFu);
+      acc[k] = m;
+    }
+    const u32v amax = transpose_max(acc);
+    uint32_t scale_codes[W];
+    if (r.ue4m3_scale) {
+      const u32v code = encode_vector<Rounding::rne, RuntimeFormat>(
+          r.scale_params, as_u(as_f(amax) * r.scale_factor), splat(0u));
+      for (int k = 0; k < W; ++k) scale_codes[k] = code[k];
+    } else {
+      for (int k = 0; k < W; ++k) scale_codes[k] = r.exponent_table[amax[k] >> 23];
+    }
+    float multiplier[W];
+    for (int k = 0; k < W; ++k) {
+      scales[g * W + static_cast<size_t>(k)] = static_cast<uint8_t>(scale_codes[k]);
+      multiplier[k] = r.multiplier_table[scale_codes[k] & 0xFFu];
+    }
+    const float* group_x = x + g * W * block;
+    // Four vectors (8-bit codes) or eight (nibbles) per store.
+    constexpr size_t step = Nibbles ? 8 : 4;
+    for (size_t v = 0; v < vectors; v += step) {
+      u32v c[step];
+      for (size_t j = 0; j < step; ++j) {
+        const size_t at = (v + j) * W;
+        const f32v value = load<f32v>(group_x + at) * multiplier[at >> shift];
+        c[j] = encode_vector<R, F>(r.element.params, as_u(value), splat(0u));
+      }
+      if constexpr (Nibbles) {
+        store_u8(codes + (g * W * block + v * W) / 2, pair_nibbles(c[0], c[1], Lanes{}),
+                 pair_nibbles(c[2], c[3], Lanes{}), pair_nibbles(c[4], c[5], Lanes{}),
+                 pair_nibbles(c[6], c[7], Lanes{}));
+      } else {
+        store_u8(codes + g * W * block + v * W, c[0], c[1], c[2], c[3]);
+      }
+    }
+  }
+}
+
+template <class F, bool Nibbles>
+void encode_row_blocks_rounding(const RowBlocksRequest& r, const float* x, size_t groups,
+                                uint8_t* scales, uint8_t* codes) {
+  if (r.element.rounding == Rounding::rtz) {
+    return encode_row_blocks_impl<Rounding::rtz, F, Nibbles>(r, x, groups, scales, codes);
+  }
+  encode_row_blocks_impl<Rounding::rne, F, Nibbles>(r, x, groups, scales, codes);
+}
+
+void encode_row_blocks(const RowBlocksRequest& r, const float* x, size_t groups,
+                       uint8_t* scales, uint8_t* codes) {
+  const EncodeParams& p = r.element.params;
+  if (r.nibbles) {
+    if (p.mantissa_bits == 1 && p.bias == 1) {
+      return encode_row_blocks_rounding<E2m1Format, true>(r, x, groups, scales, codes);
+    }
+    return encode_row_blocks_rounding<RuntimeFormat, true>(r, x, groups, scales, codes);
+  }
+  if (p.mantissa_bits == 3 && p.bias == 7) {
+    return encode_row_blocks_rounding<FixedFormat<3, 7>, false>(r, x, groups, scales, codes);
+  }
+  encode_row_blocks_rounding<RuntimeFormat, false>(r, x, groups, scales, codes);
+}
+
 const Kernels& kernels() {
-  static const Kernels table = {CONCORD_SIMD_NAME,  encode,       decode,        block_abs_max,
+  static const Kernels table = {CONCORD_SIMD_NAME, W,
+                                encode_row_blocks,  encode,       decode,        block_abs_max,
                                 abs_max_accumulate, pack_nibbles, unpack_nibbles};
   return table;
 }
