@@ -409,7 +409,7 @@ TEST_P(Simd, ResultsDoNotDependOnTheThreadCount) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, Simd,
-                         ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512),
+                         ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512, Isa::wide16),
                          [](const ::testing::TestParamInfo<Isa>& param_info) {
                            return std::string(isa_name(param_info.param));
                          });

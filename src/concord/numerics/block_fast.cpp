@@ -3,9 +3,12 @@
 // wise casts to formats without a fast codec (int8, int4, e8m0, f32), which use the reference.
 //
 // Per block row: the block amaxes (an unsigned max over |x| bit patterns, which propagates NaN
-// like amax_ref), the scale codes (mx_scale_code per block; NVFP4 through the vector ue4m3
-// encoder), each block's fp32 multiplier computed with the reference's exact expression, that
-// multiplier expanded to one per column, and the row encoded as x * multiplier.
+// like amax_ref), the scale codes (MX: mx_scale_code, or its FLOOR table by exponent field;
+// NVFP4: the vector ue4m3 encoder), each block's fp32 multiplier from a table built with the
+// reference's exact expression, and the row encoded as x * multiplier. Rows of 1 x 2^k blocks
+// under RNE/RTZ with FLOOR or NVFP4 scales do all of this in one pass per group of blocks
+// (Kernels::encode_row_blocks); the rest of such a row, and every other layout, take the
+// general steps.
 
 #include <algorithm>
 #include <array>
@@ -166,11 +169,7 @@ void quantize_blocks(QuantizedTensor& q, const float* x, RandomStream rng) {
   fused.scale_params = scale_request.params;
   fused.scale_factor = nvfp4_factor;
 
-  // NVFP4 has just read the whole tensor for its amax: walking it backwards starts on the
-  // rows still in the last-level cache.
-  const bool backwards = desc.is_nvfp4();
-  for_each_unit(units, q.numel(), cols, grid_cols, [&](int64_t step, RowScratch& s) {
-    const int64_t unit = backwards ? units - 1 - step : step;
+  for_each_unit(units, q.numel(), cols, grid_cols, [&](int64_t unit, RowScratch& s) {
     for (int64_t gr = unit * per_unit; gr < std::min(grid_rows, (unit + 1) * per_unit); ++gr) {
       const int64_t r0 = gr * b.rows, r1 = std::min(rows, r0 + b.rows);
       uint8_t* scale_row = q.scales.data() + gr * grid_cols;

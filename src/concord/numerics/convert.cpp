@@ -23,6 +23,7 @@ const simd::Kernels& kernels_of(Isa isa) {
   switch (isa) {
     case Isa::avx512: return simd::avx512_kernels();
     case Isa::avx2: return simd::avx2_kernels();
+    case Isa::wide16: return simd::wide16_kernels();
     case Isa::generic: break;
   }
   return simd::generic_kernels();
@@ -42,8 +43,10 @@ Isa initial_isa() {
   for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512}) {
     if (isa_name(isa) == forced) return std::min(isa, best);
   }
+  if (isa_name(Isa::wide16) == forced && isa_supported(Isa::wide16)) return Isa::wide16;
   throw InputError(std::string("[simd] CONCORD_ISA=") + forced +
-                   " is not one of generic, avx2, avx512 (unset it to use the best the CPU has)");
+                   " is not one of generic, avx2, avx512, wide16 (unset it to use the best the "
+                   "CPU has)");
 }
 
 std::atomic<int>& active_isa_slot() {
@@ -88,6 +91,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::generic: return "generic";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::wide16: return "wide16";
   }
   return "?";
 }
@@ -96,6 +100,7 @@ bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::generic: return true;
     case Isa::avx2:
+    case Isa::wide16:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
     case Isa::avx512:

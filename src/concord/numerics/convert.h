@@ -24,7 +24,9 @@
 
 namespace concord::numerics {
 
-enum class Isa : uint8_t { generic = 0, avx2 = 1, avx512 = 2 };
+// wide16: the AVX-512 kernels' 16-lane logic built for AVX2 (see simd/kernels.h), so that
+// CPUs without AVX-512 still test that code; selectable, never picked automatically.
+enum class Isa : uint8_t { generic = 0, avx2 = 1, avx512 = 2, wide16 = 3 };
 
 std::string_view isa_name(Isa isa);
 // Whether this CPU can run the given kernels (generic: always).

@@ -103,5 +103,9 @@ struct Kernels {
 const Kernels& generic_kernels();
 const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();
+// The 16-lane (AVX-512) kernel logic compiled with AVX2 flags: the five instructions that need
+// AVX-512 are replaced by plain lane loops. It lets the 16-lane code run, and be tested bit for
+// bit, on CPUs without AVX-512; never chosen automatically.
+const Kernels& wide16_kernels();
 
 }  // namespace concord::numerics::simd

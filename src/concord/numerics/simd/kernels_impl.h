@@ -9,7 +9,9 @@
 // e = max(floor(log2|x|), emin) fixes the quantum 2^(e - mantissa_bits); the fp32 significand
 // is shifted right by the quantum's distance s >= 13, the discarded bits decide the rounding,
 // and the magnitude code ((e + bias - 1) << mantissa_bits) + kept lets a carry out of the
-// mantissa step into the next binade (and from subnormal to normal) by plain addition.
+// mantissa step into the next binade (and from subnormal to normal) by plain addition. The hot
+// formats are specialised at compile time (bf16: one add and shift; e2m1 RNE: a count of the
+// midpoints below |x|), each bit-identical to the general method.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -69,7 +71,12 @@ inline u32v iota() {
 // 32x32 -> 64-bit products of the even lanes (the pmuludq family), the one place where an
 // intrinsic is needed: GCC's vector extensions have no widening multiply.
 inline u64v mul_even_lanes(u32v a, u32v b) {
-#if CONCORD_SIMD_WIDTH == 16
+#if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
+  // 16 lanes without AVX-512 (the "wide16" test build): the same products, lane by lane.
+  u64v out;
+  for (int i = 0; i < W / 2; ++i) out[i] = uint64_t{a[2 * i]} * b[2 * i];
+  return out;
+#elif CONCORD_SIMD_WIDTH == 16
   // maskz with every lane set: the plain intrinsic trips GCC 12's -Wmaybe-uninitialized.
   return reinterpret_cast<u64v>(_mm512_maskz_mul_epu32(static_cast<__mmask8>(0xFF),
                                                        reinterpret_cast<__m512i>(a),
@@ -85,7 +92,6 @@ inline u64v mul_even_lanes(u32v a, u32v b) {
 
 // Shuffle index helpers (constant expressions for __builtin_shufflevector).
 constexpr int hi_index(int i) { return (i & 1) ? W + i : i + 1; }
-constexpr int lo_index(int i) { return (i & 1) ? W + i - 1 : i; }
 constexpr int zip_lo_index(int i) { return (i & 1) ? W + i / 2 : i / 2; }
 constexpr int zip_hi_index(int i) { return (i & 1) ? W + W / 2 + i / 2 : W / 2 + i / 2; }
 
@@ -95,7 +101,7 @@ inline void mul_hi_lo(u32v a, u32v b, u32v& hi, u32v& lo, std::integer_sequence<
   const u32v odd = reinterpret_cast<u32v>(
       mul_even_lanes(reinterpret_cast<u32v>(reinterpret_cast<u64v>(a) >> 32), b));
   hi = __builtin_shufflevector(even, odd, hi_index(I)...);
-  lo = __builtin_shufflevector(even, odd, lo_index(I)...);
+  lo = a * b;  // the low halves: one multiply instead of a shuffle and a blend
 }
 
 template <int... I>
@@ -113,7 +119,7 @@ using Lanes = std::make_integer_sequence<int, W>;
 // words[k] holds elements k*W .. k*W + W - 1 (RandomStream::word, philox.h, bit for bit).
 // K independent sets of W counters run through the rounds together: one set is a chain of
 // dependent multiplies, so more sets fill the pipeline.
-constexpr int kPhiloxSets = 2;  // counter sets per Philox call on full groups
+constexpr int kPhiloxSets = 4;  // counter sets per Philox call on full groups
 
 template <int K>
 inline void philox_groups(const RandomStream& rng, uint64_t first_block, u32v words[4 * K]) {
@@ -292,7 +298,9 @@ inline u32v scaled_input(const EncodeRequest& r, const float* x, size_t offset) 
       v = v * r.block_scale[offset >> shift];
     } else {  // the vector straddles blocks (small blocks or an unaligned start)
       f32v scale;
-      for (int j = 0; j < W; ++j) scale[j] = r.block_scale[(offset + static_cast<size_t>(j)) >> shift];
+      for (int j = 0; j < W; ++j) {
+        scale[j] = r.block_scale[(offset + static_cast<size_t>(j)) >> shift];
+      }
       v = v * scale;
     }
   }
@@ -306,7 +314,11 @@ inline u32v scaled_input(const EncodeRequest& r, const float* x, size_t offset) 
 
 // Codes of two vectors (2W elements) as 2W uint16_t, in element order.
 inline void store_u16(void* out, u32v a, u32v b) {
-#if CONCORD_SIMD_WIDTH == 16
+#if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
+  uint16_t o[2 * W];
+  for (int i = 0; i < W; ++i) o[i] = static_cast<uint16_t>(a[i]), o[W + i] = static_cast<uint16_t>(b[i]);
+  __builtin_memcpy(out, o, sizeof o);
+#elif CONCORD_SIMD_WIDTH == 16
   store(out, _mm512_maskz_cvtepi32_epi16(static_cast<__mmask16>(0xFFFF),
                                         reinterpret_cast<__m512i>(a)));
   store(static_cast<uint8_t*>(out) + 32,
@@ -328,7 +340,16 @@ inline void store_u16(void* out, u32v a, u32v b) {
 
 // Codes of four vectors (4W elements) as 4W bytes, in element order.
 inline void store_u8(void* out, u32v a, u32v b, u32v c, u32v d) {
-#if CONCORD_SIMD_WIDTH == 16
+#if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
+  uint8_t o[4 * W];
+  for (int i = 0; i < W; ++i) {
+    o[i] = static_cast<uint8_t>(a[i]);
+    o[W + i] = static_cast<uint8_t>(b[i]);
+    o[2 * W + i] = static_cast<uint8_t>(c[i]);
+    o[3 * W + i] = static_cast<uint8_t>(d[i]);
+  }
+  __builtin_memcpy(out, o, sizeof o);
+#elif CONCORD_SIMD_WIDTH == 16
   const __mmask16 all = static_cast<__mmask16>(0xFFFF);
   auto* o = static_cast<uint8_t*>(out);
   store(o, _mm512_maskz_cvtepi32_epi8(all, reinterpret_cast<__m512i>(a)));
@@ -352,7 +373,13 @@ inline void store_u8(void* out, u32v a, u32v b, u32v c, u32v d) {
 
 // W codes from W uint16_t / W bytes, zero-extended.
 inline u32v load_u16(const void* in) {
-#if CONCORD_SIMD_WIDTH == 16
+#if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
+  uint16_t v[W];
+  __builtin_memcpy(v, in, sizeof v);
+  u32v out;
+  for (int i = 0; i < W; ++i) out[i] = v[i];
+  return out;
+#elif CONCORD_SIMD_WIDTH == 16
   return reinterpret_cast<u32v>(
       _mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xFFFF), load<__m256i>(in)));
 #elif CONCORD_SIMD_WIDTH == 8
@@ -363,7 +390,13 @@ inline u32v load_u16(const void* in) {
 #endif
 }
 inline u32v load_u8(const void* in) {
-#if CONCORD_SIMD_WIDTH == 16
+#if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
+  uint8_t v[W];
+  __builtin_memcpy(v, in, sizeof v);
+  u32v out;
+  for (int i = 0; i < W; ++i) out[i] = v[i];
+  return out;
+#elif CONCORD_SIMD_WIDTH == 16
   return reinterpret_cast<u32v>(
       _mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xFFFF), load<__m128i>(in)));
 #elif CONCORD_SIMD_WIDTH == 8
@@ -652,6 +685,8 @@ void unpack_nibbles(const uint8_t* packed, uint8_t* codes, size_t n) {
 
 }  // namespace
 
+namespace {
+
 // ---- fused row-block quantization ----
 
 // Packs the 4-bit codes of 2*4 vectors (8W codes) into 4W bytes, element 2k in the low nibble:
@@ -745,6 +780,8 @@ void encode_row_blocks(const RowBlocksRequest& r, const float* x, size_t groups,
   }
   encode_row_blocks_rounding<RuntimeFormat, false>(r, x, groups, scales, codes);
 }
+
+}  // namespace
 
 const Kernels& kernels() {
   static const Kernels table = {CONCORD_SIMD_NAME, W,
