@@ -102,8 +102,12 @@ numerics::Rounding rounding_of(const CodecOptions& o) {
 Format element_format_of(const CodecOptions& o) {
   auto f = numerics::format_from_name(o.format);
   if (!f || *f == Format::f32) {
-    throw InputError("[codec] unknown --format '" + o.format + "' (use one of: " +
-                     std::string(numerics::format_names()).substr(5) + ")");
+    std::string names;  // every element format except f32, which is not a codec target
+    for (const numerics::FormatTraits& t : numerics::kFormatTable) {
+      if (t.format == Format::f32) continue;
+      names += (names.empty() ? "" : ", ") + std::string(t.name);
+    }
+    throw InputError("[codec] unknown --format '" + o.format + "' (use one of: " + names + ")");
   }
   return *f;
 }

@@ -125,10 +125,10 @@ BlockShape effective_block(const QuantDesc& desc) {
 }
 
 void validate(const QuantDesc& desc, int64_t rows, int64_t cols) {
-  const std::string name = desc.to_string();
   if (rows < 0 || cols < 0) throw InputError("[quantize] negative shape");
   const FormatTraits& e = traits(desc.element);
   if (!desc.has_scale) return;
+  const std::string name = desc.to_string();  // only descriptors with a scale can be rejected
   if (e.is_integer() || desc.element == Format::e8m0 || desc.element == Format::ue4m3 ||
       desc.element == Format::f32) {
     throw InputError("[quantize] " + name + ": element format " + std::string(e.name) +

@@ -107,7 +107,5 @@ constexpr const FormatTraits& traits(Format f) { return kFormatTable[static_cast
 
 // Lower-case name -> format ("e4m3", "bf16", ...); nullopt when unknown.
 std::optional<Format> format_from_name(std::string_view name);
-// Comma-separated list of every format name, for error messages and --help.
-std::string_view format_names();
 
 }  // namespace concord::numerics

@@ -13,18 +13,6 @@ std::optional<Format> format_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-std::string_view format_names() {
-  static const std::string names = [] {
-    std::string s;
-    for (const FormatTraits& t : kFormatTable) {
-      if (!s.empty()) s += ", ";
-      s += t.name;
-    }
-    return s;
-  }();
-  return names;
-}
-
 std::string_view rounding_name(Rounding r) {
   switch (r) {
     case Rounding::rne: return "rne";

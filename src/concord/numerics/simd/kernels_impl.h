@@ -371,14 +371,22 @@ inline void store_u8(void* out, u32v a, u32v b, u32v c, u32v d) {
 #endif
 }
 
-// W codes from W uint16_t / W bytes, zero-extended.
-inline u32v load_u16(const void* in) {
 #if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
-  uint16_t v[W];
+// The wide16 build's zero-extension: W narrow codes, lane by lane.
+template <class Narrow>
+inline u32v widen_lanes(const void* in) {
+  Narrow v[W];
   __builtin_memcpy(v, in, sizeof v);
   u32v out;
   for (int i = 0; i < W; ++i) out[i] = v[i];
   return out;
+}
+#endif
+
+// W codes from W uint16_t / W bytes, zero-extended.
+inline u32v load_u16(const void* in) {
+#if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
+  return widen_lanes<uint16_t>(in);
 #elif CONCORD_SIMD_WIDTH == 16
   return reinterpret_cast<u32v>(
       _mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xFFFF), load<__m256i>(in)));
@@ -391,11 +399,7 @@ inline u32v load_u16(const void* in) {
 }
 inline u32v load_u8(const void* in) {
 #if CONCORD_SIMD_WIDTH == 16 && !defined(__AVX512F__)
-  uint8_t v[W];
-  __builtin_memcpy(v, in, sizeof v);
-  u32v out;
-  for (int i = 0; i < W; ++i) out[i] = v[i];
-  return out;
+  return widen_lanes<uint8_t>(in);
 #elif CONCORD_SIMD_WIDTH == 16
   return reinterpret_cast<u32v>(
       _mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xFFFF), load<__m128i>(in)));
