@@ -1,15 +1,22 @@
-// GEMM baselines on the model's shapes (M tokens x K in -> N out): OpenBLAS sgemm and oneDNN
-// matmul in f32 and bf16 (bf16 inputs, f32 output), in the same run. GFLOP/s as a counter.
-// This is the yardstick the tensor layer's GEMM (issue 3) will be measured against; it also
-// tells whether this CPU has a bf16 matmul at all (oneDNN needs AVX512-BF16 or AMX for it).
+// GEMM on the model's shapes (M tokens x K in -> N out): OpenBLAS sgemm and oneDNN matmul in
+// f32 and bf16 (bf16 inputs, f32 output), and concord's batch-invariant gemm (fp32 panels and
+// bf16-widening panels), in the same run. GFLOP/s as a counter; the concord cases also report
+// their ratio to OpenBLAS sgemm on the same shape, orientation and thread count, measured in
+// this run. oneDNN tells whether this CPU has a bf16 matmul at all (it needs AVX512-BF16/AMX).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
 
+#include <bit>
+#include <chrono>
 #include <dnnl.hpp>
+#include <map>
 #include <random>
+#include <tuple>
 #include <string>
 #include <vector>
+
+#include "concord/tensor/gemm.h"
 
 namespace {
 
@@ -86,9 +93,111 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+// The model's GEMM roles (tensor layer's target shapes), C = op(A)·op(B):
+//   fwd_nn / fwd_nt   forward, M = 4096 tokens, K = 512, N = 512 or 1536 (W stored (K,N) / (N,K))
+//   dgrad_nn          dX = dY·W, M = 4096, K = 1536, N = 512
+//   wgrad_tn          dW = dYᵀ·X, op(A) = Aᵀ, M = 512 or 1536, K = 4096 tokens, N = 512
+struct Case {
+  const char* name;
+  bool ta, tb;
+  int64_t M, N, K;
+};
+constexpr Case kCases[] = {
+    {"fwd_nn", false, false, 4096, 512, 512},   {"fwd_nn", false, false, 4096, 1536, 512},
+    {"fwd_nt", false, true, 4096, 512, 512},    {"fwd_nt", false, true, 4096, 1536, 512},
+    {"dgrad_nn", false, false, 4096, 512, 1536}, {"wgrad_tn", true, false, 512, 512, 4096},
+    {"wgrad_tn", true, false, 1536, 512, 4096},
+};
+
+struct CaseData {
+  std::vector<float> a, b, c;
+  int64_t lda, ldb;
+};
+CaseData make_case(const Case& k, bool bf16) {
+  CaseData d{random_matrix(k.M, k.K, 1), random_matrix(k.K, k.N, 2),
+             std::vector<float>(static_cast<size_t>(k.M * k.N)), k.ta ? k.M : k.K,
+             k.tb ? k.K : k.N};
+  if (bf16) {  // bf16-representable values: truncate the low 16 bits
+    for (auto* v : {&d.a, &d.b}) {
+      for (float& f : *v) f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) & 0xFFFF0000u);
+    }
+  }
+  return d;
+}
+
+// sgemm GFLOP/s per (case, threads), for the ratio counters of the concord cases.
+std::map<std::pair<int64_t, int64_t>, double>& sgemm_rate() {
+  static std::map<std::pair<int64_t, int64_t>, double> rate;
+  return rate;
+}
+
+double case_flops(const Case& k) { return 2.0 * static_cast<double>(k.M * k.N * k.K); }
+
+void set_case_counters(benchmark::State& state, const Case& k, double seconds, bool baseline) {
+  const double rate = case_flops(k) * static_cast<double>(state.iterations()) / seconds / 1e9;
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      case_flops(k) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate,
+      benchmark::Counter::kIs1000);
+  const auto key = std::make_pair(state.range(0), state.range(1));
+  auto& sgemm = sgemm_rate();
+  if (baseline) {
+    sgemm[key] = rate;
+  } else if (sgemm.count(key) != 0) {
+    state.counters["vs_sgemm"] = rate / sgemm[key];
+  }
+}
+
+void BM_case_openblas_sgemm(benchmark::State& state) {
+  const Case& k = kCases[state.range(0)];
+  openblas_set_num_threads(static_cast<int>(state.range(1)));
+  CaseData d = make_case(k, false);
+  double seconds = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, k.ta ? CblasTrans : CblasNoTrans, k.tb ? CblasTrans : CblasNoTrans,
+                static_cast<int>(k.M), static_cast<int>(k.N), static_cast<int>(k.K), 1.0f,
+                d.a.data(), static_cast<int>(d.lda), d.b.data(), static_cast<int>(d.ldb), 0.0f,
+                d.c.data(), static_cast<int>(k.N));
+    benchmark::DoNotOptimize(d.c.data());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  state.SetLabel(k.name);
+  set_case_counters(state, k, seconds, true);
+}
+
+void BM_case_concord(benchmark::State& state, bool bf16) {
+  using concord::tensor::Trans;
+  const Case& k = kCases[state.range(0)];
+  omp_set_num_threads(static_cast<int>(state.range(1)));
+  CaseData d = make_case(k, bf16);
+  const auto fn = bf16 ? concord::tensor::gemm_bf16 : concord::tensor::gemm;
+  double seconds = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(k.ta ? Trans::yes : Trans::no, k.tb ? Trans::yes : Trans::no, k.M, k.N, k.K, d.a.data(),
+       d.lda, d.b.data(), d.ldb, d.c.data(), k.N, false);
+    benchmark::DoNotOptimize(d.c.data());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  state.SetLabel(std::string(k.name) + " " + concord::tensor::gemm_isa_name());
+  set_case_counters(state, k, seconds, false);
+}
+
+void cases(benchmark::internal::Benchmark* b) {
+  for (int64_t c = 0; c < static_cast<int64_t>(std::size(kCases)); ++c) {
+    for (int64_t threads : {1, 2}) b->Args({c, threads});
+  }
+  b->ArgNames({"case", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace
 
 BENCHMARK(BM_openblas_sgemm)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_onednn_matmul, f32, dnnl::memory::data_type::f32)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_onednn_matmul, bf16, dnnl::memory::data_type::bf16)->Apply(shapes);
+// Registration order is run order: the sgemm cases run first, and each concord case divides
+// its rate by the sgemm rate of the same (case, threads) from earlier in this run.
+BENCHMARK(BM_case_openblas_sgemm)->Apply(cases);
+BENCHMARK_CAPTURE(BM_case_concord, fp32, false)->Apply(cases);
+BENCHMARK_CAPTURE(BM_case_concord, bf16, true)->Apply(cases);
 BENCHMARK_MAIN();

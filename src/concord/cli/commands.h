@@ -9,5 +9,6 @@ void add_codec_command(CLI::App& app);
 void add_quant_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_train_command(CLI::App& app);
 
 }  // namespace concord::cli

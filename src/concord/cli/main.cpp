@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   concord::cli::add_quant_command(app);
   concord::cli::add_inspect_command(app);
   concord::cli::add_demo_command(app);
+  concord::cli::add_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

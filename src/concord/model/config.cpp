@@ -1,0 +1,199 @@
+// ModelConfig from / to a Hugging Face config.json (Qwen3ForCausalLM, LlamaForCausalLM).
+#include "concord/model/config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "concord/numerics/check.h"
+
+namespace concord::model {
+namespace {
+
+using nlohmann::json;
+
+// Fields that describe how HF trains or stores the model, not what it computes.
+const std::set<std::string>& informational_fields() {
+  static const std::set<std::string> fields = {
+      "_name_or_path", "architectures", "model_type", "torch_dtype", "dtype",
+      "transformers_version", "use_cache", "initializer_range", "attention_dropout",
+      "pad_token_id", "bos_token_id", "eos_token_id", "max_window_layers", "sliding_window",
+      "use_sliding_window", "rope_scaling", "attention_bias", "mlp_bias", "hidden_act",
+      "pretraining_tp", "layer_types", "tie_word_embeddings", "head_dim", "output_attentions",
+      "output_hidden_states", "return_dict", "is_encoder_decoder", "chunk_size_feed_forward",
+      "id2label", "label2id", "problem_type", "tokenizer_class", "task_specific_params",
+      "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+      "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
+      "rope_theta", "rope_parameters"};
+  return fields;
+}
+
+[[noreturn]] void config_error(std::string_view source, const std::string& what) {
+  throw InputError(fmt::format("[config] {}: {}", source, what));
+}
+
+int64_t get_int(const json& j, const char* key, std::string_view source) {
+  if (!j.contains(key)) config_error(source, fmt::format("missing field '{}'", key));
+  const json& v = j.at(key);
+  if (!v.is_number_integer()) config_error(source, fmt::format("field '{}' must be an integer", key));
+  return v.get<int64_t>();
+}
+
+double get_number(const json& j, const char* key, double fallback, std::string_view source) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_number()) config_error(source, fmt::format("field '{}' must be a number", key));
+  return v.get<double>();
+}
+
+bool is_false_or_absent(const json& j, const char* key) {
+  return !j.contains(key) || j.at(key).is_null() || (j.at(key).is_boolean() && !j.at(key).get<bool>());
+}
+
+}  // namespace
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t C = hidden_size, D = head_dim;
+  const int64_t attn = C * num_attention_heads * D * 2 + C * num_key_value_heads * D * 2;
+  const int64_t mlp = 3 * C * intermediate_size;
+  const int64_t norms = 2 * C + (qk_norm() ? 2 * D : 0);
+  const int64_t head = tie_word_embeddings ? 0 : vocab_size * C;
+  return vocab_size * C + num_hidden_layers * (attn + mlp + norms) + C + head;
+}
+
+void ModelConfig::validate(std::string_view source) const {
+  if (architecture != "Qwen3ForCausalLM" && architecture != "LlamaForCausalLM")
+    config_error(source, fmt::format("architecture '{}' is not supported (Qwen3ForCausalLM, "
+                                     "LlamaForCausalLM)", architecture));
+  auto positive = [&](int64_t v, const char* name) {
+    if (v <= 0) config_error(source, fmt::format("'{}' must be positive (got {})", name, v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(max_position_embeddings, "max_position_embeddings");
+  if (num_attention_heads % num_key_value_heads != 0)
+    config_error(source, fmt::format("num_attention_heads ({}) must be a multiple of "
+                                     "num_key_value_heads ({})", num_attention_heads,
+                                     num_key_value_heads));
+  if (head_dim % 2 != 0) config_error(source, fmt::format("head_dim ({}) must be even for RoPE", head_dim));
+  if (!(rms_norm_eps > 0)) config_error(source, "rms_norm_eps must be positive");
+  if (!(rope_theta > 0)) config_error(source, "rope_theta must be positive");
+  if (vocab_size > (int64_t{1} << 31) - 1) config_error(source, "vocab_size does not fit int32 token ids");
+}
+
+ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
+  if (!j.is_object()) config_error(source, "expected a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    if (!informational_fields().count(key))
+      config_error(source, fmt::format("unknown field '{}'; concord implements the Qwen3/Llama "
+                                       "decoder fields only (remove it or convert the model)", key));
+  }
+  ModelConfig c;
+  std::string model_type = j.value("model_type", std::string());
+  if (j.contains("architectures")) {
+    const json& a = j.at("architectures");
+    if (!a.is_array() || a.size() != 1 || !a[0].is_string())
+      config_error(source, "'architectures' must list exactly one architecture");
+    c.architecture = a[0].get<std::string>();
+  } else if (model_type == "qwen3") {
+    c.architecture = "Qwen3ForCausalLM";
+  } else if (model_type == "llama") {
+    c.architecture = "LlamaForCausalLM";
+  } else {
+    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, llama)");
+  }
+  if (!model_type.empty() && model_type != "qwen3" && model_type != "llama")
+    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, llama)", model_type));
+
+  // Fields whose non-default values would change the computation and are not implemented.
+  if (!is_false_or_absent(j, "attention_bias")) config_error(source, "attention_bias = true is not supported");
+  if (!is_false_or_absent(j, "mlp_bias")) config_error(source, "mlp_bias = true is not supported");
+  if (!is_false_or_absent(j, "use_sliding_window"))
+    config_error(source, "use_sliding_window = true is not supported");
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
+    config_error(source, "rope_scaling is not supported (set it to null)");
+  if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
+    const json& rp = j.at("rope_parameters");
+    if (!rp.is_object() || rp.value("rope_type", std::string("default")) != "default")
+      config_error(source, "rope_parameters: only rope_type 'default' is supported");
+  }
+  if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
+    config_error(source, "hidden_act must be 'silu' (SwiGLU)");
+  if (j.contains("pretraining_tp") && j.at("pretraining_tp") != 1)
+    config_error(source, "pretraining_tp must be 1");
+
+  c.vocab_size = get_int(j, "vocab_size", source);
+  c.hidden_size = get_int(j, "hidden_size", source);
+  c.intermediate_size = get_int(j, "intermediate_size", source);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", source);
+  c.num_attention_heads = get_int(j, "num_attention_heads", source);
+  c.num_key_value_heads =
+      j.contains("num_key_value_heads") ? get_int(j, "num_key_value_heads", source) : c.num_attention_heads;
+  c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null()
+                   ? get_int(j, "head_dim", source)
+                   : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  c.max_position_embeddings = j.contains("max_position_embeddings")
+                                  ? get_int(j, "max_position_embeddings", source)
+                                  : 2048;
+  c.rms_norm_eps = get_number(j, "rms_norm_eps", 1e-6, source);
+  double theta = get_number(j, "rope_theta", 10000.0, source);
+  if (j.contains("rope_parameters") && j.at("rope_parameters").is_object())
+    theta = get_number(j.at("rope_parameters"), "rope_theta", theta, source);
+  c.rope_theta = theta;
+  c.tie_word_embeddings = j.value("tie_word_embeddings", c.architecture == "Qwen3ForCausalLM");
+  auto token_id = [&](const char* key) -> std::optional<int64_t> {
+    if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
+    if (!j.at(key).is_number_integer())
+      config_error(source, fmt::format("'{}' must be an integer (a list of ids is not supported)", key));
+    return j.at(key).get<int64_t>();
+  };
+  c.bos_token_id = token_id("bos_token_id");
+  c.eos_token_id = token_id("eos_token_id");
+  c.validate(source);
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
+  std::ifstream in(config_json);
+  if (!in) throw InputError(fmt::format("[config] {}: cannot open", config_json.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, false);
+  if (j.is_discarded()) throw InputError(fmt::format("[config] {}: not valid JSON", config_json.string()));
+  return from_json(j, config_json.string());
+}
+
+json ModelConfig::to_json() const {
+  json j;
+  const bool qwen3 = architecture == "Qwen3ForCausalLM";
+  j["architectures"] = json::array({architecture});
+  j["model_type"] = qwen3 ? "qwen3" : "llama";
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["torch_dtype"] = "float32";
+  if (bos_token_id) j["bos_token_id"] = *bos_token_id;
+  if (eos_token_id) j["eos_token_id"] = *eos_token_id;
+  return j;
+}
+
+}  // namespace concord::model

@@ -1,0 +1,297 @@
+// The decoder's parameters, weight preparation and forward pass (model_backward.cpp: backward).
+#include "concord/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "concord/model/model_impl.h"
+#include "concord/numerics/check.h"
+#include "concord/numerics/philox.h"
+
+namespace concord::model {
+
+using tensor::Operand;
+using tensor::Trans;
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+  std::vector<ParamSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, C}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    specs.push_back({p + "input_layernorm.weight", {C}});
+    specs.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}});
+    specs.push_back({p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}});
+    specs.push_back({p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}});
+    specs.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}});
+    if (c.qk_norm()) {
+      specs.push_back({p + "self_attn.q_norm.weight", {D}});
+      specs.push_back({p + "self_attn.k_norm.weight", {D}});
+    }
+    specs.push_back({p + "post_attention_layernorm.weight", {C}});
+    specs.push_back({p + "mlp.gate_proj.weight", {F, C}});
+    specs.push_back({p + "mlp.up_proj.weight", {F, C}});
+    specs.push_back({p + "mlp.down_proj.weight", {C, F}});
+  }
+  specs.push_back({"model.norm.weight", {C}});
+  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, C}});
+  return specs;
+}
+
+Model::Impl::Impl(ModelConfig c, PrecisionPolicy p)
+    : config(std::move(c)), policy(std::move(p)), specs(parameter_specs(config)) {
+  config.validate("model config");
+  for (size_t i = 0; i < specs.size(); ++i) {
+    index[specs[i].name] = static_cast<int>(i);
+    values.emplace_back(static_cast<size_t>(specs[i].numel()), 0.0f);
+    grads.emplace_back(static_cast<size_t>(specs[i].numel()), 0.0f);
+  }
+  prepared.resize(specs.size());
+  auto at = [&](const std::string& name) { return index.at(name); };
+  embed = at("model.embed_tokens.weight");
+  final_norm = at("model.norm.weight");
+  lm_head = config.tie_word_embeddings ? embed : at("lm_head.weight");
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string prefix = fmt::format("model.layers.{}.", i);
+    LayerParams l{};
+    l.input_norm = at(prefix + "input_layernorm.weight");
+    l.q = at(prefix + "self_attn.q_proj.weight");
+    l.k = at(prefix + "self_attn.k_proj.weight");
+    l.v = at(prefix + "self_attn.v_proj.weight");
+    l.o = at(prefix + "self_attn.o_proj.weight");
+    if (config.qk_norm()) {
+      l.q_norm = at(prefix + "self_attn.q_norm.weight");
+      l.k_norm = at(prefix + "self_attn.k_norm.weight");
+    }
+    l.post_norm = at(prefix + "post_attention_layernorm.weight");
+    l.gate = at(prefix + "mlp.gate_proj.weight");
+    l.up = at(prefix + "mlp.up_proj.weight");
+    l.down = at(prefix + "mlp.down_proj.weight");
+    layers.push_back(l);
+  }
+  rope = RopeTable::build(config.max_position_embeddings, config.head_dim, config.rope_theta);
+}
+
+// The GEMM precision a weight belongs to (its layer class; last layers per the policy).
+static const LayerPrecision& precision_of(const Model::Impl& m, int param) {
+  const int L = static_cast<int>(m.config.num_hidden_layers);
+  if (param == m.lm_head) return m.policy.for_layer(LayerClass::lm_head, 0, L);
+  for (int i = 0; i < L; ++i) {
+    const LayerParams& l = m.layers[i];
+    if (param == l.q || param == l.k || param == l.v || param == l.o)
+      return m.policy.for_layer(LayerClass::attention, i, L);
+    if (param == l.gate || param == l.up || param == l.down)
+      return m.policy.for_layer(LayerClass::mlp, i, L);
+  }
+  CONCORD_CHECK(false, "parameter " + m.specs[param].name + " is not a GEMM weight");
+}
+
+const PreparedWeight& Model::Impl::weight(int param) {
+  PreparedWeight& w = prepared[param];
+  if (w.valid) return w;
+  const LayerPrecision& prec = precision_of(*this, param);
+  const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
+  const float* W = values[param].data();
+  // Forward Y = X·Wᵀ reads W as op(B) = Wᵀ (stored (N, K)); dgrad dX = dY·W reads it as is.
+  tensor::prepare_operand(w.forward, prec[GemmRole::forward].b, Operand::b, Trans::yes, W, N, K);
+  tensor::prepare_operand(w.dgrad, prec[GemmRole::dgrad].b, Operand::b, Trans::no, W, N, K);
+  w.valid = true;
+  return w;
+}
+
+const float* Model::Impl::embedding_table() {
+  const auto& desc = policy.layer_class[static_cast<int>(LayerClass::embedding)][GemmRole::forward].b;
+  if (!desc) return values[embed].data();
+  if (!embedding_lookup_valid) {
+    // The lookup reads rows of the table, so its blocks run along C (a row).
+    tensor::PreparedOperand q;
+    const int64_t V = config.vocab_size, C = config.hidden_size;
+    tensor::prepare_operand(q, desc, Operand::a, Trans::no, values[embed].data(), V, C);
+    embedding_lookup.assign(q.data, q.data + V * C);
+    for (float& x : embedding_lookup) x *= q.tensor_scale;
+    embedding_lookup_valid = true;
+  }
+  return embedding_lookup.data();
+}
+
+void Model::Impl::linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T,
+                                 float* y) {
+  const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
+  const PreparedWeight& w = weight(param);
+  tensor::prepare_operand(scratch_a, prec[GemmRole::forward].a, Operand::a, Trans::no, x, T, K);
+  observe(GemmRole::forward, param, scratch_a, w.forward, prec[GemmRole::forward]);
+  tensor::gemm_prepared(Trans::no, Trans::yes, T, N, K, scratch_a, w.forward, y, N);
+}
+
+void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq) {
+  const ModelConfig& c = config;
+  if (seq > c.max_position_embeddings)
+    throw InputError(fmt::format("[model] sequence length {} exceeds max_position_embeddings {}",
+                                 seq, c.max_position_embeddings));
+  B = batch;
+  S = seq;
+  const int64_t T = B * S, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  arena.reset();
+  positions.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t % S);
+  acts.assign(static_cast<size_t>(L), LayerActivations{});
+
+  float* x = arena.alloc(T * C);
+  embedding_forward(x, tokens, embedding_table(), T, V, C);
+  for (int i = 0; i < L; ++i) {
+    const LayerParams& lp = layers[i];
+    LayerActivations& a = acts[i];
+    const LayerPrecision& attn = policy.for_layer(LayerClass::attention, i, L);
+    const LayerPrecision& mlp = policy.for_layer(LayerClass::mlp, i, L);
+    a.x_in = x;
+    a.rstd1 = arena.alloc(T);
+    a.xn1 = arena.alloc(T * C);
+    rmsnorm_forward(a.xn1, a.rstd1, a.x_in, values[lp.input_norm].data(), T, C, c.rms_norm_eps);
+    a.q_raw = arena.alloc(T * Hq * D);
+    a.k_raw = arena.alloc(T * Hkv * D);
+    a.v = arena.alloc(T * Hkv * D);
+    linear_forward(attn, lp.q, a.xn1, T, a.q_raw);
+    linear_forward(attn, lp.k, a.xn1, T, a.k_raw);
+    linear_forward(attn, lp.v, a.xn1, T, a.v);
+    a.q = arena.alloc(T * Hq * D);
+    a.k = arena.alloc(T * Hkv * D);
+    if (c.qk_norm()) {
+      a.rstd_q = arena.alloc(T * Hq);
+      a.rstd_k = arena.alloc(T * Hkv);
+      rmsnorm_forward(a.q, a.rstd_q, a.q_raw, values[lp.q_norm].data(), T * Hq, D, c.rms_norm_eps);
+      rmsnorm_forward(a.k, a.rstd_k, a.k_raw, values[lp.k_norm].data(), T * Hkv, D, c.rms_norm_eps);
+    } else {
+      std::memcpy(a.q, a.q_raw, sizeof(float) * static_cast<size_t>(T * Hq * D));
+      std::memcpy(a.k, a.k_raw, sizeof(float) * static_cast<size_t>(T * Hkv * D));
+    }
+    rope_forward(a.q, positions.data(), T, Hq, D, rope);
+    rope_forward(a.k, positions.data(), T, Hkv, D, rope);
+    a.probs = arena.alloc(B * Hq * S * S);
+    a.att = arena.alloc(T * Hq * D);
+    attention_forward(a.att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
+    a.x_mid = arena.alloc(T * C);
+    linear_forward(attn, lp.o, a.att, T, a.x_mid);
+    for (int64_t j = 0; j < T * C; ++j) a.x_mid[j] += a.x_in[j];
+
+    a.rstd2 = arena.alloc(T);
+    a.xn2 = arena.alloc(T * C);
+    rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, values[lp.post_norm].data(), T, C, c.rms_norm_eps);
+    a.gate = arena.alloc(T * F);
+    a.up = arena.alloc(T * F);
+    a.h = arena.alloc(T * F);
+    linear_forward(mlp, lp.gate, a.xn2, T, a.gate);
+    linear_forward(mlp, lp.up, a.xn2, T, a.up);
+    swiglu_forward(a.h, a.gate, a.up, T, F);
+    x = arena.alloc(T * C);
+    linear_forward(mlp, lp.down, a.h, T, x);
+    for (int64_t j = 0; j < T * C; ++j) x[j] += a.x_mid[j];
+  }
+  x_final = x;
+  rstd_final = arena.alloc(T);
+  xn_final = arena.alloc(T * C);
+  rmsnorm_forward(xn_final, rstd_final, x_final, values[final_norm].data(), T, C, c.rms_norm_eps);
+  logits = arena.alloc(T * V);
+  linear_forward(policy.for_layer(LayerClass::lm_head, 0, L), lm_head, xn_final, T, logits);
+}
+
+Model::Model(ModelConfig config, PrecisionPolicy policy)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(policy))) {}
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+
+const ModelConfig& Model::config() const { return impl_->config; }
+const PrecisionPolicy& Model::policy() const { return impl_->policy; }
+void Model::set_policy(PrecisionPolicy policy) {
+  impl_->policy = std::move(policy);
+  weights_changed();
+}
+const std::vector<ParamSpec>& Model::params() const { return impl_->specs; }
+
+static int find_param(const Model::Impl& m, std::string_view name) {
+  auto it = m.index.find(std::string(name));
+  if (it == m.index.end())
+    throw InputError(fmt::format("[model] no parameter named '{}' in this {} config", name,
+                                 m.config.architecture));
+  return it->second;
+}
+
+std::span<float> Model::param(std::string_view name) { return impl_->values[find_param(*impl_, name)]; }
+std::span<const float> Model::param(std::string_view name) const {
+  return impl_->values[find_param(*impl_, name)];
+}
+std::span<float> Model::grad(std::string_view name) { return impl_->grads[find_param(*impl_, name)]; }
+
+void Model::init_random(uint64_t seed, float std) {
+  for (size_t p = 0; p < impl_->specs.size(); ++p) {
+    std::vector<float>& v = impl_->values[p];
+    if (!impl_->specs[p].is_matrix()) {
+      std::fill(v.begin(), v.end(), 1.0f);
+      continue;
+    }
+    // Box-Muller on Philox words keyed by (seed, parameter index, element pair): the same
+    // weights for any thread count.
+    const numerics::RandomStream rng{seed, static_cast<uint32_t>(p)};
+    const int64_t n = static_cast<int64_t>(v.size());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i += 2) {
+      const numerics::PhiloxBlock w = rng.block(static_cast<uint64_t>(i) / 2);
+      const double u1 = (static_cast<double>(w[0]) + 1.0) / 4294967297.0;  // (0, 1]
+      const double u2 = static_cast<double>(w[1]) / 4294967296.0;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      v[i] = static_cast<float>(std * r * std::cos(2.0 * M_PI * u2));
+      if (i + 1 < n) v[i + 1] = static_cast<float>(std * r * std::sin(2.0 * M_PI * u2));
+    }
+  }
+  weights_changed();
+}
+
+void Model::set_gemm_observer(GemmObserver observer) { impl_->observer = std::move(observer); }
+
+void Model::weights_changed() {
+  for (PreparedWeight& w : impl_->prepared) w.valid = false;
+  impl_->embedding_lookup_valid = false;
+}
+
+static void check_tokens(const Model::Impl& m, std::span<const int32_t> tokens, int64_t B, int64_t T,
+                         const char* what) {
+  if (B <= 0 || T <= 0 || static_cast<int64_t>(tokens.size()) != B * T)
+    throw InputError(fmt::format("[model] {}: {} tokens for B={} x T={}", what, tokens.size(), B, T));
+  for (int32_t t : tokens)
+    if (t < 0 || t >= m.config.vocab_size)
+      throw InputError(fmt::format("[model] {}: token id {} outside the vocabulary [0, {})", what,
+                                   t, m.config.vocab_size));
+}
+
+void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> logits) {
+  check_tokens(*impl_, tokens, B, T, "forward");
+  const int64_t V = impl_->config.vocab_size;
+  if (static_cast<int64_t>(logits.size()) != B * T * V)
+    throw InputError(fmt::format("[model] forward: logits buffer holds {} floats, needs {}",
+                                 logits.size(), B * T * V));
+  impl_->run_forward(tokens.data(), B, T);
+  std::memcpy(logits.data(), impl_->logits, sizeof(float) * static_cast<size_t>(B * T * V));
+}
+
+float Model::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                              int64_t B, int64_t T, uint64_t step) {
+  check_tokens(*impl_, tokens, B, T, "forward_backward");
+  if (targets.size() != tokens.size())
+    throw InputError(fmt::format("[model] forward_backward: {} targets for {} tokens",
+                                 targets.size(), tokens.size()));
+  impl_->run_forward(tokens.data(), B, T);
+  return static_cast<float>(impl_->run_backward(tokens.data(), targets.data(), step));
+}
+
+}  // namespace concord::model

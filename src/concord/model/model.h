@@ -1,0 +1,101 @@
+// The decoder (Qwen3 / Llama family) that learner and sampler share: parameters under their
+// Hugging Face names, a forward pass to logits, and forward + backward to gradients.
+//
+// Parameter names and shapes (HF's), W is (out, in):
+//   model.embed_tokens.weight                      (V, C)
+//   model.layers.{i}.input_layernorm.weight        (C)
+//   model.layers.{i}.self_attn.q_proj.weight       (Hq*D, C)
+//   model.layers.{i}.self_attn.k_proj.weight       (Hkv*D, C)
+//   model.layers.{i}.self_attn.v_proj.weight       (Hkv*D, C)
+//   model.layers.{i}.self_attn.o_proj.weight       (C, Hq*D)
+//   model.layers.{i}.self_attn.q_norm.weight       (D)        Qwen3 only
+//   model.layers.{i}.self_attn.k_norm.weight       (D)        Qwen3 only
+//   model.layers.{i}.post_attention_layernorm.weight (C)
+//   model.layers.{i}.mlp.gate_proj.weight          (F, C)
+//   model.layers.{i}.mlp.up_proj.weight            (F, C)
+//   model.layers.{i}.mlp.down_proj.weight          (C, F)
+//   model.norm.weight                              (C)
+//   lm_head.weight                                 (V, C)     absent when embeddings are tied
+// The values held here are the *served* weights the forward pass uses; the fp32 master copy
+// and the export rule that makes them live in train/.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "concord/model/config.h"
+#include "concord/model/policy.h"
+
+namespace concord::tensor {
+struct PreparedOperand;
+}
+
+namespace concord::model {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // 1-D (norm weights) or 2-D (out, in)
+  int64_t numel() const;
+  bool is_matrix() const { return shape.size() == 2; }
+};
+
+// The parameters a config implies, in a fixed order (embeddings, layers in order, norm, head).
+std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
+
+// What one GEMM of a pass saw: its role, the weight it belongs to, and both operands as they
+// reached the kernel (on their grids). Given to an observer for tests and audits.
+struct GemmRecord {
+  GemmRole role;
+  std::string_view weight;  // HF name of the weight the GEMM belongs to
+  const tensor::PreparedOperand* a;
+  const tensor::PreparedOperand* b;
+  std::optional<numerics::QuantDesc> desc_a, desc_b;  // the policy's descriptors for a and b
+};
+using GemmObserver = std::function<void(const GemmRecord&)>;
+
+class Model {
+ public:
+  explicit Model(ModelConfig config, PrecisionPolicy policy = PrecisionPolicy::preset("fp32"));
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  const ModelConfig& config() const;
+  const PrecisionPolicy& policy() const;
+  void set_policy(PrecisionPolicy policy);
+
+  const std::vector<ParamSpec>& params() const;
+  // fp32 values and gradients of a parameter by HF name; throws InputError for unknown names.
+  std::span<float> param(std::string_view name);
+  std::span<const float> param(std::string_view name) const;
+  std::span<float> grad(std::string_view name);
+  // Seeded init: normal(0, std) for matrices (Philox, independent of thread count), 1 for norms.
+  void init_random(uint64_t seed, float std = 0.02f);
+  // Call after the weights changed (a sync or an optimizer step): quantized and pre-packed copies
+  // of the weights are rebuilt lazily from the new values on the next forward.
+  void weights_changed();
+
+  // Logits (B*T, V) for B sequences of T tokens (positions 0..T-1).
+  void forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> logits);
+  // Mean cross-entropy over targets >= 0 (targets < 0 are ignored), and the gradients of that
+  // mean with respect to every parameter (overwritten, not accumulated). `step` seeds the
+  // stochastic rounding and Hadamard signs of the backward GEMMs.
+  float forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                         int64_t B, int64_t T, uint64_t step = 0);
+
+  // Called for every GEMM of later passes (nullptr: none). For tests and audits; slows passes.
+  void set_gemm_observer(GemmObserver observer);
+
+  struct Impl;  // model_impl.h (opaque to users)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace concord::model

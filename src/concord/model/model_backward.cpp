@@ -1,0 +1,134 @@
+// The decoder's backward pass: gradients of the mean cross-entropy with respect to every
+// parameter, through the same ops and the policy's dgrad / wgrad GEMM precisions.
+#include <algorithm>
+#include <cstring>
+
+#include "concord/model/model_impl.h"
+#include "concord/numerics/check.h"
+
+namespace concord::model {
+
+using tensor::Operand;
+using tensor::Trans;
+
+namespace {
+
+// Random streams of the backward GEMMs: one per (step, weight, operand), so stochastic rounding
+// and Hadamard signs never repeat across steps or weights and never depend on thread count.
+uint64_t step_seed(uint64_t step) { return 0x9E3779B97F4A7C15ull * (step + 1); }
+
+void add_into(float* dst, const float* src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+void Model::Impl::linear_backward(const LayerPrecision& prec, int param, const float* dy,
+                                  const float* x, int64_t T, float* dx, bool accumulate_dx,
+                                  float* dw, bool accumulate_dw, uint64_t step, uint32_t gemm_id) {
+  const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
+  const uint64_t seed = step_seed(step);
+  const PreparedWeight& w = weight(param);
+  if (dx != nullptr) {
+    // dX (T, K) = dY (T, N) · W (N, K): reduction over N.
+    const OperandPrecision& r = prec[GemmRole::dgrad];
+    tensor::prepare_operand(scratch_a, r.a, Operand::a, Trans::no, dy, T, N,
+                            numerics::RandomStream{seed, gemm_id * 4 + 0});
+    observe(GemmRole::dgrad, param, scratch_a, w.dgrad, r);
+    tensor::gemm_prepared(Trans::no, Trans::no, T, K, N, scratch_a, w.dgrad, dx, K, accumulate_dx);
+  }
+  // dW (N, K) = dYᵀ (N, T) · X (T, K): reduction over the tokens T.
+  const OperandPrecision& r = prec[GemmRole::wgrad];
+  const uint64_t hadamard_seed = seed ^ (static_cast<uint64_t>(gemm_id) << 32);
+  tensor::prepare_operand(scratch_a, r.a, Operand::a, Trans::yes, dy, T, N,
+                          numerics::RandomStream{seed, gemm_id * 4 + 1}, r.hadamard, hadamard_seed);
+  tensor::prepare_operand(scratch_b, r.b, Operand::b, Trans::no, x, T, K,
+                          numerics::RandomStream{seed, gemm_id * 4 + 2}, r.hadamard, hadamard_seed);
+  observe(GemmRole::wgrad, param, scratch_a, scratch_b, r);
+  tensor::gemm_prepared(Trans::yes, Trans::no, N, K, T, scratch_a, scratch_b, dw, K, accumulate_dw);
+}
+
+double Model::Impl::run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step) {
+  const ModelConfig& c = config;
+  const int64_t T = tokens_count(), C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  for (size_t p = 0; p < specs.size(); ++p)
+    if (!specs[p].is_matrix()) std::fill(grads[p].begin(), grads[p].end(), 0.0f);
+
+  // Loss: mean over the targets that count.
+  int64_t count = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (targets[t] >= V)
+      throw InputError("[model] forward_backward: target id " + std::to_string(targets[t]) +
+                       " outside the vocabulary");
+    count += targets[t] >= 0;
+  }
+  if (count == 0) throw InputError("[model] forward_backward: every target is ignored (< 0)");
+  const double loss = cross_entropy_forward<float>(nullptr, logits, targets, T, V) /
+                      static_cast<double>(count);
+  float* dlogits = arena.alloc(T * V);
+  cross_entropy_backward(dlogits, logits, targets, T, V, 1.0 / static_cast<double>(count));
+
+  // lm_head (tied: its weight gradient lands in the embedding's, which the lookup adds to).
+  float* dxn = arena.alloc(T * C);
+  float* dx = arena.alloc(T * C);
+  float* tmp = arena.alloc(T * C);
+  const uint32_t head_id = static_cast<uint32_t>(specs.size());
+  linear_backward(policy.for_layer(LayerClass::lm_head, 0, L), lm_head, dlogits, xn_final, T, dxn,
+                  false, grads[lm_head].data(), false, step, head_id);
+  rmsnorm_backward(dx, grads[final_norm].data(), dxn, x_final, values[final_norm].data(),
+                   rstd_final, T, C);
+
+  float* dq = arena.alloc(T * Hq * D);
+  float* dk = arena.alloc(T * Hkv * D);
+  float* dv = arena.alloc(T * Hkv * D);
+  float* dq_raw = arena.alloc(T * Hq * D);
+  float* dk_raw = arena.alloc(T * Hkv * D);
+  float* datt = arena.alloc(T * Hq * D);
+  float* dgate = arena.alloc(T * F);
+  float* dup = arena.alloc(T * F);
+  float* dh = arena.alloc(T * F);
+  for (int i = L - 1; i >= 0; --i) {
+    const LayerParams& lp = layers[i];
+    const LayerActivations& a = acts[i];
+    const LayerPrecision& attn = policy.for_layer(LayerClass::attention, i, L);
+    const LayerPrecision& mlp = policy.for_layer(LayerClass::mlp, i, L);
+    auto id = [](int param) { return static_cast<uint32_t>(param); };
+    // dx holds d(layer output) = d(x_mid) through the residual.
+    linear_backward(mlp, lp.down, dx, a.h, T, dh, false, grads[lp.down].data(), false, step, id(lp.down));
+    swiglu_backward(dgate, dup, dh, a.gate, a.up, T, F);
+    linear_backward(mlp, lp.gate, dgate, a.xn2, T, dxn, false, grads[lp.gate].data(), false, step, id(lp.gate));
+    linear_backward(mlp, lp.up, dup, a.xn2, T, dxn, true, grads[lp.up].data(), false, step, id(lp.up));
+    rmsnorm_backward(tmp, grads[lp.post_norm].data(), dxn, a.x_mid, values[lp.post_norm].data(),
+                     a.rstd2, T, C);
+    add_into(dx, tmp, T * C);  // dx = d(x_mid)
+
+    linear_backward(attn, lp.o, dx, a.att, T, datt, false, grads[lp.o].data(), false, step, id(lp.o));
+    attention_backward(dq, dk, dv, datt, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
+    rope_backward(dq, positions.data(), T, Hq, D, rope);
+    rope_backward(dk, positions.data(), T, Hkv, D, rope);
+    const float* gq = dq;
+    const float* gk = dk;
+    if (c.qk_norm()) {
+      rmsnorm_backward(dq_raw, grads[lp.q_norm].data(), dq, a.q_raw, values[lp.q_norm].data(),
+                       a.rstd_q, T * Hq, D);
+      rmsnorm_backward(dk_raw, grads[lp.k_norm].data(), dk, a.k_raw, values[lp.k_norm].data(),
+                       a.rstd_k, T * Hkv, D);
+      gq = dq_raw;
+      gk = dk_raw;
+    }
+    linear_backward(attn, lp.q, gq, a.xn1, T, dxn, false, grads[lp.q].data(), false, step, id(lp.q));
+    linear_backward(attn, lp.k, gk, a.xn1, T, dxn, true, grads[lp.k].data(), false, step, id(lp.k));
+    linear_backward(attn, lp.v, dv, a.xn1, T, dxn, true, grads[lp.v].data(), false, step, id(lp.v));
+    rmsnorm_backward(tmp, grads[lp.input_norm].data(), dxn, a.x_in, values[lp.input_norm].data(),
+                     a.rstd1, T, C);
+    add_into(dx, tmp, T * C);  // dx = d(x_in) = d(previous layer's output)
+  }
+  if (!c.tie_word_embeddings) std::fill(grads[embed].begin(), grads[embed].end(), 0.0f);
+  embedding_backward(grads[embed].data(), dx, tokens, T, V, C);
+  return loss;
+}
+
+}  // namespace concord::model

@@ -1,0 +1,99 @@
+// Model::Impl, shared by the forward (model.cpp) and backward (model_backward.cpp) passes:
+// parameters, the cached quantized weights, and the activations the backward pass reads.
+#pragma once
+
+#include <array>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "concord/model/model.h"
+#include "concord/model/ops.h"
+#include "concord/tensor/arena.h"
+#include "concord/tensor/qgemm.h"
+
+namespace concord::model {
+
+// Indices of one decoder layer's parameters in Impl::values.
+struct LayerParams {
+  int input_norm, q, k, v, o, q_norm = -1, k_norm = -1, post_norm, gate, up, down;
+};
+
+// A weight on the grids its GEMM roles need, rebuilt when the weights change.
+struct PreparedWeight {
+  tensor::PreparedOperand forward;  // b of Y = X·Wᵀ
+  tensor::PreparedOperand dgrad;    // b of dX = dY·W
+  bool valid = false;
+};
+
+// Activations of one decoder layer saved by the forward pass for the backward pass; all point
+// into the arena. T = B*S rows.
+struct LayerActivations {
+  float* x_in;     // (T, C) residual stream entering the layer
+  float* rstd1;    // (T)
+  float* xn1;      // (T, C) input of q/k/v projections
+  float* q_raw;    // (T, Hq*D) q projection (before QK-norm)
+  float* k_raw;    // (T, Hkv*D)
+  float* rstd_q;   // (T*Hq) QK-norm statistics (Qwen3)
+  float* rstd_k;   // (T*Hkv)
+  float* q;        // (T, Hq*D) after QK-norm and RoPE: attention's input
+  float* k;        // (T, Hkv*D)
+  float* v;        // (T, Hkv*D)
+  float* probs;    // (B, Hq, S, S)
+  float* att;      // (T, Hq*D) attention output, input of o_proj
+  float* x_mid;    // (T, C) residual stream after attention
+  float* rstd2;    // (T)
+  float* xn2;      // (T, C) input of gate/up projections
+  float* gate;     // (T, F)
+  float* up;       // (T, F)
+  float* h;        // (T, F) silu(gate) * up, input of down_proj
+};
+
+struct Model::Impl {
+  ModelConfig config;
+  PrecisionPolicy policy;
+  std::vector<ParamSpec> specs;
+  std::unordered_map<std::string, int> index;
+  std::vector<std::vector<float>> values;  // served weights
+  std::vector<std::vector<float>> grads;
+  std::vector<LayerParams> layers;
+  int embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
+  RopeTable rope;
+
+  std::vector<PreparedWeight> prepared;  // per parameter (matrices only)
+  std::vector<float> embedding_lookup;   // the embedding table on its lookup grid (if quantized)
+  bool embedding_lookup_valid = false;
+
+  tensor::Arena arena;
+  // The last forward's shape and saved activations.
+  int64_t B = 0, S = 0;
+  std::vector<int32_t> positions;
+  std::vector<LayerActivations> acts;
+  float* x_final = nullptr;     // (T, C) residual stream after the last layer
+  float* rstd_final = nullptr;  // (T)
+  float* xn_final = nullptr;    // (T, C) input of lm_head
+  float* logits = nullptr;      // (T, V)
+  tensor::PreparedOperand scratch_a;  // activation operand, reused across GEMMs
+  tensor::PreparedOperand scratch_b;
+  GemmObserver observer;
+
+  void observe(GemmRole role, int param, const tensor::PreparedOperand& a,
+               const tensor::PreparedOperand& b, const OperandPrecision& prec) const {
+    if (observer) observer(GemmRecord{role, specs[param].name, &a, &b, prec.a, prec.b});
+  }
+
+  Impl(ModelConfig c, PrecisionPolicy p);
+  const PreparedWeight& weight(int param);
+  const float* embedding_table();
+  // Y (T, N) = X (T, K) · Wᵀ on the policy's forward grid.
+  void linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T, float* y);
+  // dX (T, K) (+)= dY (T, N) · W;  dW (N, K) (+)= dYᵀ · X.
+  void linear_backward(const LayerPrecision& prec, int param, const float* dy, const float* x,
+                       int64_t T, float* dx, bool accumulate_dx, float* dw, bool accumulate_dw,
+                       uint64_t step, uint32_t gemm_id);
+  void run_forward(const int32_t* tokens, int64_t B, int64_t S);
+  double run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step);
+  int64_t tokens_count() const { return B * S; }
+};
+
+}  // namespace concord::model

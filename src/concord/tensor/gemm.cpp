@@ -1,0 +1,389 @@
+// The batch-invariant GEMM: the scalar reference, the blocked packing driver (OpenMP over M x N
+// tiles), the generic microkernels, and the ISA dispatch. The AVX2 kernels are gemm_avx2.cpp.
+#include "concord/tensor/gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+
+#include "concord/numerics/check.h"
+
+namespace concord::tensor {
+namespace {
+
+using detail::kMR;
+using detail::kNR;
+
+// Blocking for Zen 3 (32 KiB L1d, 512 KiB L2 per core, 32 MiB L3 shared): a kKC x kNR B
+// micropanel (16 KiB fp32) stays in L1 while the kernel sweeps the kMC x kKC A block (144 KiB)
+// held in L2; the kKC x kNC B panel (up to 3 MiB) is shared by the threads through L3.
+// kKC is even so that bf16 pairs never straddle two K blocks.
+constexpr int64_t kKC = 256;
+constexpr int64_t kMC = 144;   // multiple of kMR
+constexpr int64_t kNC = 3072;  // multiple of kNR
+static_assert(kKC % 2 == 0 && kMC % kMR == 0 && kNC % kNR == 0);
+
+// Below this many multiply-adds the OpenMP fork costs more than it saves.
+constexpr int64_t kParallelMinFlops = int64_t{1} << 21;
+
+// A grow-only 64-byte aligned buffer (packing space: reused across calls, no per-call malloc).
+template <class T>
+class AlignedBuffer {
+ public:
+  T* get(int64_t n) {
+    const auto need = static_cast<size_t>(std::max<int64_t>(n, 1));
+    if (need > size_) {
+      const size_t bytes = (need * sizeof(T) + 63) / 64 * 64;
+      data_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+      if (!data_) throw std::bad_alloc();
+      size_ = need;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t size_ = 0;
+};
+
+uint32_t bf16_bits(float x) { return std::bit_cast<uint32_t>(x) >> 16; }
+
+// op(A)[i][k] and op(B)[k][j] for the four storage orders.
+template <bool kTrans>
+float a_at(const float* A, int64_t lda, int64_t i, int64_t k) {
+  return kTrans ? A[k * lda + i] : A[i * lda + k];
+}
+template <bool kTrans>
+float b_at(const float* B, int64_t ldb, int64_t k, int64_t j) {
+  return kTrans ? B[j * ldb + k] : B[k * ldb + j];
+}
+
+// Packs rows [i0, i0 + rows) x steps [k0, k0 + kc) of op(A) into kMR-row micropanels, rows past
+// the end zero (padding in M only).
+template <bool kTrans>
+void pack_a_f32(const float* A, int64_t lda, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                float* out) {
+  for (int64_t p = 0; p < rows; p += kMR) {
+    const int64_t mr = std::min<int64_t>(kMR, rows - p);
+    float* panel = out + p * kc;
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t r = 0; r < kMR; ++r) {
+        panel[k * kMR + r] = r < mr ? a_at<kTrans>(A, lda, i0 + p + r, k0 + k) : 0.0f;
+      }
+    }
+  }
+}
+
+// Packs steps [k0, k0 + kc) x columns [j0, j0 + cols) of op(B) into kNR-column micropanels.
+template <bool kTrans>
+void pack_b_panel_f32(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
+                      int64_t cols, float* panel) {
+  if (!kTrans && cols == kNR) {
+    for (int64_t k = 0; k < kc; ++k) std::memcpy(panel + k * kNR, B + (k0 + k) * ldb + j0, 64);
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int64_t j = 0; j < kNR; ++j) {
+      panel[k * kNR + j] = j < cols ? b_at<kTrans>(B, ldb, k0 + k, j0 + j) : 0.0f;
+    }
+  }
+}
+
+// bf16 path, A side: the fp32 layout of pack_a_f32 holding bf16 values (low 16 bits cleared),
+// i.e. widened while packing; the broadcast operand stays fp32 so the kernel spends no shifts
+// on it. B side: bf16 pairs, word p of a column = bf16(step 2p) | bf16(step 2p + 1) << 16.
+template <bool kTrans>
+void pack_a_bf16(const float* A, int64_t lda, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                 float* out) {
+  for (int64_t p = 0; p < rows; p += kMR) {
+    const int64_t mr = std::min<int64_t>(kMR, rows - p);
+    float* panel = out + p * kc;
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t r = 0; r < kMR; ++r) {
+        panel[k * kMR + r] =
+            r < mr ? std::bit_cast<float>(bf16_bits(a_at<kTrans>(A, lda, i0 + p + r, k0 + k)) << 16)
+                   : 0.0f;
+      }
+    }
+  }
+}
+
+template <bool kTrans>
+void pack_b_panel_bf16(const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
+                       int64_t cols, uint32_t* panel) {
+  const int64_t pairs = (kc + 1) / 2;
+  for (int64_t q = 0; q < pairs; ++q) {
+    const int64_t k = k0 + 2 * q;
+    const bool has_hi = 2 * q + 1 < kc;
+    for (int64_t j = 0; j < kNR; ++j) {
+      uint32_t w = 0;
+      if (j < cols) {
+        w = bf16_bits(b_at<kTrans>(B, ldb, k, j0 + j));
+        if (has_hi) w |= bf16_bits(b_at<kTrans>(B, ldb, k + 1, j0 + j)) << 16;
+      }
+      panel[q * kNR + j] = w;
+    }
+  }
+}
+
+// What differs between the fp32 and the bf16 path: the panel word, its packing, the kernel.
+struct F32Panels {
+  using AWord = float;
+  using BWord = float;
+  static int64_t b_words(int64_t kc) { return kc; }
+  static void pack_a(Trans t, const float* A, int64_t lda, int64_t i0, int64_t rows, int64_t k0,
+                     int64_t kc, AWord* out) {
+    t == Trans::yes ? pack_a_f32<true>(A, lda, i0, rows, k0, kc, out)
+                    : pack_a_f32<false>(A, lda, i0, rows, k0, kc, out);
+  }
+  static void pack_b(Trans t, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
+                     int64_t cols, BWord* out) {
+    t == Trans::yes ? pack_b_panel_f32<true>(B, ldb, k0, kc, j0, cols, out)
+                    : pack_b_panel_f32<false>(B, ldb, k0, kc, j0, cols, out);
+  }
+  static detail::MicroKernelF32 kernel(const detail::MicroKernels& k) { return k.f32; }
+};
+struct Bf16Panels {
+  using AWord = float;
+  using BWord = uint32_t;
+  static int64_t b_words(int64_t kc) { return (kc + 1) / 2; }
+  static void pack_a(Trans t, const float* A, int64_t lda, int64_t i0, int64_t rows, int64_t k0,
+                     int64_t kc, AWord* out) {
+    t == Trans::yes ? pack_a_bf16<true>(A, lda, i0, rows, k0, kc, out)
+                    : pack_a_bf16<false>(A, lda, i0, rows, k0, kc, out);
+  }
+  static void pack_b(Trans t, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
+                     int64_t cols, BWord* out) {
+    t == Trans::yes ? pack_b_panel_bf16<true>(B, ldb, k0, kc, j0, cols, out)
+                    : pack_b_panel_bf16<false>(B, ldb, k0, kc, j0, cols, out);
+  }
+  static detail::MicroKernelBf16 kernel(const detail::MicroKernels& k) { return k.bf16; }
+};
+
+void check_args(const char* op, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
+                int64_t lda, int64_t ldb, int64_t ldc) {
+  if (M < 0 || N < 0 || K < 0) {
+    throw InputError(std::string("[") + op + "] negative shape M=" + std::to_string(M) +
+                     " N=" + std::to_string(N) + " K=" + std::to_string(K));
+  }
+  const int64_t a_row = ta == Trans::no ? K : M, b_row = tb == Trans::no ? N : K;
+  const bool a_used = M > 0 && K > 0, b_used = N > 0 && K > 0;
+  if ((a_used && lda < a_row) || (b_used && ldb < b_row) || (M > 0 && N > 0 && ldc < N)) {
+    throw InputError(std::string("[") + op + "] leading dimension too small: lda=" +
+                     std::to_string(lda) + " (needs >= " + std::to_string(a_row) + "), ldb=" +
+                     std::to_string(ldb) + " (needs >= " + std::to_string(b_row) +
+                     "), ldc=" + std::to_string(ldc) + " (needs >= " + std::to_string(N) + ")");
+  }
+}
+
+// The blocked driver. Loop order jc (N by kNC) > pc (K by kKC, in order) > M x N work units;
+// every C element is owned by one unit per pc step, so its k loop runs in order on one thread.
+template <class P>
+void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64_t M, int64_t N,
+                  int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                  int64_t ldc, bool accumulate) {
+  using AWord = typename P::AWord;
+  using BWord = typename P::BWord;
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate) {
+      for (int64_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
+    }
+    return;
+  }
+  const auto kernel = P::kernel(kernels);
+  const int64_t kc_max = std::min(K, kKC);
+  const int64_t nc_max = std::min(N, kNC);
+  const int64_t nc_panels_max = (nc_max + kNR - 1) / kNR;
+
+  static thread_local AlignedBuffer<BWord> b_buffer;  // the calling thread's, shared by the team
+  BWord* b_pack = b_buffer.get(nc_panels_max * kNR * P::b_words(kc_max));
+
+  const double flops = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int threads = (omp_in_parallel() || flops < static_cast<double>(kParallelMinFlops))
+                          ? 1
+                          : omp_get_max_threads();
+  const int64_t m_blocks = (M + kMC - 1) / kMC;
+
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    static thread_local AlignedBuffer<AWord> a_buffer;
+    AWord* a_pack = a_buffer.get(kMC * kc_max);
+    alignas(64) float edge[kMR * kNR];
+
+    for (int64_t jc = 0; jc < N; jc += kNC) {
+      const int64_t nc = std::min(kNC, N - jc);
+      const int64_t panels = (nc + kNR - 1) / kNR;
+      // With few M blocks (the weight-gradient shapes, M = 512), split N too so both threads
+      // get work; each unit packs its own A block.
+      const int64_t n_parts =
+          threads == 1 ? 1
+                       : std::min<int64_t>(panels, std::max<int64_t>(
+                                                       1, (4 * threads + m_blocks - 1) / m_blocks));
+      const int64_t panels_per_part = (panels + n_parts - 1) / n_parts;
+      for (int64_t pc = 0; pc < K; pc += kKC) {
+        const int64_t kc = std::min(kKC, K - pc);
+        const int64_t words = P::b_words(kc);
+        const bool load_c = accumulate || pc > 0;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; ++p) {
+          P::pack_b(tb, B, ldb, pc, kc, jc + p * kNR, std::min<int64_t>(kNR, nc - p * kNR),
+                    b_pack + p * kNR * words);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t unit = 0; unit < m_blocks * n_parts; ++unit) {
+          const int64_t ic = (unit / n_parts) * kMC;
+          const int64_t mc = std::min(kMC, M - ic);
+          const int64_t p_begin = (unit % n_parts) * panels_per_part;
+          const int64_t p_end = std::min(panels, p_begin + panels_per_part);
+          if (p_begin >= p_end) continue;
+          P::pack_a(ta, A, lda, ic, mc, pc, kc, a_pack);
+          for (int64_t p = p_begin; p < p_end; ++p) {
+            const int64_t j = jc + p * kNR;
+            const int64_t nr = std::min<int64_t>(kNR, N - j);
+            const BWord* b_panel = b_pack + p * kNR * words;
+            for (int64_t ir = 0; ir < mc; ir += kMR) {
+              const int64_t mr = std::min<int64_t>(kMR, mc - ir);
+              const AWord* a_panel = a_pack + ir * kc;
+              float* c = C + (ic + ir) * ldc + j;
+              if (mr == kMR && nr == kNR) {
+                kernel(kc, a_panel, b_panel, c, ldc, load_c);
+                continue;
+              }
+              // Edge tile: run the full tile on a scratch copy, write back the valid part.
+              if (load_c) {
+                for (int64_t r = 0; r < mr; ++r) std::copy_n(c + r * ldc, nr, edge + r * kNR);
+              }
+              kernel(kc, a_panel, b_panel, edge, kNR, load_c);
+              for (int64_t r = 0; r < mr; ++r) std::copy_n(edge + r * kNR, nr, c + r * ldc);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Generic microkernels: the same loop nest as the AVX2 ones, one std::fma per step.
+void generic_f32(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c) {
+  float acc[kMR][kNR];
+  for (int r = 0; r < kMR; ++r) {
+    for (int j = 0; j < kNR; ++j) acc[r][j] = load_c ? c[r * ldc + j] : 0.0f;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int r = 0; r < kMR; ++r) {
+      for (int j = 0; j < kNR; ++j) acc[r][j] = std::fma(a[k * kMR + r], b[k * kNR + j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < kMR; ++r) {
+    for (int j = 0; j < kNR; ++j) c[r * ldc + j] = acc[r][j];
+  }
+}
+
+float widen_lo(uint32_t w) { return std::bit_cast<float>(w << 16); }
+float widen_hi(uint32_t w) { return std::bit_cast<float>(w & 0xFFFF0000u); }
+
+void generic_bf16(int64_t kc, const float* a, const uint32_t* b, float* c, int64_t ldc,
+                  bool load_c) {
+  float acc[kMR][kNR];
+  for (int r = 0; r < kMR; ++r) {
+    for (int j = 0; j < kNR; ++j) acc[r][j] = load_c ? c[r * ldc + j] : 0.0f;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const int64_t q = k / 2;
+    const bool hi = (k & 1) != 0;
+    for (int r = 0; r < kMR; ++r) {
+      const float av = a[k * kMR + r];
+      for (int j = 0; j < kNR; ++j) {
+        const uint32_t bw = b[q * kNR + j];
+        acc[r][j] = std::fma(av, hi ? widen_hi(bw) : widen_lo(bw), acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < kMR; ++r) {
+    for (int j = 0; j < kNR; ++j) c[r * ldc + j] = acc[r][j];
+  }
+}
+
+GemmIsa initial_isa() {
+  const char* forced = std::getenv("CONCORD_ISA");
+  if (forced != nullptr && std::string_view(forced) == "generic") return GemmIsa::generic;
+  return gemm_isa_supported(GemmIsa::avx2) ? GemmIsa::avx2 : GemmIsa::generic;
+}
+
+std::atomic<GemmIsa>& isa_state() {
+  static std::atomic<GemmIsa> isa{initial_isa()};
+  return isa;
+}
+
+detail::MicroKernels active_kernels() {
+  return isa_state().load(std::memory_order_relaxed) == GemmIsa::avx2 ? detail::avx2_kernels()
+                                                                      : detail::generic_kernels();
+}
+
+}  // namespace
+
+namespace detail {
+MicroKernels generic_kernels() { return {generic_f32, generic_bf16}; }
+}  // namespace detail
+
+void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                    bool accumulate) {
+  check_args("gemm_reference", ta, tb, M, N, K, lda, ldb, ldc);
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      float acc = accumulate ? C[i * ldc + j] : 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const float a = ta == Trans::no ? A[i * lda + k] : A[k * lda + i];
+        const float b = tb == Trans::no ? B[k * ldb + j] : B[j * ldb + k];
+        acc = std::fma(a, b, acc);
+      }
+      C[i * ldc + j] = acc;
+    }
+  }
+}
+
+void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  check_args("gemm", ta, tb, M, N, K, lda, ldb, ldc);
+  gemm_blocked<F32Panels>(active_kernels(), ta, tb, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  check_args("gemm_bf16", ta, tb, M, N, K, lda, ldb, ldc);
+  gemm_blocked<Bf16Panels>(active_kernels(), ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
+                           accumulate);
+}
+
+bool gemm_isa_supported(GemmIsa isa) {
+  if (isa == GemmIsa::generic) return true;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+GemmIsa gemm_isa() { return isa_state().load(std::memory_order_relaxed); }
+
+const char* gemm_isa_name() { return gemm_isa() == GemmIsa::avx2 ? "avx2" : "generic"; }
+
+void set_gemm_isa(GemmIsa isa) {
+  if (!gemm_isa_supported(isa)) {
+    throw InputError("[gemm] this CPU lacks AVX2+FMA; use GemmIsa::generic");
+  }
+  isa_state().store(isa, std::memory_order_relaxed);
+}
+
+}  // namespace concord::tensor

@@ -1,0 +1,369 @@
+// Training checkpoints: atomic directory writes, `latest`, pruning, validated loads (see
+// checkpoint.h).
+#include "concord/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "concord/io/atomic_file.h"
+#include "concord/io/safetensors.h"
+#include "concord/numerics/check.h"
+
+namespace concord::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kPrefix = "step-";
+constexpr int kStepDigits = 8;
+constexpr int64_t kStepLimit = 100'000'000;  // 10^kStepDigits
+constexpr std::string_view kTmpMarker = ".tmp-";
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kLatestFile = "latest";
+
+// The step of a complete checkpoint directory name ("step-" and exactly 8 digits), or -1.
+int64_t step_of_name(std::string_view name) {
+  if (name.size() != kPrefix.size() + kStepDigits || !name.starts_with(kPrefix)) return -1;
+  int64_t step = 0;
+  for (const char c : name.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+// The writer's pid of a "step-XXXXXXXX.tmp-<pid>[...]" directory name, or -1 for other names.
+long tmp_writer_pid(std::string_view name) {
+  const size_t at = name.find(kTmpMarker);
+  if (!name.starts_with(kPrefix) || at == std::string_view::npos) return -1;
+  long pid = 0;
+  size_t i = at + kTmpMarker.size();
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
+    pid = pid * 10 + (name[i] - '0');
+    if (pid > 1'000'000'000) return -1;
+  }
+  return pid;
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    throw InputError(fmt::format("[checkpoint] {}: cannot open directory: {}", dir.string(),
+                                 std::strerror(errno)));
+  }
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) {
+    throw InputError(fmt::format("[checkpoint] {}: fsync failed: {}", dir.string(),
+                                 std::strerror(errno)));
+  }
+}
+
+// Removes step-*.tmp-<pid>* directories whose writer is this process or no longer runs.
+void remove_stale_tmp_dirs(const fs::path& checkpoints) {
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(checkpoints, ec)) {
+    const std::string name = entry.path().filename().string();
+    const long pid = tmp_writer_pid(name);
+    if (pid < 0) continue;
+    const bool alive = pid != ::getpid() &&
+                       (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    if (!alive) fs::remove_all(entry.path(), ec);
+  }
+}
+
+void write_tensors(const fs::path& path, std::span<const TensorView> tensors, int64_t step) {
+  std::vector<io::TensorToWrite> out;
+  out.reserve(tensors.size());
+  for (const TensorView& t : tensors) {
+    int64_t numel = 1;
+    for (const int64_t d : t.shape) numel = d < 0 ? -1 : numel * d;
+    if (numel != static_cast<int64_t>(t.values.size())) {
+      throw InputError(fmt::format("[checkpoint] {}: tensor '{}' has shape {} but {} values",
+                                   path.string(), t.name, io::shape_text(t.shape),
+                                   t.values.size()));
+    }
+    out.push_back({t.name, io::Dtype::F32, t.shape,
+                   {reinterpret_cast<const uint8_t*>(t.values.data()), t.values.size_bytes()}});
+  }
+  io::write_safetensors(path, std::move(out), {{"format", "pt"}, {"step", std::to_string(step)}});
+}
+
+std::vector<NamedTensor> read_tensors(const fs::path& path, int64_t step) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw InputError(fmt::format("[checkpoint] {}: missing; the checkpoint is incomplete",
+                                 path.string()));
+  }
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  const auto& meta = file.metadata();
+  if (const auto it = meta.find("step"); it != meta.end() && it->second != std::to_string(step)) {
+    throw InputError(fmt::format("[checkpoint] {}: metadata step '{}' differs from the "
+                                 "directory's step {}",
+                                 path.string(), it->second, step));
+  }
+  std::vector<NamedTensor> tensors;
+  for (const io::TensorInfo& info : file.tensors()) {
+    if (info.dtype != io::Dtype::F32) {
+      throw InputError(fmt::format("[checkpoint] {}: tensor '{}' is {}; checkpoints hold F32",
+                                   path.string(), info.name, io::dtype_name(info.dtype)));
+    }
+    tensors.push_back({info.name, info.shape, io::tensor_to_floats(info)});
+  }
+  std::sort(tensors.begin(), tensors.end(),
+            [](const NamedTensor& a, const NamedTensor& b) { return a.name < b.name; });
+  return tensors;
+}
+
+nlohmann::json read_state(const fs::path& path, int64_t step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw InputError(fmt::format("[checkpoint] {}: missing or unreadable; the checkpoint is "
+                                 "incomplete",
+                                 path.string()));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(std::move(text).str());
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("[checkpoint] {}: not valid JSON ({})", path.string(), e.what()));
+  }
+  if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer()) {
+    throw InputError(fmt::format("[checkpoint] {}: must be a JSON object with an integer "
+                                 "\"step\"",
+                                 path.string()));
+  }
+  if (state["step"].get<int64_t>() != step) {
+    throw InputError(fmt::format("[checkpoint] {}: step {} differs from the directory's step {}",
+                                 path.string(), state["step"].get<int64_t>(), step));
+  }
+  return state;
+}
+
+// Replaces `target` (an existing checkpoint of the same step) by `fresh` atomically where the
+// file system can exchange two names; `fresh` then holds the old checkpoint, to be deleted.
+void replace_existing(const fs::path& fresh, const fs::path& target) {
+  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    return;
+  }
+  // No exchange (an old kernel or file system): move the old one aside, then the new one in.
+  fs::path aside = fresh;
+  aside += ".old";
+  fs::rename(target, aside);
+  fs::rename(fresh, target);
+  fs::rename(aside, fresh);
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(int64_t step) {
+  if (step < 0 || step >= kStepLimit) {
+    throw InputError(fmt::format("[checkpoint] step {} is outside [0, {})", step, kStepLimit));
+  }
+  return fmt::format("{}{:0{}d}", kPrefix, step, kStepDigits);
+}
+
+fs::path save_checkpoint(const fs::path& run_dir, int64_t step, std::span<const TensorView> model,
+                         std::span<const TensorView> optimizer, const nlohmann::json& state,
+                         int keep) {
+  const std::string name = checkpoint_dir_name(step);
+  if (keep < 1) throw InputError(fmt::format("[checkpoint] keep {} must be >= 1", keep));
+  if (!state.is_object()) {
+    throw InputError("[checkpoint] the state to save must be a JSON object");
+  }
+  if (state.contains("step") &&
+      !(state["step"].is_number_integer() && state["step"].get<int64_t>() == step)) {
+    throw InputError(fmt::format("[checkpoint] state \"step\" {} differs from the step {} being "
+                                 "saved",
+                                 state["step"].dump(), step));
+  }
+  nlohmann::json full_state = state;
+  full_state["step"] = step;
+  std::string state_text;
+  try {
+    state_text = full_state.dump(2) + "\n";
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("[checkpoint] the state cannot be written as JSON ({})",
+                                 e.what()));
+  }
+
+  const fs::path checkpoints = run_dir / "checkpoints";
+  const fs::path final_dir = checkpoints / name;
+  const fs::path tmp_dir = checkpoints / fmt::format("{}{}{}", name, kTmpMarker, ::getpid());
+  try {
+    fs::create_directories(checkpoints);
+    remove_stale_tmp_dirs(checkpoints);
+    fs::remove_all(tmp_dir);
+    fs::create_directory(tmp_dir);
+    write_tensors(tmp_dir / kModelFile, model, step);
+    write_tensors(tmp_dir / kOptimizerFile, optimizer, step);
+    io::write_file_atomic(tmp_dir / kStateFile, std::string_view(state_text));
+    fsync_dir(tmp_dir);
+    if (fs::exists(final_dir)) {
+      replace_existing(tmp_dir, final_dir);
+      fs::remove_all(tmp_dir);
+    } else {
+      fs::rename(tmp_dir, final_dir);
+    }
+    fsync_dir(checkpoints);
+    io::write_file_atomic(checkpoints / kLatestFile, std::string_view(name + "\n"));
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    throw InputError(fmt::format("[checkpoint] {}: {}", final_dir.string(), e.what()));
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+
+  // Pruning: the new checkpoint and the keep - 1 newest below it stay. Checkpoints of higher
+  // steps (left by a continuation abandoned when the run was resumed from an earlier one) are
+  // neither counted nor deleted: they may be wanted, and `latest` no longer names them.
+  std::vector<fs::path> older;
+  for (const fs::path& dir : list_checkpoints(run_dir)) {
+    if (step_of_name(dir.filename().string()) < step) older.push_back(dir);
+  }
+  const auto excess = static_cast<int64_t>(older.size()) - (keep - 1);
+  std::error_code ec;
+  for (int64_t i = 0; i < excess; ++i) fs::remove_all(older[static_cast<size_t>(i)], ec);
+  return final_dir;
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& run_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(run_dir / "checkpoints", ec)) {
+    const int64_t step = step_of_name(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory(ec)) found.emplace_back(step, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> dirs;
+  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
+  return dirs;
+}
+
+std::optional<fs::path> latest_checkpoint(const fs::path& run_dir) {
+  const fs::path latest = run_dir / "checkpoints" / kLatestFile;
+  std::ifstream in(latest);
+  if (in) {
+    std::string name;
+    std::getline(in, name);
+    while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    if (step_of_name(name) < 0) {
+      throw InputError(fmt::format("[checkpoint] {}: holds '{}', not a checkpoint directory "
+                                   "name (step-XXXXXXXX); fix or delete it",
+                                   latest.string(), name.substr(0, 64)));
+    }
+    std::error_code ec;
+    const fs::path dir = run_dir / "checkpoints" / name;
+    if (fs::is_directory(dir, ec)) return dir;
+  }
+  const std::vector<fs::path> all = list_checkpoints(run_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+LoadedCheckpoint load_checkpoint(const fs::path& checkpoint_dir) {
+  fs::path dir = checkpoint_dir.lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw InputError(fmt::format("[checkpoint] {}: not a directory", dir.string()));
+  }
+  const int64_t step = step_of_name(dir.filename().string());
+  if (step < 0) {
+    throw InputError(fmt::format("[checkpoint] {}: not a checkpoint directory (the name must be "
+                                 "step-XXXXXXXX)",
+                                 dir.string()));
+  }
+  LoadedCheckpoint out;
+  out.step = step;
+  out.dir = dir;
+  out.state = read_state(dir / kStateFile, step);
+  out.model = read_tensors(dir / kModelFile, step);
+  out.optimizer = read_tensors(dir / kOptimizerFile, step);
+  for (const NamedTensor& t : out.optimizer) {
+    std::string_view base = t.name;
+    if (base.ends_with(".exp_avg")) {
+      base.remove_suffix(std::string_view(".exp_avg").size());
+    } else if (base.ends_with(".exp_avg_sq")) {
+      base.remove_suffix(std::string_view(".exp_avg_sq").size());
+    } else {
+      throw InputError(fmt::format("[checkpoint] {}: tensor '{}' is neither <param>.exp_avg nor "
+                                   "<param>.exp_avg_sq",
+                                   (dir / kOptimizerFile).string(), t.name));
+    }
+    const NamedTensor* param = find_tensor(out.model, base);
+    if (param == nullptr || param->shape != t.shape) {
+      throw InputError(fmt::format(
+          "[checkpoint] {}: tensor '{}' {} matches no parameter of that shape in {}",
+          (dir / kOptimizerFile).string(), t.name, io::shape_text(t.shape), kModelFile));
+    }
+  }
+  return out;
+}
+
+const NamedTensor* find_tensor(std::span<const NamedTensor> tensors, std::string_view name) {
+  for (const NamedTensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<TensorView> adamw_state_views(const AdamW& optimizer,
+                                          std::span<const TensorView> model) {
+  std::vector<TensorView> views;
+  for (const TensorView& param : model) {
+    if (!optimizer.has_state(param.name)) continue;
+    views.push_back({param.name + ".exp_avg", param.shape, optimizer.exp_avg(param.name)});
+    views.push_back({param.name + ".exp_avg_sq", param.shape, optimizer.exp_avg_sq(param.name)});
+  }
+  return views;
+}
+
+void restore_adamw_state(AdamW& optimizer, std::span<const NamedTensor> tensors,
+                         int64_t steps_taken) {
+  std::map<std::string, std::pair<const NamedTensor*, const NamedTensor*>> pairs;
+  for (const NamedTensor& t : tensors) {
+    std::string_view name = t.name;
+    if (name.ends_with(".exp_avg")) {
+      name.remove_suffix(8);
+      pairs[std::string(name)].first = &t;
+    } else if (name.ends_with(".exp_avg_sq")) {
+      name.remove_suffix(11);
+      pairs[std::string(name)].second = &t;
+    } else {
+      throw InputError(fmt::format("[checkpoint] optimizer tensor '{}' is not an AdamW moment",
+                                   t.name));
+    }
+  }
+  optimizer.clear_state();
+  for (const auto& [name, pair] : pairs) {
+    if (pair.first == nullptr || pair.second == nullptr) {
+      throw InputError(fmt::format("[checkpoint] parameter '{}' has only one of exp_avg and "
+                                   "exp_avg_sq",
+                                   name));
+    }
+    optimizer.set_state(name, pair.first->values, pair.second->values);
+  }
+  optimizer.set_steps_taken(steps_taken);
+}
+
+}  // namespace concord::train

@@ -1,0 +1,37 @@
+// Export rules: how the fp32 master weights become the served copy the forward pass uses.
+//   rne  round to nearest even into the served format (the baseline; a small update that does not
+//        cross half a served ulp is lost every step)
+//   sr   stochastic rounding, random bits keyed by (seed, step, parameter): unbiased
+//   ef   error feedback: the rounding error of each step is carried into the next
+// Norm weights (1-D) are served in fp32 whatever the format (the policy keeps norms in fp32).
+// A rule with state (ef) exposes it for checkpoints, so a resumed run exports identically.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "concord/numerics/format.h"
+
+namespace concord::train {
+
+class ExportRule {
+ public:
+  virtual ~ExportRule() = default;
+  virtual std::string_view name() const = 0;
+  // Write the served copy of parameter `param` (rows x cols; rows = 1 for 1-D) for `step`.
+  virtual void apply(int param, std::span<const float> master, std::span<float> served,
+                     int64_t rows, int64_t cols, uint64_t step) = 0;
+  // Per-parameter state to checkpoint (empty when the rule has none).
+  virtual std::vector<float>* state(int param) { (void)param; return nullptr; }
+};
+
+// rne | sr | ef into `served`; f32 makes every rule a copy. seed keys sr's random bits.
+std::unique_ptr<ExportRule> make_export_rule(std::string_view rule, numerics::Format served,
+                                             uint64_t seed);
+std::vector<std::string> export_rule_names();
+
+}  // namespace concord::train

@@ -1,0 +1,185 @@
+// AdamW, the learning-rate schedule and the global gradient norm (see optimizer.h).
+#include "concord/train/optimizer.h"
+
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "concord/numerics/check.h"
+
+namespace concord::train {
+namespace {
+
+// Elementwise loops below this size stay on one thread (a parallel region costs more).
+constexpr int64_t kParallelMin = 1 << 15;
+
+}  // namespace
+
+void LrSchedule::validate() const {
+  if (!(peak_lr >= 0.0) || !(min_lr >= 0.0) || !std::isfinite(peak_lr) || !std::isfinite(min_lr)) {
+    throw InputError(fmt::format(
+        "[schedule] learning rates must be finite and >= 0 (peak {}, min {})", peak_lr, min_lr));
+  }
+  if (warmup_steps < 0 || total_steps < 0 || total_steps < warmup_steps) {
+    throw InputError(fmt::format(
+        "[schedule] need 0 <= warmup_steps <= total_steps (warmup {}, total {}); shorten the "
+        "warmup or train longer",
+        warmup_steps, total_steps));
+  }
+}
+
+double LrSchedule::at(int64_t step) const {
+  validate();
+  if (step < 0) throw InputError(fmt::format("[schedule] step {} is negative", step));
+  if (step < warmup_steps) {
+    return peak_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  }
+  if (step >= total_steps) return min_lr;  // also covers total == warmup (no decay phase)
+  const double progress = static_cast<double>(step - warmup_steps) /
+                          static_cast<double>(total_steps - warmup_steps);
+  return min_lr + (peak_lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+double global_grad_norm(std::span<const ParamView> params) {
+  // The blocks, in parameter order: (parameter, first element).
+  std::vector<std::pair<size_t, int64_t>> blocks;
+  for (size_t p = 0; p < params.size(); ++p) {
+    const auto n = static_cast<int64_t>(params[p].grad.size());
+    for (int64_t begin = 0; begin < n; begin += kNormBlock) blocks.emplace_back(p, begin);
+  }
+  std::vector<double> partial(blocks.size(), 0.0);
+  const auto block_count = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (block_count > 2)
+  for (int64_t b = 0; b < block_count; ++b) {
+    const auto [p, begin] = blocks[static_cast<size_t>(b)];
+    const std::span<const float> g = params[p].grad;
+    const int64_t end = std::min<int64_t>(begin + kNormBlock, static_cast<int64_t>(g.size()));
+    double sum = 0.0;
+    for (int64_t i = begin; i < end; ++i) {
+      const double x = g[static_cast<size_t>(i)];
+      sum += x * x;
+    }
+    partial[static_cast<size_t>(b)] = sum;
+  }
+  double total = 0.0;
+  for (const double s : partial) total += s;
+  return std::sqrt(total);
+}
+
+AdamW::AdamW(AdamWConfig config) : config_(config) {
+  const AdamWConfig& c = config_;
+  if (!(c.beta1 >= 0.0 && c.beta1 < 1.0) || !(c.beta2 >= 0.0 && c.beta2 < 1.0)) {
+    throw InputError(fmt::format("[adamw] betas must lie in [0, 1) (beta1 {}, beta2 {})",
+                                 c.beta1, c.beta2));
+  }
+  if (!(c.eps > 0.0) || !(c.weight_decay >= 0.0) || std::isnan(c.grad_clip)) {
+    throw InputError(fmt::format(
+        "[adamw] need eps > 0 and weight_decay >= 0 (eps {}, weight_decay {}, grad_clip {})",
+        c.eps, c.weight_decay, c.grad_clip));
+  }
+}
+
+double AdamW::step(std::span<const ParamView> params, double lr) {
+  if (!std::isfinite(lr) || lr < 0.0) {
+    throw InputError(fmt::format("[adamw] learning rate {} must be finite and >= 0", lr));
+  }
+  for (const ParamView& p : params) {
+    if (p.value.size() != p.grad.size()) {
+      throw InputError(fmt::format("[adamw] parameter '{}' has {} values but {} gradients",
+                                   p.name, p.value.size(), p.grad.size()));
+    }
+    const auto it = state_.find(p.name);
+    if (it != state_.end() && it->second.exp_avg.size() != p.value.size()) {
+      throw InputError(fmt::format(
+          "[adamw] parameter '{}' has {} values but its optimizer state has {} (a checkpoint of "
+          "another model shape?)",
+          p.name, p.value.size(), it->second.exp_avg.size()));
+    }
+  }
+  const double norm = global_grad_norm(params);
+  if (!std::isfinite(norm)) return norm;  // skipped: see the header
+
+  const double clip_scale =
+      (config_.grad_clip > 0.0 && norm > config_.grad_clip) ? config_.grad_clip / norm : 1.0;
+  const int64_t t = steps_ + 1;
+  const double b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+  const double bias1 = 1.0 - std::pow(b1, static_cast<double>(t));
+  const double bias2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t)));
+  const double step_size = lr / bias1;
+
+  for (const ParamView& p : params) {
+    Moments& st = state_[std::string(p.name)];
+    if (st.exp_avg.empty() && !p.value.empty()) {
+      st.exp_avg.assign(p.value.size(), 0.0f);
+      st.exp_avg_sq.assign(p.value.size(), 0.0f);
+    }
+    const double decay_factor = p.decay ? 1.0 - lr * config_.weight_decay : 1.0;
+    float* value = p.value.data();
+    const float* grad = p.grad.data();
+    float* m = st.exp_avg.data();
+    float* v = st.exp_avg_sq.data();
+    const auto n = static_cast<int64_t>(p.value.size());
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = static_cast<double>(grad[i]) * clip_scale;
+      const double m_new = b1 * m[i] + (1.0 - b1) * g;
+      const double v_new = b2 * v[i] + (1.0 - b2) * (g * g);
+      const double denom = std::sqrt(v_new) / bias2_sqrt + eps;
+      const double updated = static_cast<double>(value[i]) * decay_factor - step_size * (m_new / denom);
+      m[i] = static_cast<float>(m_new);
+      v[i] = static_cast<float>(v_new);
+      value[i] = static_cast<float>(updated);
+    }
+  }
+  steps_ = t;
+  return norm;
+}
+
+const AdamW::Moments& AdamW::moments(std::string_view name) const {
+  const auto it = state_.find(name);
+  if (it == state_.end()) {
+    throw InputError(fmt::format("[adamw] no optimizer state for parameter '{}'", name));
+  }
+  return it->second;
+}
+
+std::vector<std::string> AdamW::state_names() const {
+  std::vector<std::string> names;
+  names.reserve(state_.size());
+  for (const auto& [name, st] : state_) names.push_back(name);
+  return names;
+}
+
+bool AdamW::has_state(std::string_view name) const { return state_.find(name) != state_.end(); }
+
+std::span<const float> AdamW::exp_avg(std::string_view name) const {
+  return moments(name).exp_avg;
+}
+
+std::span<const float> AdamW::exp_avg_sq(std::string_view name) const {
+  return moments(name).exp_avg_sq;
+}
+
+void AdamW::set_state(std::string_view name, std::span<const float> exp_avg,
+                      std::span<const float> exp_avg_sq) {
+  if (exp_avg.size() != exp_avg_sq.size()) {
+    throw InputError(fmt::format("[adamw] parameter '{}': exp_avg has {} values, exp_avg_sq {}",
+                                 name, exp_avg.size(), exp_avg_sq.size()));
+  }
+  Moments& st = state_[std::string(name)];
+  st.exp_avg.assign(exp_avg.begin(), exp_avg.end());
+  st.exp_avg_sq.assign(exp_avg_sq.begin(), exp_avg_sq.end());
+}
+
+void AdamW::set_steps_taken(int64_t steps) {
+  if (steps < 0) throw InputError(fmt::format("[adamw] step count {} is negative", steps));
+  steps_ = steps;
+}
+
+void AdamW::clear_state() {
+  state_.clear();
+  steps_ = 0;
+}
+
+}  // namespace concord::train

@@ -1,0 +1,316 @@
+// The training loop: export master -> served copy, forward/backward, AdamW, validation,
+// metrics, checkpoints, resume.
+#include "concord/train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "concord/io/atomic_file.h"
+#include "concord/io/safetensors.h"
+#include "concord/model/model.h"
+#include "concord/model/ops.h"
+#include "concord/numerics/check.h"
+#include "concord/train/checkpoint.h"
+#include "concord/train/data.h"
+#include "concord/train/export.h"
+#include "concord/train/optimizer.h"
+#include "concord/train/progress.h"
+
+namespace concord::train {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+[[noreturn]] void config_error(const std::string& source, const std::string& what) {
+  throw InputError(fmt::format("[train] {}: {}", source, what));
+}
+
+// Keys of the training config that a resumed run may change without changing its results.
+bool resumable_key(const std::string& key) { return key == "out"; }
+
+size_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<size_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double validation_loss(model::Model& m, const std::vector<Batch>& batches) {
+  const int64_t V = m.config().vocab_size;
+  double sum = 0;
+  int64_t count = 0;
+  std::vector<float> logits;
+  for (const Batch& b : batches) {
+    logits.resize(static_cast<size_t>(b.B * b.T * V));
+    m.forward(b.inputs, b.B, b.T, logits);
+    sum += model::cross_entropy_forward<float>(nullptr, logits.data(), b.targets.data(), b.B * b.T, V);
+    for (int32_t t : b.targets) count += t >= 0;
+  }
+  return count > 0 ? sum / static_cast<double>(count) : 0.0;
+}
+
+void write_served_model(const fs::path& dir, model::Model& m, const TrainConfig& config, int64_t step) {
+  fs::create_directories(dir);
+  std::vector<io::TensorToWrite> tensors;
+  for (const model::ParamSpec& p : m.params()) {
+    auto v = m.param(p.name);
+    tensors.push_back({p.name, io::Dtype::F32, p.shape,
+                       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
+                                                v.size() * sizeof(float))});
+  }
+  io::write_safetensors(dir / "model.safetensors", std::move(tensors),
+                        {{"format", "pt"}, {"concord.step", std::to_string(step)},
+                         {"concord.policy", config.policy.name},
+                         {"concord.export", config.export_rule}});
+  io::write_file_atomic(dir / "config.json", config.model.to_json().dump(2) + "\n");
+}
+
+}  // namespace
+
+TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
+  if (!j.is_object()) config_error(source, "expected a JSON object");
+  TrainConfig c;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "name") c.name = value.get<std::string>();
+    else if (key == "model") c.model = model::ModelConfig::from_json(value, source + ": model");
+    else if (key == "policy")
+      c.policy = value.is_string() ? model::PrecisionPolicy::from_name_or_file(value.get<std::string>())
+                                   : model::PrecisionPolicy::from_json(value, source + ": policy");
+    else if (key == "export") c.export_rule = value.get<std::string>();
+    else if (key == "out") c.out = value.get<std::string>();
+    else if (key == "data" || key == "train" || key == "eval" || key == "checkpoint") {
+      if (!value.is_object()) config_error(source, fmt::format("'{}' must be an object", key));
+      for (const auto& [k, v] : value.items()) {
+        const std::string at = key + "." + k;
+        auto number = [&]() {
+          if (!v.is_number()) config_error(source, fmt::format("'{}' must be a number", at));
+          return v.get<double>();
+        };
+        auto integer = [&]() {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0)
+            config_error(source, fmt::format("'{}' must be a non-negative integer", at));
+          return v.get<int64_t>();
+        };
+        if (at == "data.corpus") c.corpus = v.get<std::string>();
+        else if (at == "data.validation_fraction") c.validation_fraction = number();
+        else if (at == "data.chunk") c.split_chunk = integer();
+        else if (at == "train.batch_size") c.batch_size = integer();
+        else if (at == "train.seq_len") c.seq_len = integer();
+        else if (at == "train.steps") c.steps = integer();
+        else if (at == "train.seed") c.seed = static_cast<uint64_t>(integer());
+        else if (at == "train.lr") c.lr = number();
+        else if (at == "train.min_lr") c.min_lr = number();
+        else if (at == "train.warmup_steps") c.warmup_steps = integer();
+        else if (at == "train.weight_decay") c.weight_decay = number();
+        else if (at == "train.grad_clip") c.grad_clip = number();
+        else if (at == "train.beta1") c.beta1 = number();
+        else if (at == "train.beta2") c.beta2 = number();
+        else if (at == "train.init_std") c.init_std = number();
+        else if (at == "eval.every") c.eval_every = integer();
+        else if (at == "eval.batches") c.eval_batches = integer();
+        else if (at == "checkpoint.every") c.checkpoint_every = integer();
+        else if (at == "checkpoint.keep") c.checkpoint_keep = static_cast<int>(integer());
+        else config_error(source, fmt::format("unknown key '{}'", at));
+      }
+    } else {
+      config_error(source, fmt::format("unknown key '{}' (name, model, policy, export, data, "
+                                       "train, eval, checkpoint, out)", key));
+    }
+  }
+  if (c.batch_size <= 0 || c.seq_len <= 0) config_error(source, "batch_size and seq_len must be positive");
+  if (c.seq_len > c.model.max_position_embeddings)
+    config_error(source, "seq_len exceeds the model's max_position_embeddings");
+  if (c.model.vocab_size < ByteTokenizer::vocab_size())
+    config_error(source, fmt::format("the byte-level tokenizer needs vocab_size >= {}",
+                                     ByteTokenizer::vocab_size()));
+  if (c.checkpoint_keep < 1) config_error(source, "checkpoint.keep must be at least 1");
+  if (!(c.validation_fraction > 0 && c.validation_fraction < 0.5))
+    config_error(source, "data.validation_fraction must lie in (0, 0.5)");
+  make_export_rule(c.export_rule, c.policy.served_weights, c.seed);  // validates the name
+  LrSchedule{c.lr, c.min_lr, c.warmup_steps, std::max(c.steps, c.warmup_steps)}.validate();
+  return c;
+}
+
+TrainConfig TrainConfig::load(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("[train] {}: cannot open the training config", path.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, false);
+  if (j.is_discarded()) throw InputError(fmt::format("[train] {}: not valid JSON", path.string()));
+  return from_json(j, path.string());
+}
+
+json TrainConfig::to_json() const {
+  return {{"name", name},
+          {"model", model.to_json()},
+          {"policy", policy.to_json()},
+          {"export", export_rule},
+          {"data", {{"corpus", corpus}, {"validation_fraction", validation_fraction}, {"chunk", split_chunk}}},
+          {"train", {{"batch_size", batch_size}, {"seq_len", seq_len}, {"steps", steps},
+                     {"seed", seed}, {"lr", lr}, {"min_lr", min_lr}, {"warmup_steps", warmup_steps},
+                     {"weight_decay", weight_decay}, {"grad_clip", grad_clip}, {"beta1", beta1},
+                     {"beta2", beta2}, {"init_std", init_std}}},
+          {"eval", {{"every", eval_every}, {"batches", eval_batches}}},
+          {"checkpoint", {{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
+          {"out", out}};
+}
+
+TrainResult train(const TrainConfig& config, const TrainOptions& options) {
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  TrainResult result;
+  result.run_dir = options.out ? *options.out : fs::path(config.out);
+  const fs::path& run_dir = result.run_dir;
+  fs::create_directories(run_dir);
+
+  // A run directory belongs to one configuration: resuming under another would silently mix two runs.
+  const json config_json = config.to_json();
+  const fs::path config_path = run_dir / "config.json";
+  const std::optional<fs::path> checkpoint = options.resume ? latest_checkpoint(run_dir) : std::nullopt;
+  if (checkpoint && fs::exists(config_path)) {
+    std::ifstream in(config_path);
+    json saved = json::parse(in, nullptr, false);
+    if (saved.is_discarded())
+      throw InputError(fmt::format("[train] {}: not valid JSON", config_path.string()));
+    for (const auto& [key, value] : config_json.items()) {
+      if (!resumable_key(key) && (!saved.contains(key) || saved.at(key) != value))
+        throw InputError(fmt::format("[train] {} was trained with a different '{}'; resume it "
+                                     "with the same config, or start afresh (--no-resume or "
+                                     "another --out)", run_dir.string(), key));
+    }
+  }
+  io::write_file_atomic(config_path, config_json.dump(2) + "\n");
+
+  // Data: byte-level tokens of the corpus, an interleaved train/validation split.
+  const std::string text = load_corpus(config.corpus);
+  const ByteTokenizer tokenizer;
+  const TokenSplit split = split_tokens(tokenizer.encode(text), config.validation_fraction, config.split_chunk);
+  const int64_t B = config.batch_size, T = config.seq_len;
+  const BatchSampler sampler(split.train, B, T, config.seed);
+  const std::vector<Batch> validation = validation_batches(split.validation, B, T, config.eval_batches);
+
+  // Master weights (fp32, what AdamW updates) and the model holding the served copy.
+  model::Model m(config.model, config.policy);
+  m.init_random(config.seed, static_cast<float>(config.init_std));
+  const std::vector<model::ParamSpec>& specs = m.params();
+  std::vector<std::vector<float>> master;
+  for (const model::ParamSpec& p : specs) {
+    auto v = m.param(p.name);
+    master.emplace_back(v.begin(), v.end());
+  }
+  std::unique_ptr<ExportRule> exporter = make_export_rule(config.export_rule, config.policy.served_weights, config.seed);
+  AdamW optimizer({config.lr, config.beta1, config.beta2, 1e-8, config.weight_decay, config.grad_clip});
+  const LrSchedule schedule{config.lr, config.min_lr, config.warmup_steps, std::max(config.steps, config.warmup_steps)};
+
+  int64_t step = 0;
+  const fs::path metrics_path = run_dir / "metrics.jsonl";
+  if (checkpoint) {
+    if (config.export_rule == "ef")
+      throw InputError("[train] resuming a run with the 'ef' export rule is not supported yet "
+                       "(its carried error is not checkpointed); start afresh with --no-resume");
+    LoadedCheckpoint ckpt = load_checkpoint(*checkpoint);
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const NamedTensor* t = find_tensor(ckpt.model, specs[p].name);
+      if (t == nullptr || t->values.size() != master[p].size())
+        throw InputError(fmt::format("[train] {}: tensor '{}' is missing or has the wrong size",
+                                     (ckpt.dir / "model.safetensors").string(), specs[p].name));
+      master[p] = t->values;
+    }
+    restore_adamw_state(optimizer, ckpt.optimizer, ckpt.state.value("optimizer_steps", ckpt.step));
+    step = ckpt.step;
+    result.start_step = step;
+    truncate_after_step(metrics_path, step);
+  } else {
+    // A fresh run starts a fresh metrics file.
+    std::error_code ignored;
+    fs::remove(metrics_path, ignored);
+  }
+  MetricsWriter metrics(metrics_path);
+
+  // The served copy of a step is made once (a stateful rule such as ef must not run twice).
+  int64_t exported_step = -1;
+  auto export_served = [&](int64_t at_step) {
+    if (exported_step == at_step) return;
+    exported_step = at_step;
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
+      const int64_t cols = specs[p].is_matrix() ? specs[p].shape[1] : specs[p].shape[0];
+      exporter->apply(static_cast<int>(p), master[p], m.param(specs[p].name), rows, cols,
+                      static_cast<uint64_t>(at_step));
+    }
+    m.weights_changed();
+  };
+  auto save = [&](int64_t at_step) {
+    std::vector<TensorView> model_views;
+    for (size_t p = 0; p < specs.size(); ++p) model_views.push_back({specs[p].name, specs[p].shape, master[p]});
+    const std::vector<TensorView> optimizer_views = adamw_state_views(optimizer, model_views);
+    json state = {{"step", at_step}, {"optimizer_steps", optimizer.steps_taken()},
+                  {"seed", config.seed}, {"tokens_seen", at_step * B * T},
+                  {"last_validation_loss", result.last_validation_loss}};
+    save_checkpoint(run_dir, at_step, model_views, optimizer_views, state, config.checkpoint_keep);
+  };
+
+  ProgressBar progress(stderr);
+  if (options.progress)
+    progress.message(fmt::format("{}: {} parameters, policy {}, export {}, B={} T={}, {} steps{}",
+                                 config.name, config.model.parameter_count(), config.policy.name,
+                                 config.export_rule, B, T, config.steps,
+                                 step > 0 ? fmt::format(", resumed at step {}", step) : ""));
+  const int64_t tokens_per_step = B * T;
+  double train_seconds = 0;
+  int64_t steps_here = 0;
+  for (; step < config.steps; ++step) {
+    const auto t0 = clock::now();
+    export_served(step);
+    const Batch batch = sampler.at(step);
+    const float loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
+    std::vector<ParamView> views;
+    for (size_t p = 0; p < specs.size(); ++p)
+      views.push_back({specs[p].name, master[p], m.grad(specs[p].name), specs[p].is_matrix()});
+    const double lr = schedule.at(step);
+    const double grad_norm = optimizer.step(views, lr);
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    train_seconds += dt;
+    ++steps_here;
+    result.losses.push_back(loss);
+    const double tokens_per_s = static_cast<double>(tokens_per_step) / dt;
+    metrics.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                   {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}});
+    if (options.progress) progress.update(step + 1 - result.start_step, config.steps - result.start_step, loss,
+                                          static_cast<double>(steps_here * tokens_per_step) / train_seconds);
+    const bool last = step + 1 == config.steps;
+    if ((config.eval_every > 0 && (step + 1) % config.eval_every == 0) || last) {
+      export_served(step + 1);
+      result.last_validation_loss = validation_loss(m, validation);
+      metrics.write({{"step", step + 1}, {"val_loss", result.last_validation_loss}});
+      if (options.progress)
+        progress.message(fmt::format("step {}: validation loss {:.4f} nats/byte", step + 1,
+                                     result.last_validation_loss));
+    }
+    if ((config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) || last)
+      save(step + 1);
+    if (options.stop_after && steps_here >= *options.stop_after) {
+      ++step;
+      break;
+    }
+  }
+  if (options.progress) progress.finish();
+  result.steps_done = step;
+  if (step == config.steps && steps_here > 0) {
+    export_served(step);
+    write_served_model(run_dir / "final", m, config, step);
+  }
+  result.tokens_per_second = train_seconds > 0 ? static_cast<double>(steps_here * tokens_per_step) / train_seconds : 0;
+  result.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
+  result.peak_rss_bytes = peak_rss_bytes();
+  return result;
+}
+
+}  // namespace concord::train

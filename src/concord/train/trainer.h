@@ -1,0 +1,81 @@
+// The training loop behind `concord train --config configs/<name>.json`: AdamW over fp32 master
+// weights, the served copy made by an export rule each step, the model's forward/backward under
+// a precision policy, periodic validation, metrics as JSON lines, atomic checkpoints, and a
+// resume that continues bit-identically to a run that was never interrupted.
+//
+// A run directory holds:  config.json (the resolved training config), metrics.jsonl (one line
+// per step and per evaluation), checkpoints/step-XXXXXXXX/ (model.safetensors = fp32 master
+// weights under HF names, optimizer.safetensors, state.json) and checkpoints/latest, and
+// final/ (config.json + model.safetensors of the served weights: an HF-layout model folder).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "concord/model/config.h"
+#include "concord/model/policy.h"
+
+namespace concord::train {
+
+struct TrainConfig {
+  std::string name = "tiny";
+  model::ModelConfig model;
+  model::PrecisionPolicy policy = model::PrecisionPolicy::preset("fp32");
+  std::string export_rule = "rne";  // rne | sr | ef (export.h)
+  // data
+  std::string corpus = "kjv";  // "kjv" or a path to a UTF-8 text file
+  double validation_fraction = 0.05;
+  int64_t split_chunk = 4096;
+  // optimisation
+  int64_t batch_size = 16;
+  int64_t seq_len = 128;
+  int64_t steps = 600;
+  uint64_t seed = 1;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 30;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double init_std = 0.02;
+  // evaluation and checkpoints (0 disables the periodic ones; the last step always does both)
+  int64_t eval_every = 100;
+  int64_t eval_batches = 8;
+  int64_t checkpoint_every = 100;
+  int checkpoint_keep = 2;
+  std::string out = "runs/tiny";
+
+  static TrainConfig from_json(const nlohmann::json& j, const std::string& source);
+  static TrainConfig load(const std::filesystem::path& path);
+  nlohmann::json to_json() const;
+};
+
+struct TrainOptions {
+  std::optional<std::filesystem::path> out;  // overrides config.out
+  bool resume = true;                        // continue from the run directory's last checkpoint
+  std::optional<int64_t> stop_after;         // stop (as if killed) after this many steps
+  bool progress = true;                      // progress bar on stderr
+};
+
+struct TrainResult {
+  int64_t start_step = 0;     // 0, or the step a resumed run started from
+  int64_t steps_done = 0;     // the step count reached
+  std::vector<float> losses;  // training loss of each step run here
+  double last_validation_loss = 0;
+  double tokens_per_second = 0;
+  double seconds = 0;
+  size_t peak_rss_bytes = 0;
+  std::filesystem::path run_dir;
+};
+
+TrainResult train(const TrainConfig& config, const TrainOptions& options = {});
+
+
+}  // namespace concord::train

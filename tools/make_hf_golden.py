@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/hf_{qwen3,llama}_tiny.safetensors (+ .config.json): Hugging Face
+transformers' own Qwen3ForCausalLM and LlamaForCausalLM, in float64, on seeded tiny models — the
+goldens that tests/model/reference_golden_test.cpp (fp64 reference) and
+tests/model/model_vs_reference_test.cpp (concord's Model) are checked against.
+
+torch is a multi-GB install, so this runs once, by hand, in a throwaway venv outside the repo
+(the outputs are committed; CI never needs torch):
+
+    python3 -m venv /tmp/torchvenv
+    /tmp/torchvenv/bin/pip install torch transformers safetensors numpy
+    /tmp/torchvenv/bin/python tools/make_hf_golden.py tests/golden
+
+Made with torch 2.15.0, transformers 5.24.0, safetensors 0.8.0 (also recorded in each file's
+__metadata__).
+
+float64 everywhere. HF's modeling code hard-codes float32 in four places even when the model is
+float64: RMSNorm (`hidden_states.to(torch.float32)`), the RoPE tables (`torch.arange(...,
+dtype=torch.float)` and `position_ids[..., None].float()`), the attention softmax
+(`softmax(..., dtype=torch.float32)`), and the loss (`logits.float()` in ForCausalLMLoss). A
+golden with those float32 round trips would only agree with an fp64 reference to ~1e-7. So this
+script loads HF's own modeling module source with exactly those float32 casts rewritten to
+float64 (the replacements and their counts are asserted below; nothing else changes), and
+computes the loss with torch's cross_entropy in float64 on the same shift HF uses. As a check it
+also runs the unmodified HF model and prints how far its float32-cast logits and loss are from
+the float64 ones.
+
+Each file holds, all little-endian:
+  <HF parameter name>   F32, every entry of model.named_parameters() (tied Qwen3: no
+                        lm_head.weight, as in model.h). The weights are drawn in float64 and
+                        rounded to float32 *before* the float64 forward, so F32 stores them
+                        exactly and an fp32 model loads the very weights HF ran on.
+  input_ids             I32 (B, T), B=2, T=12, seeded uniform in [0, vocab)
+  logits                F64 (B*T, V)
+  loss                  F64 (1,)  mean cross-entropy of tokens[t+1] given tokens[..t], over the
+                        B*(T-1) positions (HF labels = input_ids; concord: targets[t] =
+                        tokens[t+1], targets[T-1] = -1 — the same mean)
+  grad.<param name>     F32, d loss / d parameter from loss.backward() in float64, rounded to
+                        float32 on storage (relative error <= 2^-24, far below the 1e-4 the
+                        fp32 model is held to; F64 would make the files ~1.3-1.5 MB)
+Weights: torch.manual_seed(seed), then in named_parameters() order: matrices N(0, 0.02^2),
+norm weights 1 + 0.1 N(0, 1) (so that the norms are not the identity); then rounded to float32.
+"""
+
+import importlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import torch
+import transformers
+from safetensors.numpy import save_file
+
+B, T = 2, 12
+SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000.0)
+
+# HF's float32 casts, rewritten to float64; each must occur exactly this many times.
+FP64_REWRITES = [
+    ("hidden_states.to(torch.float32)", "hidden_states.to(torch.float64)", 1),  # RMSNorm
+    ("dtype=torch.float)", "dtype=torch.float64)", 2),                           # RoPE tables
+    ("position_ids[..., None].float()", "position_ids[..., None].double()", 1),  # RoPE angles
+    ("softmax(attn_weights, dim=-1, dtype=torch.float32)",
+     "softmax(attn_weights, dim=-1, dtype=torch.float64)", 1),                  # attention
+]
+
+
+def fp64_modeling_module(name):
+    """HF's transformers.models.<name>.modeling_<name>, with the float32 casts made float64."""
+    original = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    source = Path(original.__file__).read_text()
+    for old, new, count in FP64_REWRITES:
+        found = source.count(old)
+        assert found == count, f"{original.__name__}: expected {count} x {old!r}, found {found}"
+        source = source.replace(old, new)
+    assert "float32" not in source and ".float()" not in source, "an fp32 cast is left"
+    module = types.ModuleType(original.__name__ + "_fp64")
+    module.__package__ = original.__package__
+    module.__file__ = original.__file__
+    sys.modules[module.__name__] = module  # HF's docstring decorators look the module up
+    exec(compile(source, original.__file__ + " (fp64 casts)", "exec"), module.__dict__)
+    return original, module
+
+
+def build(name, config, seed, use_fp64_module=True):
+    original, fp64 = fp64_modeling_module(name)
+    cls_name = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[name]
+    cls = getattr(fp64 if use_fp64_module else original, cls_name)
+    torch.manual_seed(seed)
+    model = cls(config).double().eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, dtype=torch.float64) * 0.02)
+            else:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, dtype=torch.float64))
+            p.copy_(p.float().double())  # fp32-representable: stored exactly as F32
+    return model
+
+
+def shifted_loss(logits, input_ids):
+    V = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(logits[:, :-1, :].reshape(-1, V),
+                                             input_ids[:, 1:].reshape(-1).long())
+
+
+def make(name, config, seed, out_dir):
+    model = build(name, config, seed)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    input_ids = torch.randint(0, config.vocab_size, (B, T), generator=gen)
+    logits = model(input_ids=input_ids).logits
+    assert logits.dtype == torch.float64
+    loss = shifted_loss(logits, input_ids)
+    model.zero_grad()
+    loss.backward()
+
+    # HF's own loss (labels = input_ids) must be the same mean, up to its float32 upcast.
+    with torch.no_grad():
+        hf_loss = model(input_ids=input_ids, labels=input_ids).loss.item()
+    assert abs(hf_loss - loss.item()) < 1e-5 * abs(loss.item()), (hf_loss, loss.item())
+
+    # The unmodified HF model (float32 casts inside) on the same weights, for the record.
+    stock = build(name, config, seed, use_fp64_module=False)
+    stock.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        stock_logits = stock(input_ids=input_ids).logits
+        stock_loss = stock(input_ids=input_ids, labels=input_ids).loss.item()
+    stock_rel = ((stock_logits - logits).abs().max() / logits.abs().max()).item()
+
+    tensors = {}
+    names = [n for n, _ in model.named_parameters()]
+    for pname, p in model.named_parameters():
+        tensors[pname] = p.detach().numpy().astype(np.float32)
+        assert np.array_equal(tensors[pname].astype(np.float64), p.detach().numpy())
+        tensors["grad." + pname] = p.grad.detach().numpy().astype(np.float32)
+    tensors["input_ids"] = input_ids.numpy().astype(np.int32)
+    tensors["logits"] = logits.detach().reshape(B * T, -1).numpy().copy()
+    tensors["loss"] = np.array([loss.item()], dtype=np.float64)
+    meta = {
+        "architecture": config.architectures[0],
+        "seed": str(seed),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "note": "float64; HF modeling code with its float32 casts rewritten to float64 "
+                "(tools/make_hf_golden.py)",
+        "parameters": json.dumps(names),
+    }
+    stem = f"hf_{name}_tiny"
+    path = Path(out_dir) / f"{stem}.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    path.chmod(0o644)
+    (Path(out_dir) / f"{stem}.config.json").write_text(model.config.to_json_string())
+    print(f"{path}: {path.stat().st_size} bytes, {len(names)} parameters "
+          f"({sum(p.numel() for p in model.parameters())} values), loss {loss.item():.17g}")
+    print(f"  max |logit| {logits.abs().max().item():.4g}; unmodified HF (fp32 casts): "
+          f"logits rel diff {stock_rel:.3g}, loss {stock_loss:.17g} "
+          f"(diff {abs(stock_loss - loss.item()):.3g})")
+    print(f"  tied: {'lm_head.weight' not in names}; params: {names[:3]} ... {names[-2:]}")
+
+
+def main():
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else "tests/golden"
+    qwen3 = transformers.Qwen3Config(**SHAPE, head_dim=16, tie_word_embeddings=True,
+                                     architectures=["Qwen3ForCausalLM"])
+    llama = transformers.LlamaConfig(**SHAPE, tie_word_embeddings=False,
+                                     architectures=["LlamaForCausalLM"])
+    assert llama.hidden_size // llama.num_attention_heads == 16
+    make("qwen3", qwen3, 1234, out_dir)
+    make("llama", llama, 5678, out_dir)
+
+
+if __name__ == "__main__":
+    main()
