@@ -143,6 +143,35 @@ expect_error "dump unknown tensor" "no tensor named 'nope'" \
   "$CONCORD" inspect "$WORK/model.safetensors" --dump nope
 [[ ! -e "$WORK/x.safetensors" ]] && pass "failed commands write no output" || fail "x.safetensors written"
 
+# train: a few steps of a tiny model on a generated text file; errors name the config key/file.
+for i in $(seq 1 400); do echo "And it came to pass, in the $i th year, that the king went up."; done >"$WORK/corpus.txt"
+cat >"$WORK/train.json" <<JSON
+{"name": "cli", "model": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 259, "hidden_size": 32,
+ "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+ "head_dim": 16, "max_position_embeddings": 64},
+ "data": {"corpus": "$WORK/corpus.txt", "chunk": 256, "validation_fraction": 0.1},
+ "train": {"batch_size": 2, "seq_len": 32, "steps": 4, "warmup_steps": 1},
+ "eval": {"every": 2, "batches": 1}, "checkpoint": {"every": 2, "keep": 1}, "out": "$WORK/run"}
+JSON
+"$CONCORD" train --config "$WORK/train.json" --quiet >"$WORK/train.out" 2>"$WORK/train.err"
+if [[ $? -eq 0 && -f "$WORK/run/final/model.safetensors" && -f "$WORK/run/checkpoints/step-00000004/state.json" \
+      && $(grep -c '"loss"' "$WORK/run/metrics.jsonl") -eq 4 ]] && grep -q "steps 0..4" "$WORK/train.out"; then
+  pass "train writes metrics, checkpoints and the final model"
+else
+  fail "train: $(cat "$WORK/train.out" "$WORK/train.err")"
+fi
+"$CONCORD" train --config "$WORK/train.json" --quiet --steps 6 >"$WORK/train.out" 2>"$WORK/train.err"
+grep -q "different 'train'" "$WORK/train.err" && pass "train refuses to resume under another config" \
+  || fail "train resume mismatch: $(cat "$WORK/train.out" "$WORK/train.err")"
+"$CONCORD" inspect "$WORK/run/final/model.safetensors" >/dev/null && pass "final model is valid safetensors" \
+  || fail "final model does not inspect"
+expect_error "train missing config" "cannot open the training config" \
+  "$CONCORD" train --config "$WORK/none.json"
+echo '{"train": {"stpes": 3}}' >"$WORK/bad.json"
+expect_error "train unknown key" "unknown key 'train.stpes'" "$CONCORD" train --config "$WORK/bad.json"
+expect_error "train unknown policy" "neither a preset" \
+  "$CONCORD" train --config "$WORK/train.json" --policy fp5 --out "$WORK/run2"
+
 if [[ $FAILURES -ne 0 ]]; then
   echo "$FAILURES failure(s)"
   exit 1

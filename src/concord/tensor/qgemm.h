@@ -19,8 +19,9 @@
 //   Extreme block scales break the range condition (an e8m0 scale of 2^-127 gives values below
 //   2^-60, or fp32 subnormals that dequantize inexactly); they are detected when preparing
 //   (bf16_exact = false) and such operands take the fp32 path.
-//   The bf16 path packs both operands as bf16 panels and widens them in the kernel (exact), so
-//   its result equals the fp32 path's bit for bit whenever the values are bf16-representable.
+//   The bf16 path stores B's packed panels as bf16 (half the bandwidth) and widens them in the
+//   kernel, A is widened while packing (both exact), so its result equals the fp32 path's bit
+//   for bit whenever the values are bf16-representable.
 #pragma once
 
 #include <cstdint>
