@@ -119,8 +119,8 @@ void BM_train_step(benchmark::State& state) {
     opt.step(views, cfg.lr);
     ++step;
   }
-  const double tokens = static_cast<double>(B * S) * static_cast<double>(state.iterations());
-  state.counters["tokens_per_s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+  const double tokens_done = static_cast<double>(B * S) * static_cast<double>(state.iterations());
+  state.counters["tokens_per_s"] = benchmark::Counter(tokens_done, benchmark::Counter::kIsRate);
   state.counters["peak_rss_MiB"] = peak_rss_mib();
   state.counters["params_M"] = static_cast<double>(cfg.model.parameter_count()) / 1e6;
   auto bound = gemm_bound_cache().find(which);
