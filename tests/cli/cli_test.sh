@@ -160,6 +160,9 @@ if [[ $? -eq 0 && -f "$WORK/run/final/model.safetensors" && -f "$WORK/run/checkp
 else
   fail "train: $(cat "$WORK/train.out" "$WORK/train.err")"
 fi
+"$CONCORD" train --config "$WORK/train.json" --quiet >"$WORK/train.out" 2>"$WORK/train.err"
+grep -q "already trained to step 4" "$WORK/train.out" && pass "train on a finished run does nothing" \
+  || fail "train rerun: $(cat "$WORK/train.out" "$WORK/train.err")"
 "$CONCORD" train --config "$WORK/train.json" --quiet --steps 6 >"$WORK/train.out" 2>"$WORK/train.err"
 grep -q "different 'train'" "$WORK/train.err" && pass "train refuses to resume under another config" \
   || fail "train resume mismatch: $(cat "$WORK/train.out" "$WORK/train.err")"

@@ -49,12 +49,17 @@ void add_train_command(CLI::App& app) {
     options.resume = !args->no_resume;
     options.progress = !args->quiet;
     const train::TrainResult r = train::train(config, options);
+    if (r.losses.empty()) {
+      std::printf("%s\n", fmt::format("{} is already trained to step {} ({}); nothing to do",
+                                       r.run_dir.string(), r.steps_done, config.name).c_str());
+      return;
+    }
     std::printf("%s\n", fmt::format("trained {} ({}, {} params) steps {}..{}: final loss {:.4f}, "
                                     "validation loss {:.4f} nats/byte, {:.0f} tokens/s, {:.1f} s, "
                                     "peak RSS {:.0f} MiB -> {}",
                                     config.name, config.policy.name, config.model.parameter_count(),
                                     r.start_step, r.steps_done,
-                                    r.losses.empty() ? 0.0 : r.losses.back(), r.last_validation_loss,
+                                    r.losses.back(), r.last_validation_loss,
                                     r.tokens_per_second, r.seconds,
                                     static_cast<double>(r.peak_rss_bytes) / (1 << 20),
                                     r.run_dir.string())
