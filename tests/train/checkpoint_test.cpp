@@ -20,23 +20,13 @@
 #include "concord/io/safetensors.h"
 #include "concord/numerics/check.h"
 #include "concord/train/progress.h"
+#include "temp_dir.h"
 
 namespace concord::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("concord_ckpt_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -15,18 +15,12 @@
 #include "concord/numerics/check.h"
 #include "concord/train/optimizer.h"
 #include "concord/train/trainer.h"
+#include "temp_dir.h"
 
 namespace concord::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("concord_trainer_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // A small corpus with structure a model can learn: numbered sentences from a few templates.
 fs::path write_corpus(const fs::path& dir) {
@@ -82,7 +76,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(Trainer, SameSeedSameLossesForOneAndTwoThreads) {
-  const fs::path dir = temp_dir("threads");
+  const TempDir tmp;
+  const fs::path& dir = tmp.path;
   TrainConfig c = tiny_config(dir);
   c.steps = 6;
   TrainOptions o;
@@ -96,12 +91,13 @@ TEST(Trainer, SameSeedSameLossesForOneAndTwoThreads) {
   ASSERT_EQ(one.losses.size(), 6u);
   EXPECT_TRUE(same_bits(one.losses, two.losses));
   EXPECT_EQ(read_file(dir / "one/final/model.safetensors"), read_file(dir / "two/final/model.safetensors"));
-  fs::remove_all(dir);
 }
 
 TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
+  const TempDir tmp;
   for (const char* policy : {"fp32", "nvfp4"}) {
-    const fs::path dir = temp_dir(std::string("resume_") + policy);
+    const fs::path dir = tmp.path / policy;
+    fs::create_directories(dir);
     TrainConfig c = tiny_config(dir);
     c.policy = model::PrecisionPolicy::preset(policy);
     c.export_rule = "sr";  // stateless but random: the resumed run must draw the same bits
@@ -132,12 +128,12 @@ TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
     }
     EXPECT_EQ(loss_steps.size(), 12u);
     for (int64_t s = 1; s <= 12; ++s) EXPECT_EQ(loss_steps.count(s), 1u) << s;
-    fs::remove_all(dir);
-  }
+    }
 }
 
 TEST(Trainer, ResumingUnderAnotherConfigIsAnError) {
-  const fs::path dir = temp_dir("mismatch");
+  const TempDir tmp;
+  const fs::path& dir = tmp.path;
   TrainConfig c = tiny_config(dir);
   c.steps = 4;
   TrainOptions o;
@@ -147,7 +143,6 @@ TEST(Trainer, ResumingUnderAnotherConfigIsAnError) {
   EXPECT_THROW(train(c, o), InputError);
   o.resume = false;
   EXPECT_NO_THROW(train(c, o));
-  fs::remove_all(dir);
 }
 
 TEST(Trainer, ConfigErrorsNameTheKey) {

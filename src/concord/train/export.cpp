@@ -54,22 +54,14 @@ class ErrorFeedbackExport final : public ExportRule {
       return;
     }
     auto it = quantizers_.find(param);
-    if (it == quantizers_.end()) {
+    if (it == quantizers_.end())
       it = quantizers_.emplace(param, numerics::ErrorFeedbackQuantizer(desc_, rows, cols)).first;
-      auto s = restored_.find(param);
-      if (s != restored_.end()) it->second.set_error(s->second);
-    }
     it->second.step(master, served);
-    auto& mirror = restored_[param];
-    mirror.assign(it->second.error().begin(), it->second.error().end());
   }
-  // The carried error of each parameter; writing into it before the first apply() restores it.
-  std::vector<float>* state(int param) override { return &restored_[param]; }
 
  private:
   QuantDesc desc_;
   std::unordered_map<int, numerics::ErrorFeedbackQuantizer> quantizers_;
-  std::unordered_map<int, std::vector<float>> restored_;
 };
 
 }  // namespace

@@ -4,7 +4,8 @@
 //   sr   stochastic rounding, random bits keyed by (seed, step, parameter): unbiased
 //   ef   error feedback: the rounding error of each step is carried into the next
 // Norm weights (1-D) are served in fp32 whatever the format (the policy keeps norms in fp32).
-// A rule with state (ef) exposes it for checkpoints, so a resumed run exports identically.
+// ef keeps state (the carried error) that checkpoints do not hold yet, so the trainer refuses to
+// resume an ef run.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +26,6 @@ class ExportRule {
   // Write the served copy of parameter `param` (rows x cols; rows = 1 for 1-D) for `step`.
   virtual void apply(int param, std::span<const float> master, std::span<float> served,
                      int64_t rows, int64_t cols, uint64_t step) = 0;
-  // Per-parameter state to checkpoint (empty when the rule has none).
-  virtual std::vector<float>* state(int param) { (void)param; return nullptr; }
 };
 
 // rne | sr | ef into `served`; f32 makes every rule a copy. seed keys sr's random bits.
