@@ -10,5 +10,8 @@ void add_quant_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_export_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 
 }  // namespace concord::cli

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   concord::cli::add_inspect_command(app);
   concord::cli::add_demo_command(app);
   concord::cli::add_train_command(app);
+  concord::cli::add_export_command(app);
+  concord::cli::add_tokenize_command(app);
+  concord::cli::add_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

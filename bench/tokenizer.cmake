@@ -1,0 +1,1 @@
+# tokenizer_bench; included from bench/CMakeLists.txt

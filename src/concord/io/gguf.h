@@ -1,0 +1,150 @@
+// GGUF (v3): a strict reader (mmap, every field validated as it is read) and an atomic writer.
+//
+// The format (ggml-org/ggml docs/gguf.md), all little-endian:
+//   "GGUF" magic, uint32 version (3; 2 is read as well), uint64 tensor_count, uint64 kv_count,
+//   kv_count × { string key, uint32 value_type, value }, tensor_count × { string name,
+//   uint32 n_dims, uint64 dims[n_dims] (ne0 = innermost, contiguous dimension first),
+//   uint32 ggml_type, uint64 offset }, padding to `general.alignment` (default 32), data.
+//   A string is uint64 length + bytes (no terminator); an array is uint32 element type,
+//   uint64 count, elements.
+// Tensor dims are kept in GGUF order (ne0 first); an HF (out, in) matrix is dims {in, out}.
+//
+// What the reader rejects (InputError "[gguf] <path>: <problem>", one line): bad magic, a
+// version other than 2 or 3, counts or string lengths that cannot fit in the rest of the file
+// (checked before anything is allocated), keys that are empty, duplicated or not UTF-8, unknown
+// value types, nested arrays, `general.alignment` that is not a power of two uint32, tensor
+// names duplicated or over 64 bytes, n_dims outside 1..4, a zero or negative dimension or an
+// element count that overflows, a row (ne0) that is not a whole number of blocks, an unknown
+// ggml type, offsets that are not aligned, tensors past the end of the file or overlapping.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace concord::io {
+
+enum class GgufType : uint32_t {
+  uint8 = 0, int8 = 1, uint16 = 2, int16 = 3, uint32 = 4, int32 = 5, float32 = 6, boolean = 7,
+  string = 8, array = 9, uint64 = 10, int64 = 11, float64 = 12,
+};
+std::string_view gguf_type_name(GgufType t);
+
+// A metadata value: a scalar, or an array of scalars (nested arrays are rejected).
+struct GgufValue {
+  GgufType type = GgufType::uint32;
+  GgufType array_type = GgufType::uint32;  // element type when type == array
+  std::vector<int64_t> ints;               // integer and bool elements (uint64: the bit pattern)
+  std::vector<double> floats;              // float32 / float64 elements
+  std::vector<std::string> strings;        // string elements
+
+  bool is_array() const { return type == GgufType::array; }
+  GgufType element_type() const { return is_array() ? array_type : type; }
+  size_t size() const;  // element count (1 for a scalar)
+
+  static GgufValue of_uint32(uint32_t v);
+  static GgufValue of_int32(int32_t v);
+  static GgufValue of_uint64(uint64_t v);
+  static GgufValue of_float32(float v);
+  static GgufValue of_bool(bool v);
+  static GgufValue of_string(std::string v);
+  static GgufValue of_strings(std::vector<std::string> v);               // array of string
+  static GgufValue of_ints(GgufType element, std::vector<int64_t> v);     // array of integers
+  static GgufValue of_floats(GgufType element, std::vector<double> v);    // array of floats
+};
+
+using GgufMetadata = std::vector<std::pair<std::string, GgufValue>>;  // in file order
+
+// ggml tensor types. The reader knows the block layout of every type below so it can validate
+// any file; dequantization (gguf_tensor_to_floats) supports f32, f16, bf16, q8_0 and mxfp4.
+enum class GgmlType : uint32_t {
+  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q8_1 = 9, q2_k = 10,
+  q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15, iq2_xxs = 16, iq2_xs = 17,
+  iq3_xxs = 18, iq1_s = 19, iq4_nl = 20, iq3_s = 21, iq2_s = 22, iq4_xs = 23, i8 = 24,
+  i16 = 25, i32 = 26, i64 = 27, f64 = 28, iq1_m = 29, bf16 = 30, tq1_0 = 34, tq2_0 = 35,
+  mxfp4 = 39,
+};
+struct GgmlTypeTraits {
+  std::string_view name;  // as ggml spells it: "F32", "Q8_0", "MXFP4", ...
+  int64_t block_size;     // elements per block (1 for plain types)
+  int64_t type_size;      // bytes per block
+};
+// nullopt for a type number ggml does not define.
+std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type);
+std::optional<GgmlType> ggml_type_from_name(std::string_view name);  // case-insensitive
+
+struct GgufTensorInfo {
+  std::string name;
+  std::vector<int64_t> dims;  // ne0 first
+  GgmlType type = GgmlType::f32;
+  uint64_t offset = 0;               // relative to the data section
+  std::span<const uint8_t> bytes;    // the tensor's bytes inside the file (valid while it is)
+  int64_t numel() const;
+};
+
+class GgufFile {
+ public:
+  static GgufFile open(const std::filesystem::path& path);
+  static GgufFile from_bytes(std::vector<uint8_t> image, std::string label);
+
+  const std::string& path() const { return label_; }
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }
+  const GgufMetadata& metadata() const { return metadata_; }
+  const GgufValue* find_value(std::string_view key) const;
+  // Typed lookups; throw InputError naming the file and key when absent or of another type
+  // (any integer type converts to int64 when it fits; float32/float64 to double).
+  int64_t get_int(std::string_view key) const;
+  double get_float(std::string_view key) const;
+  const std::string& get_string(std::string_view key) const;
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }  // in file order
+  const GgufTensorInfo* find(std::string_view name) const;
+  const GgufTensorInfo& get(std::string_view name) const;
+
+ private:
+  GgufFile() = default;
+  void parse();
+
+  std::string label_;
+  std::shared_ptr<const void> storage_;
+  std::span<const uint8_t> image_;
+  uint32_t version_ = 3;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  GgufMetadata metadata_;
+  std::vector<GgufTensorInfo> tensors_;
+};
+
+// The values of an f32, f16, bf16, q8_0 or mxfp4 tensor as fp32 (numel floats, ne0 fastest);
+// InputError naming the tensor for other types.
+std::vector<float> gguf_tensor_to_floats(const GgufTensorInfo& tensor);
+// Encodes fp32 values (ne0 fastest; numel a multiple of the block size) as `type`: f32, f16,
+// bf16 (round to nearest even), q8_0 (ggml's rule: d = amax/127 as f16, q = round(x/d)) or
+// mxfp4 (GGUF's block layout: e8m0 scale byte, then 16 bytes holding element j in the low
+// nibble and element j+16 in the high nibble of byte j; scale and codes as ggml's quantizer
+// chooses them).
+std::vector<uint8_t> encode_gguf_tensor(GgmlType type, std::span<const float> values);
+
+struct GgufTensorToWrite {
+  std::string name;
+  std::vector<int64_t> dims;  // ne0 first
+  GgmlType type = GgmlType::f32;
+  std::span<const uint8_t> bytes;  // must stay alive until the write returns
+};
+// Writes a v3 file atomically (temp + rename), tensors in the given order, each aligned to
+// `alignment` (general.alignment is written when it is not 32). Throws InputError on duplicate
+// names or keys, or a byte count that does not match dims and type.
+void write_gguf(const std::filesystem::path& path, const GgufMetadata& metadata,
+                const std::vector<GgufTensorToWrite>& tensors, uint32_t alignment = 32);
+std::vector<uint8_t> serialize_gguf(const GgufMetadata& metadata,
+                                    const std::vector<GgufTensorToWrite>& tensors,
+                                    uint32_t alignment = 32);
+
+}  // namespace concord::io
