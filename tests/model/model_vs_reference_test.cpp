@@ -61,6 +61,8 @@ std::vector<double> widen(std::span<const float> x) { return {x.begin(), x.end()
 reference::Config reference_config(const ModelConfig& c) {
   reference::Config r;
   r.qwen3 = c.qk_norm();
+  r.qkv_bias = c.qkv_bias();
+  r.output_bias = c.output_bias();
   r.vocab = c.vocab_size;
   r.hidden = c.hidden_size;
   r.intermediate = c.intermediate_size;
@@ -159,11 +161,26 @@ INSTANTIATE_TEST_SUITE_P(Qwen3TiedAndLlamaUntied, ModelVsHfGolden,
 // ---------------------------------------------------------------------------------------------
 // Random weights: Model against the fp64 reference on the same (fp32) weights.
 
-ModelConfig small_config(bool qwen3, int64_t vocab, int64_t hidden, int64_t intermediate,
-                         int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+// The architectures under test: Qwen3 (QK-norm, tied), Qwen2 (q/k/v biases, tied), Llama
+// (untied) and Llama with attention_bias (q/k/v and o biases): both head paths and every bias.
+struct Architecture {
+  const char* name;          // test-name suffix
+  const char* architecture;  // HF's
+  bool tied;
+  bool attention_bias;
+};
+const Architecture kQwen3{"qwen3", "Qwen3ForCausalLM", true, false};
+const Architecture kQwen2{"qwen2", "Qwen2ForCausalLM", true, false};
+const Architecture kLlama{"llama", "LlamaForCausalLM", false, false};
+const Architecture kLlamaBias{"llama_bias", "LlamaForCausalLM", false, true};
+
+ModelConfig small_config(const Architecture& arch, int64_t vocab, int64_t hidden,
+                         int64_t intermediate, int64_t layers, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim) {
   ModelConfig c;
-  c.architecture = qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
-  c.tie_word_embeddings = qwen3;  // Qwen3 tied, Llama untied: both head paths are exercised
+  c.architecture = arch.architecture;
+  c.tie_word_embeddings = arch.tied;
+  c.attention_bias = arch.attention_bias;
   c.vocab_size = vocab;
   c.hidden_size = hidden;
   c.intermediate_size = intermediate;
@@ -175,15 +192,18 @@ ModelConfig small_config(bool qwen3, int64_t vocab, int64_t hidden, int64_t inte
   return c;
 }
 
-// Model::init_random, then norm weights 1 + 0.1 N(0, 1) so that the norms are not the identity.
+// Model::init_random, then norm weights 1 + 0.1 N(0, 1) so that the norms are not the identity,
+// and biases 0.1 N(0, 1) so that they are not zero.
 Model random_model(const ModelConfig& config, uint64_t seed, float std) {
   Model model(config, PrecisionPolicy::preset("fp32"));
   model.init_random(seed, std);
   std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& spec : model.params())
-    if (!spec.is_matrix())
-      for (float& g : model.param(spec.name)) g = 1.0f + 0.1f * normal(rng);
+  for (const auto& spec : model.params()) {
+    if (spec.is_matrix()) continue;
+    const bool bias = spec.name.size() > 5 && spec.name.substr(spec.name.size() - 5) == ".bias";
+    for (float& g : model.param(spec.name)) g = (bias ? 0.0f : 1.0f) + 0.1f * normal(rng);
+  }
   model.weights_changed();
   return model;
 }
@@ -197,15 +217,15 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 }
 
 struct RandomCase {
-  bool qwen3;
+  Architecture arch;
   uint64_t seed;
 };
 
 class ModelVsReferenceRandom : public ::testing::TestWithParam<RandomCase> {};
 
 TEST_P(ModelVsReferenceRandom, ForwardAndLossMatchFp64Reference) {
-  const auto [qwen3, seed] = GetParam();
-  const ModelConfig config = small_config(qwen3, 300, 96, 256, 3, 6, 2, 16);
+  const auto [arch, seed] = GetParam();
+  const ModelConfig config = small_config(arch, 300, 96, 256, 3, 6, 2, 16);
   Model model = random_model(config, seed, 0.02f);
   const int64_t B = 2, T = 16;
   const auto tokens = random_tokens(B * T, config.vocab_size, seed + 1);
@@ -224,11 +244,13 @@ TEST_P(ModelVsReferenceRandom, ForwardAndLossMatchFp64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoSeeds, ModelVsReferenceRandom,
-                         ::testing::Values(RandomCase{true, 1}, RandomCase{true, 2},
-                                           RandomCase{false, 1}, RandomCase{false, 2}),
+                         ::testing::Values(RandomCase{kQwen3, 1}, RandomCase{kQwen3, 2},
+                                           RandomCase{kLlama, 1}, RandomCase{kLlama, 2},
+                                           RandomCase{kQwen2, 1}, RandomCase{kQwen2, 2},
+                                           RandomCase{kLlamaBias, 1}),
                          [](const ::testing::TestParamInfo<RandomCase>& param_info) {
-                           return std::string(param_info.param.qwen3 ? "qwen3" : "llama") +
-                                  "_seed" + std::to_string(param_info.param.seed);
+                           return std::string(param_info.param.arch.name) + "_seed" +
+                                  std::to_string(param_info.param.seed);
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -244,11 +266,10 @@ std::string tensor_kind(const std::string& name) {
   return name.substr(name.find('.', prefix.size()) + 1);
 }
 
-class ModelGradientVsFiniteDifferences : public ::testing::TestWithParam<bool> {};
+class ModelGradientVsFiniteDifferences : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(ModelGradientVsFiniteDifferences, SampledEntriesOfEveryTensorKind) {
-  const bool qwen3 = GetParam();
-  const ModelConfig config = small_config(qwen3, 64, 32, 48, 2, 4, 2, 8);
+  const ModelConfig config = small_config(GetParam(), 64, 32, 48, 2, 4, 2, 8);
   Model model = random_model(config, 7, 0.1f);
   const int64_t B = 2, T = 6;
   const auto tokens = random_tokens(B * T, config.vocab_size, 11);
@@ -306,9 +327,10 @@ TEST_P(ModelGradientVsFiniteDifferences, SampledEntriesOfEveryTensorKind) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Qwen3AndLlama, ModelGradientVsFiniteDifferences, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& param_info) {
-                           return std::string(param_info.param ? "qwen3_tied" : "llama_untied");
+INSTANTIATE_TEST_SUITE_P(Qwen3Qwen2AndLlama, ModelGradientVsFiniteDifferences,
+                         ::testing::Values(kQwen3, kQwen2, kLlama, kLlamaBias),
+                         [](const ::testing::TestParamInfo<Architecture>& param_info) {
+                           return std::string(param_info.param.name);
                          });
 
 }  // namespace

@@ -107,6 +107,12 @@ Matrix attention(const Matrix& q, const Matrix& k, const Matrix& v, int64_t B, i
   return out;
 }
 
+// y += bias on every one of the N rows of width `width`.
+void add_bias(Matrix& y, int64_t N, int64_t width, const std::vector<double>& bias) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < width; ++i) y[at(n * width + i)] += bias[at(i)];
+}
+
 void add_in_place(Matrix& x, const Matrix& y) {
   for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
 }
@@ -147,9 +153,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = layer_prefix(l);
     out.push_back({p + "self_attn.q_proj.weight", {c.heads * D, C}});
+    if (c.qkv_bias) out.push_back({p + "self_attn.q_proj.bias", {c.heads * D}});
     out.push_back({p + "self_attn.k_proj.weight", {c.kv_heads * D, C}});
+    if (c.qkv_bias) out.push_back({p + "self_attn.k_proj.bias", {c.kv_heads * D}});
     out.push_back({p + "self_attn.v_proj.weight", {c.kv_heads * D, C}});
+    if (c.qkv_bias) out.push_back({p + "self_attn.v_proj.bias", {c.kv_heads * D}});
     out.push_back({p + "self_attn.o_proj.weight", {C, c.heads * D}});
+    if (c.output_bias) out.push_back({p + "self_attn.o_proj.bias", {C}});
     if (c.qwen3) {
       out.push_back({p + "self_attn.q_norm.weight", {D}});
       out.push_back({p + "self_attn.k_norm.weight", {D}});
@@ -194,7 +204,12 @@ std::vector<double> forward_logits(const Config& c, const Weights& weights,
     const Matrix h = rmsnorm(x, N, C, w("input_layernorm.weight"), c.eps);
     Matrix q = linear(h, N, C, w("self_attn.q_proj.weight"), Hq * D);
     Matrix k = linear(h, N, C, w("self_attn.k_proj.weight"), Hkv * D);
-    const Matrix v = linear(h, N, C, w("self_attn.v_proj.weight"), Hkv * D);
+    Matrix v = linear(h, N, C, w("self_attn.v_proj.weight"), Hkv * D);
+    if (c.qkv_bias) {
+      add_bias(q, N, Hq * D, w("self_attn.q_proj.bias"));
+      add_bias(k, N, Hkv * D, w("self_attn.k_proj.bias"));
+      add_bias(v, N, Hkv * D, w("self_attn.v_proj.bias"));
+    }
     if (c.qwen3) {  // per-head RMSNorm over D, before RoPE
       q = rmsnorm(q, N * Hq, D, w("self_attn.q_norm.weight"), c.eps);
       k = rmsnorm(k, N * Hkv, D, w("self_attn.k_norm.weight"), c.eps);
@@ -202,7 +217,9 @@ std::vector<double> forward_logits(const Config& c, const Weights& weights,
     rope_in_place(q, B, T, Hq, D, c.theta);
     rope_in_place(k, B, T, Hkv, D, c.theta);
     const Matrix a = attention(q, k, v, B, T, Hq, Hkv, D);
-    add_in_place(x, linear(a, N, Hq * D, w("self_attn.o_proj.weight"), C));
+    Matrix o = linear(a, N, Hq * D, w("self_attn.o_proj.weight"), C);
+    if (c.output_bias) add_bias(o, N, C, w("self_attn.o_proj.bias"));
+    add_in_place(x, o);
 
     // MLP block (SwiGLU).
     const Matrix h2 = rmsnorm(x, N, C, w("post_attention_layernorm.weight"), c.eps);

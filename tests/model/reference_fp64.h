@@ -1,8 +1,9 @@
-// An independent fp64 reference of the Qwen3 / Llama decoder, for tests only: the clean, plain
+// An independent fp64 reference of the Qwen3 / Qwen2 / Llama decoder, for tests only: the clean, plain
 // forward pass that concord's Model (src/concord/model/) and HF transformers' goldens are
 // compared against (llm.c's pattern).
 //
-// Written from the definition in HF's modeling code (Qwen3ForCausalLM, LlamaForCausalLM), not
+// Written from the definition in HF's modeling code (Qwen3ForCausalLM, Qwen2ForCausalLM,
+// LlamaForCausalLM), not
 // from concord's sources: it includes nothing from src/concord, has its own config struct, and
 // keeps every value in std::vector<double>. Loops are the textbook ones, readable by eye; speed
 // does not matter here.
@@ -10,12 +11,12 @@
 //   x = embed_tokens[token]                                       (B*T, C)
 //   per layer:
 //     h = rmsnorm(x) * input_layernorm                            rmsnorm(v) = v / sqrt(mean(v²) + eps)
-//     q = h Wqᵀ (B*T, Hq*D)   k = h Wkᵀ, v = h Wvᵀ (B*T, Hkv*D)
+//     q = h Wqᵀ (B*T, Hq*D)   k = h Wkᵀ, v = h Wvᵀ (B*T, Hkv*D)   (+ bq, bk, bv: Qwen2)
 //     Qwen3 only: q, k per head = rmsnorm over D * q_norm / k_norm
 //     RoPE on q and k per head (HF's rotate_half layout: pairs (i, i + D/2)),
 //       angle = pos * theta^(-2i/D), i < D/2, pos = 0..T-1 in each sequence
 //     causal softmax attention, query head h reads kv head h / (Hq/Hkv), scale 1/sqrt(D)
-//     x += attn Woᵀ
+//     x += attn Woᵀ                                               (+ bo: Llama attention_bias)
 //     h = rmsnorm(x) * post_attention_layernorm
 //     x += (silu(h Wgateᵀ) ⊙ h Wupᵀ) Wdownᵀ                       silu(z) = z / (1 + e^-z)
 //   logits = (rmsnorm(x) * norm) Wheadᵀ, Whead = lm_head or (tied) embed_tokens   (B*T, V)
@@ -33,7 +34,9 @@
 namespace reference {
 
 struct Config {
-  bool qwen3 = true;  // QK-norm (Qwen3) or not (Llama)
+  bool qwen3 = true;  // QK-norm (Qwen3) or not (Llama, Qwen2)
+  bool qkv_bias = false;     // q_proj/k_proj/v_proj.bias (Qwen2; Llama's attention_bias)
+  bool output_bias = false;  // o_proj.bias (Llama's attention_bias)
   int64_t vocab = 0;         // V
   int64_t hidden = 0;        // C
   int64_t intermediate = 0;  // F

@@ -5,6 +5,9 @@
 #include <exception>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "concord/io/gguf.h"
 #include "concord/numerics/block.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
@@ -65,6 +68,43 @@ num::QuantDesc desc_arg(const char* text) {
 
 void require_pointer(const void* p, size_t n, const char* name) {
   require(n == 0 || p != nullptr, std::string(name) + " is NULL");
+}
+
+concord::io::GgmlType ggml_type_arg(uint32_t type) {
+  require(concord::io::ggml_type_traits(type).has_value(),
+          "ggml type " + std::to_string(type) + " is not one of ggml's types");
+  return static_cast<concord::io::GgmlType>(type);
+}
+
+concord::io::GgufType gguf_type_arg(const std::string& name) {
+  for (uint32_t t = 0; t <= static_cast<uint32_t>(concord::io::GgufType::float64); ++t) {
+    const auto type = static_cast<concord::io::GgufType>(t);
+    if (concord::io::gguf_type_name(type) == name) return type;
+  }
+  throw concord::InputError("unknown GGUF value type '" + name + "'");
+}
+
+// One metadata value from {"type", "value"[, "element_type"]}.
+concord::io::GgufValue gguf_value_arg(const nlohmann::json& entry) {
+  using concord::io::GgufType;
+  concord::io::GgufValue v;
+  v.type = gguf_type_arg(entry.at("type").get<std::string>());
+  const bool array = v.type == GgufType::array;
+  if (array) v.array_type = gguf_type_arg(entry.at("element_type").get<std::string>());
+  const nlohmann::json values = array ? entry.at("value") : nlohmann::json::array({entry.at("value")});
+  for (const nlohmann::json& x : values) {
+    switch (v.element_type()) {
+      case GgufType::string: v.strings.push_back(x.get<std::string>()); break;
+      case GgufType::float32:
+      case GgufType::float64: v.floats.push_back(x.get<double>()); break;
+      case GgufType::boolean: v.ints.push_back(x.get<bool>() ? 1 : 0); break;
+      default:  // integers; uint64 keeps its bit pattern
+        v.ints.push_back(x.is_number_unsigned() ? static_cast<int64_t>(x.get<uint64_t>())
+                                                : x.get<int64_t>());
+        break;
+    }
+  }
+  return v;
 }
 
 }  // namespace
@@ -240,6 +280,87 @@ int32_t concord_dequantize(const char* desc, int64_t rows, int64_t cols, const u
       num::dequantize(q, out);
     } else {
       num::dequantize_ref(q, out);
+    }
+  });
+}
+
+int32_t concord_ggml_type_traits(uint32_t type, int64_t* block_size_out, int64_t* type_size_out,
+                                 char* name_buf, size_t cap) {
+  return guarded("ggml_type_traits", [&] {
+    const auto traits = concord::io::ggml_type_traits(type);
+    require(traits.has_value(), "ggml type " + std::to_string(type) + " is unknown");
+    if (block_size_out != nullptr) *block_size_out = traits->block_size;
+    if (type_size_out != nullptr) *type_size_out = traits->type_size;
+    if (name_buf != nullptr) {
+      require(cap > traits->name.size(), "name buffer too small");
+      std::memcpy(name_buf, traits->name.data(), traits->name.size());
+      name_buf[traits->name.size()] = '\0';
+    }
+  });
+}
+
+int32_t concord_gguf_encode(uint32_t type, const float* x, size_t n, uint8_t* out, size_t cap,
+                            size_t* out_len) {
+  return guarded("gguf_encode", [&] {
+    require_pointer(x, n, "x");
+    const std::vector<uint8_t> bytes = concord::io::encode_gguf_tensor(ggml_type_arg(type), {x, n});
+    require(bytes.size() <= cap, "output buffer holds " + std::to_string(cap) + " bytes, " +
+                                     std::to_string(bytes.size()) + " needed");
+    require_pointer(out, bytes.size(), "out");
+    if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());
+    if (out_len != nullptr) *out_len = bytes.size();
+  });
+}
+
+int32_t concord_gguf_decode(uint32_t type, const uint8_t* bytes, size_t nbytes, float* out,
+                            size_t n) {
+  return guarded("gguf_decode", [&] {
+    require(n > 0, "n must be positive");
+    require_pointer(bytes, nbytes, "bytes");
+    require_pointer(out, n, "out");
+    concord::io::GgufTensorInfo t;
+    t.name = "capi";
+    t.type = ggml_type_arg(type);
+    t.dims = {static_cast<int64_t>(n)};
+    t.bytes = {bytes, nbytes};
+    const std::vector<float> values = concord::io::gguf_tensor_to_floats(t);
+    std::memcpy(out, values.data(), n * sizeof(float));
+  });
+}
+
+int32_t concord_gguf_write(const char* path, const char* spec, const uint8_t* data,
+                           size_t data_len, uint32_t alignment) {
+  return guarded("gguf_write", [&] {
+    require(path != nullptr && spec != nullptr, "path or spec is NULL");
+    require_pointer(data, data_len, "data");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(spec);
+    } catch (const nlohmann::json::exception& e) {
+      throw concord::InputError(std::string("spec is not JSON: ") + e.what());
+    }
+    try {
+      concord::io::GgufMetadata metadata;
+      for (const nlohmann::json& entry : j.at("metadata")) {
+        metadata.emplace_back(entry.at("key").get<std::string>(), gguf_value_arg(entry));
+      }
+      std::vector<concord::io::GgufTensorToWrite> tensors;
+      size_t offset = 0;
+      for (const nlohmann::json& entry : j.at("tensors")) {
+        concord::io::GgufTensorToWrite t;
+        t.name = entry.at("name").get<std::string>();
+        t.type = ggml_type_arg(entry.at("type").get<uint32_t>());
+        t.dims = entry.at("dims").get<std::vector<int64_t>>();
+        const auto nbytes = entry.at("nbytes").get<size_t>();
+        require(nbytes <= data_len - offset, "tensor bytes run past data_len");
+        t.bytes = {data + offset, nbytes};
+        offset += nbytes;
+        tensors.push_back(std::move(t));
+      }
+      require(offset == data_len, "data_len does not match the tensors' nbytes");
+      concord::io::write_gguf(path, metadata, tensors, alignment);
+    } catch (const nlohmann::json::exception& e) {
+      throw concord::InputError(std::string("bad spec: ") + e.what());
     }
   });
 }

@@ -74,6 +74,27 @@ int32_t concord_quantize(const char* desc, const float* x, int64_t rows, int64_t
 int32_t concord_dequantize(const char* desc, int64_t rows, int64_t cols, const uint8_t* packed,
                            const uint8_t* scales, float tensor_scale, int32_t fast, float* out);
 
+/* GGUF (io/gguf.h), for tests/python/test_gguf_interop.py. Tensor types are ggml's numbers
+ * (F32=0, F16=1, Q8_0=8, BF16=30, MXFP4=39, ...). */
+/* ggml's block size and bytes per block of a type, and its name ("Q8_0"); nonzero for a type
+ * number ggml does not define. */
+int32_t concord_ggml_type_traits(uint32_t type, int64_t* block_size_out, int64_t* type_size_out,
+                                 char* name_buf, size_t cap);
+/* Encodes n fp32 values as `type` (F32, F16, BF16, Q8_0, MXFP4) into out (capacity cap bytes);
+ * *out_len receives the byte count. Q8_0/MXFP4 reject NaN and Inf. */
+int32_t concord_gguf_encode(uint32_t type, const float* x, size_t n, uint8_t* out, size_t cap,
+                            size_t* out_len);
+/* Dequantizes n values of `type` (F32, F16, BF16, Q8_0, MXFP4) from nbytes bytes into out. */
+int32_t concord_gguf_decode(uint32_t type, const uint8_t* bytes, size_t nbytes, float* out,
+                            size_t n);
+/* Writes a GGUF file with write_gguf. spec is JSON:
+ *   {"metadata": [{"key": K, "type": T, "value": V}, ...  (T: uint8 .. float64, bool, string;
+ *                  arrays: "type": "array", "element_type": T, "value": [...])],
+ *    "tensors": [{"name": N, "type": ggml type number, "dims": [ne0, ...], "nbytes": B}, ...]}
+ * and data holds the tensors' bytes back to back in that order. */
+int32_t concord_gguf_write(const char* path, const char* spec, const uint8_t* data,
+                           size_t data_len, uint32_t alignment);
+
 #ifdef __cplusplus
 }
 #endif

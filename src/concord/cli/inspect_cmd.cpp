@@ -1,12 +1,16 @@
 // concord inspect: list the tensors, metadata and concord quantization formats of a
-// safetensors file (validating it strictly), or print one tensor's values with --dump.
+// safetensors or GGUF file (validating it strictly), or print one tensor's values with --dump.
+// The format is told by the file's first bytes ("GGUF" magic), not by its name.
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "concord/cli/commands.h"
+#include "concord/io/gguf.h"
 #include "concord/io/quantized_safetensors.h"
 #include "concord/io/safetensors.h"
 #include "concord/numerics/check.h"
@@ -82,7 +86,94 @@ void dump_tensor(const io::TensorInfo& t) {
   fmt::print("{}", out);
 }
 
+// --- GGUF ---
+
+bool has_gguf_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+// One metadata element on one line: strings JSON-quoted, floats as the shortest decimal that
+// reads back exactly in their own width, uint64 unsigned, bool true/false.
+std::string gguf_element_text(const io::GgufValue& v, size_t i) {
+  using io::GgufType;
+  switch (v.element_type()) {
+    case GgufType::string:
+      return nlohmann::json(v.strings[i]).dump(-1, ' ', false,
+                                               nlohmann::json::error_handler_t::replace);
+    case GgufType::float32: return fmt::format("{}", static_cast<float>(v.floats[i]));
+    case GgufType::float64: return fmt::format("{}", v.floats[i]);
+    case GgufType::boolean: return v.ints[i] != 0 ? "true" : "false";
+    case GgufType::uint64: return fmt::format("{}", static_cast<uint64_t>(v.ints[i]));
+    default: return fmt::format("{}", v.ints[i]);
+  }
+}
+
+// "uint32 = 7", "string = \"llama\"", "array<float32>[1000] = [0.5, 1, ...]" (first 8 shown).
+std::string gguf_value_text(const io::GgufValue& v) {
+  constexpr size_t kShown = 8;
+  if (!v.is_array()) return fmt::format("{} = {}", io::gguf_type_name(v.type), gguf_element_text(v, 0));
+  std::string items;
+  for (size_t i = 0; i < std::min(v.size(), kShown); ++i) {
+    items += (i > 0 ? ", " : "") + gguf_element_text(v, i);
+  }
+  if (v.size() > kShown) items += ", ...";
+  return fmt::format("array<{}>[{}] = [{}]", io::gguf_type_name(v.array_type), v.size(), items);
+}
+
+void dump_gguf_tensor(const io::GgufTensorInfo& t) {
+  using io::GgmlType;
+  const uint8_t* p = t.bytes.data();
+  const auto n = static_cast<size_t>(t.numel());
+  std::string out;
+  auto add = [&out](const auto& v) { out += fmt::format("{}\n", v); };
+  switch (t.type) {
+    case GgmlType::f64: for (size_t i = 0; i < n; ++i) add(load<double>(p + 8 * i)); break;
+    case GgmlType::i64: for (size_t i = 0; i < n; ++i) add(load<int64_t>(p + 8 * i)); break;
+    case GgmlType::i32: for (size_t i = 0; i < n; ++i) add(load<int32_t>(p + 4 * i)); break;
+    case GgmlType::i16: for (size_t i = 0; i < n; ++i) add(load<int16_t>(p + 2 * i)); break;
+    case GgmlType::i8: for (size_t i = 0; i < n; ++i) add(static_cast<int>(load<int8_t>(p + i))); break;
+    default:  // f32, f16, bf16, q8_0, mxfp4; InputError naming the tensor for other types
+      for (float v : io::gguf_tensor_to_floats(t)) add(v);
+      break;
+  }
+  fmt::print("{}", out);
+}
+
+void inspect_gguf(const InspectOptions& o) {
+  const io::GgufFile f = io::GgufFile::open(o.path);
+  if (!o.dump.empty()) {
+    dump_gguf_tensor(f.get(o.dump));
+    return;
+  }
+  fmt::print("{}: GGUF v{}, alignment {}, data at byte {}, {} tensors, {} metadata entries\n",
+             f.path(), f.version(), f.alignment(), f.data_offset(), f.tensors().size(),
+             f.metadata().size());
+  fmt::print("metadata:\n");
+  for (const auto& [key, value] : f.metadata()) {
+    fmt::print("  {}: {}\n", key, gguf_value_text(value));
+  }
+  size_t name_width = 6, dims_width = 4;
+  auto dims_text = [](const io::GgufTensorInfo& t) { return io::shape_text(t.dims); };
+  for (const auto& t : f.tensors()) {
+    name_width = std::max(name_width, t.name.size());
+    dims_width = std::max(dims_width, dims_text(t).size());
+  }
+  fmt::print("{:<{}}  {:<7}  {:<{}}  {:>12}  {:>12}\n", "tensor", name_width, "type", "dims",
+             dims_width, "bytes", "data offset");
+  for (const auto& t : f.tensors()) {
+    fmt::print("{:<{}}  {:<7}  {:<{}}  {:>12}  {:>12}\n", t.name, name_width,
+               io::ggml_type_traits(static_cast<uint32_t>(t.type))->name, dims_text(t),
+               dims_width, t.bytes.size(), t.offset);
+  }
+}
+
 void run_inspect(const InspectOptions& o) {
+  if (has_gguf_magic(o.path)) {
+    inspect_gguf(o);
+    return;
+  }
   const io::SafetensorsFile f = io::SafetensorsFile::open(o.path);
   if (!o.dump.empty()) {
     dump_tensor(f.get(o.dump));
@@ -123,13 +214,16 @@ void run_inspect(const InspectOptions& o) {
 void add_inspect_command(CLI::App& app) {
   auto opts = std::make_shared<InspectOptions>();
   auto* inspect = app.add_subcommand(
-      "inspect", "List the tensors, metadata and quantization formats of a safetensors file");
+      "inspect",
+      "List the tensors, metadata and quantization formats of a safetensors or GGUF file");
   inspect->footer(
-      "\nThe file is validated strictly first (docs/safetensors.md); a corrupt file prints one "
-      "line naming\nthe file and the problem, and exits 2. With --dump NAME, prints the values "
-      "of tensor NAME one per\nline (floats: shortest decimal that reads back exactly; integers "
-      "in decimal; BOOL 0/1; F8, F6, F4\nand C64 as hex bytes).");
-  inspect->add_option("file", opts->path, "A .safetensors file")->required();
+      "\nA file starting with the \"GGUF\" magic is read as GGUF (docs/gguf.md), any other as "
+      "safetensors\n(docs/safetensors.md). The file is validated strictly first; a corrupt file "
+      "prints one line naming\nthe file and the problem, and exits 2. With --dump NAME, prints "
+      "the values of tensor NAME one per\nline (floats: shortest decimal that reads back exactly; "
+      "integers in decimal; BOOL 0/1; F8, F6, F4\nand C64 as hex bytes; GGUF F16, BF16, Q8_0 and "
+      "MXFP4 dequantized to fp32).");
+  inspect->add_option("file", opts->path, "A .safetensors or .gguf file")->required();
   inspect->add_option("--dump", opts->dump, "Print the values of this tensor, one per line");
   inspect->callback([opts] { run_inspect(*opts); });
 }

@@ -1,5 +1,122 @@
-// placeholder
+// concord tokenize: text on stdin -> token ids on stdout (or ids -> text with --decode), with a
+// tokenizer.json, as HF tokenizers' encode(text, add_special_tokens=False) / decode(ids).
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "concord/cli/commands.h"
+#include "concord/io/atomic_file.h"
+#include "concord/io/tokenizer.h"
+#include "concord/numerics/check.h"
+
 namespace concord::cli {
-void add_tokenize_command(CLI::App&) {}
+namespace {
+
+struct TokenizeOptions {
+  std::string tokenizer;
+  bool decode = false;
+  bool no_special = false;
+  bool batch = false;
+  std::string export_path;
+};
+
+std::string read_stdin() {
+  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (std::cin.bad()) throw InputError("[tokenize] stdin: cannot read");
+  return text;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (true) {
+    pos = text.find_first_not_of(" \t\r\n", pos);
+    if (pos == std::string::npos) break;
+    const size_t end = std::min(text.find_first_of(" \t\r\n", pos), text.size());
+    int32_t id = 0;
+    const auto [ptr, ec] = std::from_chars(text.data() + pos, text.data() + end, id);
+    if (ec != std::errc() || ptr != text.data() + end) {
+      throw InputError(fmt::format("[tokenize] stdin: '{}' is not a token id (give integers "
+                                   "separated by whitespace)",
+                                   text.substr(pos, std::min<size_t>(end - pos, 40))));
+    }
+    ids.push_back(id);
+    pos = end;
+  }
+  return ids;
+}
+
+void run_tokenize(const TokenizeOptions& o) {
+  std::filesystem::path path = o.tokenizer;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) path /= "tokenizer.json";  // a model folder
+  const io::Tokenizer tokenizer = io::Tokenizer::load(path);
+  if (!o.export_path.empty()) {
+    io::write_file_atomic(o.export_path, std::string_view(tokenizer.to_json()));
+    return;
+  }
+  const std::string input = read_stdin();
+  // --batch: NUL-separated texts (encode) or one line of ids per text (decode), each alone.
+  std::vector<std::string> parts;
+  const char separator = o.decode ? '\n' : '\0';
+  if (o.batch) {
+    size_t start = 0;
+    while (start < input.size()) {
+      const size_t end = std::min(input.find(separator, start), input.size());
+      parts.push_back(input.substr(start, end - start));
+      start = end + 1;
+    }
+  } else {
+    parts.push_back(input);
+  }
+  std::string out;
+  for (const std::string& part : parts) {
+    if (o.decode) {
+      out += tokenizer.decode(parse_ids(part), o.no_special);
+      if (o.batch) out += '\0';
+      continue;
+    }
+    const std::vector<int32_t> ids = tokenizer.encode(part, !o.no_special);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) out += ' ';
+      out += std::to_string(ids[i]);
+    }
+    out += '\n';
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app) {
+  auto opts = std::make_shared<TokenizeOptions>();
+  auto* cmd = app.add_subcommand(
+      "tokenize", "Encode stdin to token ids (or decode ids to text) with a tokenizer.json");
+  cmd->footer(
+      "\nEncoding prints the ids on one line, separated by spaces, exactly as HF tokenizers'\n"
+      "encode(text, add_special_tokens=False). Special tokens written in the text are recognised\n"
+      "unless --no-special (non-special added tokens such as Qwen3's <think> still are, as in\n"
+      "HF). The text must be UTF-8. --decode reads whitespace-separated ids and writes the text\n"
+      "as HF's decode (invalid UTF-8 becomes U+FFFD); with --no-special it skips special tokens.\n"
+      "--export PATH writes the tokenizer as concord understands it, in the Qwen2 shape of\n"
+      "tokenizer.json, which HF tokenizers encodes identically. See docs/tokenizer.md.");
+  cmd->add_option("--tokenizer", opts->tokenizer, "A tokenizer.json, or a model folder holding one")
+      ->required();
+  cmd->add_flag("--decode", opts->decode, "Read token ids, write text");
+  cmd->add_flag("--no-special", opts->no_special,
+                "Encode: treat special tokens in the text as text; decode: skip special tokens");
+  cmd->add_flag("--batch", opts->batch,
+                "Encode: stdin holds NUL-separated texts, one line of ids each; decode: one "
+                "line of ids per text, texts written NUL-terminated");
+  cmd->add_option("--export", opts->export_path,
+                  "Write concord's own tokenizer.json for this tokenizer (Qwen2 shape) and exit");
+  cmd->callback([opts] { run_tokenize(*opts); });
+}
+
 }  // namespace concord::cli

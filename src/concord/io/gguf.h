@@ -13,7 +13,8 @@
 // version other than 2 or 3, counts or string lengths that cannot fit in the rest of the file
 // (checked before anything is allocated), keys that are empty, duplicated or not UTF-8, unknown
 // value types, nested arrays, `general.alignment` that is not a power of two uint32, tensor
-// names duplicated or over 64 bytes, n_dims outside 1..4, a zero or negative dimension or an
+// names duplicated or of 64 bytes or more (ggml's GGML_MAX_NAME counts the terminator), a bool
+// byte other than 0/1, n_dims outside 1..4, a zero or negative dimension or an
 // element count that overflows, a row (ne0) that is not a whole number of blocks, an unknown
 // ggml type, offsets that are not aligned, tensors past the end of the file or overlapping.
 #pragma once
@@ -68,7 +69,7 @@ enum class GgmlType : uint32_t {
   q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15, iq2_xxs = 16, iq2_xs = 17,
   iq3_xxs = 18, iq1_s = 19, iq4_nl = 20, iq3_s = 21, iq2_s = 22, iq4_xs = 23, i8 = 24,
   i16 = 25, i32 = 26, i64 = 27, f64 = 28, iq1_m = 29, bf16 = 30, tq1_0 = 34, tq2_0 = 35,
-  mxfp4 = 39,
+  mxfp4 = 39, nvfp4 = 40, q1_0 = 41,
 };
 struct GgmlTypeTraits {
   std::string_view name;  // as ggml spells it: "F32", "Q8_0", "MXFP4", ...
@@ -78,6 +79,10 @@ struct GgmlTypeTraits {
 // nullopt for a type number ggml does not define.
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type);
 std::optional<GgmlType> ggml_type_from_name(std::string_view name);  // case-insensitive
+// Bytes of a tensor of `dims` (ne0 first) and `type`; nullopt for an unknown type, no dims, a
+// dimension below 1, an element count over INT64_MAX, a byte count over 64 bits, or an ne0 that
+// is not a whole number of blocks. (Addition to the lead's API.)
+std::optional<uint64_t> gguf_tensor_byte_size(GgmlType type, std::span<const int64_t> dims);
 
 struct GgufTensorInfo {
   std::string name;
@@ -139,8 +144,10 @@ struct GgufTensorToWrite {
   std::span<const uint8_t> bytes;  // must stay alive until the write returns
 };
 // Writes a v3 file atomically (temp + rename), tensors in the given order, each aligned to
-// `alignment` (general.alignment is written when it is not 32). Throws InputError on duplicate
-// names or keys, or a byte count that does not match dims and type.
+// `alignment` (general.alignment is appended to the metadata when it is not 32 and absent; when
+// present it must equal `alignment`). The bytes equal the PyPI gguf package's GGUFWriter output
+// for the same content. Throws InputError on duplicate names or keys, or a byte count that does
+// not match dims and type, or anything else the reader would reject (docs/gguf.md).
 void write_gguf(const std::filesystem::path& path, const GgufMetadata& metadata,
                 const std::vector<GgufTensorToWrite>& tensors, uint32_t alignment = 32);
 std::vector<uint8_t> serialize_gguf(const GgufMetadata& metadata,

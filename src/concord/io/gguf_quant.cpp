@@ -1,1 +1,345 @@
-// placeholder
+// GGUF tensor types: ggml's size table, and the f32/f16/bf16/q8_0/mxfp4 codecs (see gguf.h).
+//
+// The codecs reproduce the PyPI gguf package (gguf/quants.py, itself bit-exact with ggml's
+// reference quantizers in ggml-quants.c) byte for byte; tests/python/test_gguf_interop.py checks
+// it. Element formats come from concord's numerics; what is GGUF-specific lives here:
+//   - MXFP4 layout: GGUF puts element j (0..15) of a 32-element block in the low nibble of byte j
+//     and element j+16 in the high nibble; concord's own MX storage packs element 2k low, 2k+1
+//     high (numerics/block.h). The scale byte comes first in each 17-byte block.
+//   - MXFP4 scale: ggml reads the E8M0 byte as 2^(e-127) for every e, 0xFF included (2^128, not
+//     NaN as OCP MX says), and multiplies half of it by doubled E2M1 values, so code 8 is +0.
+//   - MXFP4 encode: e = floor(log2(amax)) - 2 + 127 with log2 rounded to fp32 (ggml's
+//     floorf(log2f(amax)); concord evaluates log2 in double and rounds once, which equals a
+//     correctly rounded log2f), then each element takes the first code of minimal |error|
+//     (ties go to the smaller magnitude, not to even). Below amax = 2^-125 the reference's e
+//     is negative and its uint8 cast wraps (undefined in C); concord clamps e to 0.
+//   - Q8_0: d = amax/127 in fp32, q = round-half-away(x * (1/d)); d is stored as f16. When 1/d
+//     overflows (amax below about 3.7e-37) the reference multiplies by Inf and casts NaN to
+//     int8, which NumPy turns into 0; concord writes the zero codes directly.
+//   - Non-finite input: Q8_0 and MXFP4 reject NaN and Inf (InputError). F16 and BF16 keep them:
+//     NaN payloads follow the reference (f16: NumPy's conversion; bf16: ggml's, which sets the
+//     quiet bit), and decoding widens payloads unchanged, as the reference does.
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "concord/io/gguf.h"
+#include "concord/numerics/check.h"
+#include "concord/numerics/scalar.h"
+
+namespace concord::io {
+namespace {
+
+using numerics::Format;
+
+struct GgmlTypeEntry {
+  uint32_t number;
+  GgmlTypeTraits traits;
+};
+
+// ggml's type_traits (ggml.c), as the PyPI gguf package lists them in GGML_QUANT_SIZES.
+// Numbers 4, 5, 31-33 and 36-38 belonged to removed types and stay unknown.
+constexpr int64_t kQK = 256;  // ggml's QK_K, the super-block of the k-quants
+constexpr std::array<GgmlTypeEntry, 34> kGgmlTypes = {{
+    {0, {"F32", 1, 4}},
+    {1, {"F16", 1, 2}},
+    {2, {"Q4_0", 32, 2 + 16}},
+    {3, {"Q4_1", 32, 2 + 2 + 16}},
+    {6, {"Q5_0", 32, 2 + 4 + 16}},
+    {7, {"Q5_1", 32, 2 + 2 + 4 + 16}},
+    {8, {"Q8_0", 32, 2 + 32}},
+    {9, {"Q8_1", 32, 4 + 4 + 32}},
+    {10, {"Q2_K", kQK, 2 + 2 + kQK / 16 + kQK / 4}},
+    {11, {"Q3_K", kQK, 2 + kQK / 4 + kQK / 8 + 12}},
+    {12, {"Q4_K", kQK, 2 + 2 + kQK / 2 + 12}},
+    {13, {"Q5_K", kQK, 2 + 2 + kQK / 2 + kQK / 8 + 12}},
+    {14, {"Q6_K", kQK, 2 + kQK / 2 + kQK / 4 + kQK / 16}},
+    {15, {"Q8_K", kQK, 4 + kQK + kQK / 8}},
+    {16, {"IQ2_XXS", kQK, 2 + kQK / 4}},
+    {17, {"IQ2_XS", kQK, 2 + kQK / 4 + kQK / 32}},
+    {18, {"IQ3_XXS", kQK, 2 + kQK / 4 + kQK / 8}},
+    {19, {"IQ1_S", kQK, 2 + kQK / 8 + kQK / 16}},
+    {20, {"IQ4_NL", 32, 2 + 16}},
+    {21, {"IQ3_S", kQK, 2 + kQK / 4 + kQK / 8 + kQK / 32 + 4}},
+    {22, {"IQ2_S", kQK, 2 + kQK / 4 + kQK / 16}},
+    {23, {"IQ4_XS", kQK, 2 + 2 + kQK / 2 + kQK / 64}},
+    {24, {"I8", 1, 1}},
+    {25, {"I16", 1, 2}},
+    {26, {"I32", 1, 4}},
+    {27, {"I64", 1, 8}},
+    {28, {"F64", 1, 8}},
+    {29, {"IQ1_M", kQK, kQK / 8 + kQK / 16 + kQK / 32}},
+    {30, {"BF16", 1, 2}},
+    {34, {"TQ1_0", kQK, 2 + 4 * 13}},
+    {35, {"TQ2_0", kQK, 2 + 64}},
+    {39, {"MXFP4", 32, 1 + 16}},
+    {40, {"NVFP4", 64, 4 + 32}},
+    {41, {"Q1_0", 128, 2 + 16}},
+}};
+
+constexpr int kQ8Block = 32;
+constexpr int kMxBlock = 32;
+
+const GgmlTypeTraits& traits_of(GgmlType type) {
+  for (const GgmlTypeEntry& e : kGgmlTypes) {
+    if (e.number == static_cast<uint32_t>(type)) return e.traits;
+  }
+  CONCORD_CHECK(false, "GgmlType without a traits entry");
+  return kGgmlTypes[0].traits;
+}
+
+uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// f16 -> f32 through the numerics codec; NaN payloads widen unchanged (NumPy's rule).
+float f16_to_f32(uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) {
+    const uint32_t bits = (static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+                          (static_cast<uint32_t>(h & 0x03FFu) << 13);
+    return numerics::f32_from_bits(bits);
+  }
+  return numerics::decode_ref(Format::fp16, h);
+}
+
+// f32 -> f16, round to nearest even, overflow to Inf; NaN as NumPy converts it (payload
+// truncated, kept nonzero).
+uint16_t f32_to_f16(float x) {
+  const uint32_t bits = numerics::f32_bits(x);
+  if (std::isnan(x)) {
+    uint32_t mantissa = (bits & 0x7FFFFFu) >> 13;
+    if (mantissa == 0) mantissa = 1;
+    return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7C00u | mantissa);
+  }
+  return static_cast<uint16_t>(
+      numerics::encode_ref(Format::fp16, x, numerics::Rounding::rne, numerics::Overflow::ieee));
+}
+
+// f32 -> bf16, round to nearest even, overflow to Inf; NaN keeps its top bits with the quiet
+// bit set (ggml_compute_fp32_to_bf16).
+uint16_t f32_to_bf16(float x) {
+  const uint32_t bits = numerics::f32_bits(x);
+  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return static_cast<uint16_t>(
+      numerics::encode_ref(Format::bf16, x, numerics::Rounding::rne, numerics::Overflow::ieee));
+}
+
+// The 16 MXFP4 codes as ggml's kvalues_mxfp4: E2M1 values doubled (integers), code 8 = +0.
+std::array<float, 16> mxfp4_doubled_values() {
+  std::array<float, 16> v{};
+  for (uint32_t code = 0; code < 16; ++code) {
+    v[code] = 2.0f * numerics::decode_ref(Format::e2m1, code) + 0.0f;  // + 0 turns -0 into +0
+  }
+  return v;
+}
+
+// Half of the block scale, 2^(e-128): E8M0 is 2^(e-127) for e < 255; ggml reads 0xFF as
+// 2^128 too (no NaN), whose half is still a finite fp32.
+float mxfp4_half_scale(uint8_t e) {
+  if (e == 0xFF) return std::ldexp(1.0f, 127);
+  return numerics::decode_ref(Format::e8m0, e) * 0.5f;
+}
+
+void check_finite(GgmlType type, std::span<const float> values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      throw InputError(fmt::format("[gguf] cannot encode {}: element {} is {} ({} blocks must "
+                                   "be finite; F32, F16 and BF16 keep NaN and Inf)",
+                                   traits_of(type).name, i, values[i], traits_of(type).name));
+    }
+  }
+}
+
+void encode_q8_0_block(const float* x, uint8_t* out) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const uint16_t dh = f32_to_f16(d);
+  out[0] = static_cast<uint8_t>(dh & 0xFF);
+  out[1] = static_cast<uint8_t>(dh >> 8);
+  for (int j = 0; j < kQ8Block; ++j) {
+    // |x * id| <= 127 (+ rounding), so the cast cannot overflow; an infinite id gives zeros.
+    const float q = std::isfinite(id) ? std::round(x[j] * id) : 0.0f;
+    out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  }
+}
+
+void encode_mxfp4_block(const float* x, uint8_t* out, const std::array<float, 16>& doubled) {
+  float amax = 0.0f;
+  for (int j = 0; j < kMxBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+  int e = 0;
+  if (amax > 0.0f) {
+    const float log2_amax = static_cast<float>(std::log2(static_cast<double>(amax)));
+    e = std::clamp(static_cast<int>(std::floor(log2_amax)) - 2 + 127, 0, 254);
+  }
+  out[0] = static_cast<uint8_t>(e);
+  const float d = mxfp4_half_scale(static_cast<uint8_t>(e));
+  auto best_code = [&](float v) {
+    uint8_t best = 0;
+    float best_err = std::fabs(doubled[0] * d - v);
+    for (uint8_t code = 1; code < 16; ++code) {
+      const float err = std::fabs(doubled[code] * d - v);
+      if (err < best_err) {
+        best = code;
+        best_err = err;
+      }
+    }
+    return best;
+  };
+  for (int j = 0; j < kMxBlock / 2; ++j) {
+    out[1 + j] = static_cast<uint8_t>(best_code(x[j]) | (best_code(x[j + kMxBlock / 2]) << 4));
+  }
+}
+
+}  // namespace
+
+std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type) {
+  for (const GgmlTypeEntry& e : kGgmlTypes) {
+    if (e.number == type) return e.traits;
+  }
+  return std::nullopt;
+}
+
+std::optional<GgmlType> ggml_type_from_name(std::string_view name) {
+  auto same = [](std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::toupper(static_cast<unsigned char>(a[i])) !=
+          std::toupper(static_cast<unsigned char>(b[i]))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (const GgmlTypeEntry& e : kGgmlTypes) {
+    if (same(e.traits.name, name)) return static_cast<GgmlType>(e.number);
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> gguf_tensor_byte_size(GgmlType type, std::span<const int64_t> dims) {
+  const auto traits = ggml_type_traits(static_cast<uint32_t>(type));
+  if (!traits || dims.empty()) return std::nullopt;
+  uint64_t rows = 1;
+  for (size_t i = 1; i < dims.size(); ++i) {
+    if (dims[i] <= 0) return std::nullopt;
+    if (__builtin_mul_overflow(rows, static_cast<uint64_t>(dims[i]), &rows)) return std::nullopt;
+  }
+  if (dims[0] <= 0 || dims[0] % traits->block_size != 0) return std::nullopt;
+  uint64_t numel = 0, bytes = 0;
+  if (__builtin_mul_overflow(rows, static_cast<uint64_t>(dims[0]), &numel) ||
+      numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return std::nullopt;
+  }
+  uint64_t row_bytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(dims[0] / traits->block_size),
+                             static_cast<uint64_t>(traits->type_size), &row_bytes) ||
+      __builtin_mul_overflow(rows, row_bytes, &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+std::vector<float> gguf_tensor_to_floats(const GgufTensorInfo& tensor) {
+  const GgmlTypeTraits& traits = traits_of(tensor.type);
+  const auto expected = gguf_tensor_byte_size(tensor.type, tensor.dims);
+  if (!expected || *expected != tensor.bytes.size()) {
+    throw InputError(fmt::format("[gguf] tensor '{}': {} bytes do not match dims [{}] of {}",
+                                 tensor.name, tensor.bytes.size(), fmt::join(tensor.dims, ", "),
+                                 traits.name));
+  }
+  const auto n = static_cast<size_t>(tensor.numel());
+  const uint8_t* p = tensor.bytes.data();
+  std::vector<float> out(n);
+  switch (tensor.type) {
+    case GgmlType::f32:
+      if (n > 0) std::memcpy(out.data(), p, n * sizeof(float));
+      break;
+    case GgmlType::f16:
+      for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_u16(p + 2 * i));
+      break;
+    case GgmlType::bf16:  // bf16 is the top half of an fp32: widening is exact, NaN included
+      for (size_t i = 0; i < n; ++i) {
+        out[i] = numerics::f32_from_bits(static_cast<uint32_t>(load_u16(p + 2 * i)) << 16);
+      }
+      break;
+    case GgmlType::q8_0:
+      for (size_t b = 0; b < n / kQ8Block; ++b) {
+        const uint8_t* block = p + b * static_cast<size_t>(traits.type_size);
+        const float d = f16_to_f32(load_u16(block));
+        for (size_t j = 0; j < kQ8Block; ++j) {
+          out[b * kQ8Block + j] = static_cast<float>(static_cast<int8_t>(block[2 + j])) * d;
+        }
+      }
+      break;
+    case GgmlType::mxfp4: {
+      const std::array<float, 16> doubled = mxfp4_doubled_values();
+      for (size_t b = 0; b < n / kMxBlock; ++b) {
+        const uint8_t* block = p + b * static_cast<size_t>(traits.type_size);
+        const float d = mxfp4_half_scale(block[0]);
+        float* y = out.data() + b * kMxBlock;
+        for (size_t j = 0; j < kMxBlock / 2; ++j) {
+          y[j] = doubled[block[1 + j] & 0x0F] * d;
+          y[j + kMxBlock / 2] = doubled[block[1 + j] >> 4] * d;
+        }
+      }
+      break;
+    }
+    default:
+      throw InputError(fmt::format("[gguf] tensor '{}' has type {}; only F32, F16, BF16, Q8_0 "
+                                   "and MXFP4 tensors convert to fp32",
+                                   tensor.name, traits.name));
+  }
+  return out;
+}
+
+std::vector<uint8_t> encode_gguf_tensor(GgmlType type, std::span<const float> values) {
+  const GgmlTypeTraits& traits = traits_of(type);
+  const size_t n = values.size();
+  if (n % static_cast<size_t>(traits.block_size) != 0) {
+    throw InputError(fmt::format("[gguf] cannot encode {} values as {}: not a multiple of its "
+                                 "{}-element block",
+                                 n, traits.name, traits.block_size));
+  }
+  const size_t blocks = n / static_cast<size_t>(traits.block_size);
+  std::vector<uint8_t> out(blocks * static_cast<size_t>(traits.type_size));
+  switch (type) {
+    case GgmlType::f32:
+      if (n > 0) std::memcpy(out.data(), values.data(), n * sizeof(float));
+      break;
+    case GgmlType::f16:
+    case GgmlType::bf16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = type == GgmlType::f16 ? f32_to_f16(values[i]) : f32_to_bf16(values[i]);
+        out[2 * i] = static_cast<uint8_t>(h & 0xFF);
+        out[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+      }
+      break;
+    case GgmlType::q8_0:
+      check_finite(type, values);
+      for (size_t b = 0; b < blocks; ++b) {
+        encode_q8_0_block(values.data() + b * kQ8Block, out.data() + b * 34);
+      }
+      break;
+    case GgmlType::mxfp4: {
+      check_finite(type, values);
+      const std::array<float, 16> doubled = mxfp4_doubled_values();
+      for (size_t b = 0; b < blocks; ++b) {
+        encode_mxfp4_block(values.data() + b * kMxBlock, out.data() + b * 17, doubled);
+      }
+      break;
+    }
+    default:
+      throw InputError(fmt::format("[gguf] cannot encode {}: concord encodes F32, F16, BF16, Q8_0 "
+                                   "and MXFP4",
+                                   traits.name));
+  }
+  return out;
+}
+
+}  // namespace concord::io

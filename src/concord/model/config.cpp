@@ -1,4 +1,5 @@
-// ModelConfig from / to a Hugging Face config.json (Qwen3ForCausalLM, LlamaForCausalLM).
+// ModelConfig from / to a Hugging Face config.json (Qwen3ForCausalLM, Qwen2ForCausalLM,
+// LlamaForCausalLM).
 #include "concord/model/config.h"
 
 #include <fstream>
@@ -57,7 +58,9 @@ bool is_false_or_absent(const json& j, const char* key) {
 
 int64_t ModelConfig::parameter_count() const {
   const int64_t C = hidden_size, D = head_dim;
-  const int64_t attn = C * num_attention_heads * D * 2 + C * num_key_value_heads * D * 2;
+  const int64_t attn = C * num_attention_heads * D * 2 + C * num_key_value_heads * D * 2 +
+                       (qkv_bias() ? (num_attention_heads + 2 * num_key_value_heads) * D : 0) +
+                       (output_bias() ? C : 0);
   const int64_t mlp = 3 * C * intermediate_size;
   const int64_t norms = 2 * C + (qk_norm() ? 2 * D : 0);
   const int64_t head = tie_word_embeddings ? 0 : vocab_size * C;
@@ -65,9 +68,12 @@ int64_t ModelConfig::parameter_count() const {
 }
 
 void ModelConfig::validate(std::string_view source) const {
-  if (architecture != "Qwen3ForCausalLM" && architecture != "LlamaForCausalLM")
+  if (architecture != "Qwen3ForCausalLM" && architecture != "Qwen2ForCausalLM" &&
+      architecture != "LlamaForCausalLM")
     config_error(source, fmt::format("architecture '{}' is not supported (Qwen3ForCausalLM, "
-                                     "LlamaForCausalLM)", architecture));
+                                     "Qwen2ForCausalLM, LlamaForCausalLM)", architecture));
+  if (attention_bias && architecture != "LlamaForCausalLM")
+    config_error(source, "attention_bias = true is supported for LlamaForCausalLM only");
   auto positive = [&](int64_t v, const char* name) {
     if (v <= 0) config_error(source, fmt::format("'{}' must be positive (got {})", name, v));
   };
@@ -105,16 +111,26 @@ ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
     c.architecture = a[0].get<std::string>();
   } else if (model_type == "qwen3") {
     c.architecture = "Qwen3ForCausalLM";
+  } else if (model_type == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
   } else if (model_type == "llama") {
     c.architecture = "LlamaForCausalLM";
   } else {
-    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, llama)");
+    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, qwen2, llama)");
   }
-  if (!model_type.empty() && model_type != "qwen3" && model_type != "llama")
-    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, llama)", model_type));
+  if (!model_type.empty() && model_type != "qwen3" && model_type != "qwen2" && model_type != "llama")
+    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, qwen2, llama)",
+                                     model_type));
 
+  // Qwen2's q/k/v biases are built in (HF's Qwen2Attention ignores attention_bias); Llama puts
+  // biases on q, k, v and o when attention_bias is true.
+  if (j.contains("attention_bias") && !j.at("attention_bias").is_null()) {
+    if (!j.at("attention_bias").is_boolean()) config_error(source, "'attention_bias' must be a boolean");
+    c.attention_bias = c.architecture != "Qwen2ForCausalLM" && j.at("attention_bias").get<bool>();
+    if (c.attention_bias && c.architecture != "LlamaForCausalLM")
+      config_error(source, "attention_bias = true is supported for LlamaForCausalLM only");
+  }
   // Fields whose non-default values would change the computation and are not implemented.
-  if (!is_false_or_absent(j, "attention_bias")) config_error(source, "attention_bias = true is not supported");
   if (!is_false_or_absent(j, "mlp_bias")) config_error(source, "mlp_bias = true is not supported");
   if (!is_false_or_absent(j, "use_sliding_window"))
     config_error(source, "use_sliding_window = true is not supported");
@@ -151,12 +167,20 @@ ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
   c.tie_word_embeddings = j.value("tie_word_embeddings", c.architecture == "Qwen3ForCausalLM");
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
-    if (!j.at(key).is_number_integer())
-      config_error(source, fmt::format("'{}' must be an integer (a list of ids is not supported)", key));
+    if (!j.at(key).is_number_integer()) config_error(source, fmt::format("'{}' must be an integer", key));
     return j.at(key).get<int64_t>();
   };
   c.bos_token_id = token_id("bos_token_id");
-  c.eos_token_id = token_id("eos_token_id");
+  if (j.contains("eos_token_id") && j.at("eos_token_id").is_array()) {  // Llama 3: several ids
+    for (const json& id : j.at("eos_token_id")) {
+      if (!id.is_number_integer()) config_error(source, "'eos_token_id' must be an integer or a list of integers");
+      c.eos_token_ids.push_back(id.get<int64_t>());
+    }
+    if (!c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
+  } else {
+    c.eos_token_id = token_id("eos_token_id");
+    if (c.eos_token_id) c.eos_token_ids = {*c.eos_token_id};
+  }
   c.validate(source);
   return c;
 }
@@ -173,9 +197,9 @@ ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
 
 json ModelConfig::to_json() const {
   json j;
-  const bool qwen3 = architecture == "Qwen3ForCausalLM";
+  const bool qwen2 = architecture == "Qwen2ForCausalLM";
   j["architectures"] = json::array({architecture});
-  j["model_type"] = qwen3 ? "qwen3" : "llama";
+  j["model_type"] = architecture == "Qwen3ForCausalLM" ? "qwen3" : qwen2 ? "qwen2" : "llama";
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -189,10 +213,14 @@ json ModelConfig::to_json() const {
   j["rope_scaling"] = nullptr;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
+  if (!qwen2) j["attention_bias"] = attention_bias;
   j["torch_dtype"] = "float32";
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
-  if (eos_token_id) j["eos_token_id"] = *eos_token_id;
+  if (eos_token_ids.size() > 1) {
+    j["eos_token_id"] = eos_token_ids;
+  } else if (eos_token_id) {
+    j["eos_token_id"] = *eos_token_id;
+  }
   return j;
 }
 

@@ -1,5 +1,6 @@
-// ModelConfig: the decoder's shape, read from a Hugging Face config.json (Qwen3ForCausalLM or
-// LlamaForCausalLM). Fields concord does not implement give a clear error rather than a silently
+// ModelConfig: the decoder's shape, read from a Hugging Face config.json (Qwen3ForCausalLM,
+// Qwen2ForCausalLM or LlamaForCausalLM). Qwen2 is Llama without QK-norm and with biases on the
+// q/k/v projections; Llama's `attention_bias` adds biases to q/k/v and o. Fields concord does not implement give a clear error rather than a silently
 // different model; informational fields (torch_dtype, transformers_version, ...) are accepted.
 #pragma once
 
@@ -8,13 +9,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 namespace concord::model {
 
 struct ModelConfig {
-  std::string architecture = "Qwen3ForCausalLM";  // or "LlamaForCausalLM"
+  std::string architecture = "Qwen3ForCausalLM";  // or "Qwen2ForCausalLM", "LlamaForCausalLM"
   int64_t vocab_size = 259;
   int64_t hidden_size = 128;            // C
   int64_t intermediate_size = 384;      // F
@@ -26,10 +28,15 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = true;
+  bool attention_bias = false;          // Llama only: biases on q, k, v and o (Qwen2: ignored)
   std::optional<int64_t> bos_token_id;
-  std::optional<int64_t> eos_token_id;
+  std::optional<int64_t> eos_token_id;  // the first of eos_token_ids
+  std::vector<int64_t> eos_token_ids;   // every id config.json lists (an int or a list)
 
   bool qk_norm() const { return architecture == "Qwen3ForCausalLM"; }
+  // Biases on the q, k, v projections (Qwen2 always) and on o (attention_bias only).
+  bool qkv_bias() const { return architecture == "Qwen2ForCausalLM" || attention_bias; }
+  bool output_bias() const { return architecture != "Qwen2ForCausalLM" && attention_bias; }
   int64_t parameter_count() const;
 
   // Throws InputError naming `source` and the field on unknown or unsupported fields.

@@ -1,1 +1,110 @@
-// placeholder
+// Model files: which reader a path needs (HF folder, training run, GGUF file), the rules every
+// source shares (tokenizer and stop ids fit the vocabulary), and export dispatch.
+#include "concord/model/files.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "concord/model/files_internal.h"
+
+namespace concord::model {
+namespace fs = std::filesystem;
+using files_detail::fail;
+
+namespace files_detail {
+
+void append_unique(std::vector<int32_t>& out, const std::vector<int64_t>& ids,
+                   const fs::path& source, std::string_view what) {
+  for (int64_t id : ids) {
+    if (id < 0 || id > INT32_MAX) fail(source, fmt::format("{} {} is not a token id", what, id));
+    const auto id32 = static_cast<int32_t>(id);
+    if (std::find(out.begin(), out.end(), id32) == out.end()) out.push_back(id32);
+  }
+}
+
+void check_source(const ModelSource& source) {
+  const int64_t V = source.config.vocab_size;
+  if (source.tokenizer && source.tokenizer->vocab_size() > V)
+    fail(source.path, fmt::format("the tokenizer has {} tokens but the model's vocabulary is {}",
+                                  source.tokenizer->vocab_size(), V));
+  for (int32_t id : source.stop_token_ids)
+    if (id >= V) fail(source.path, fmt::format("stop token id {} is outside the vocabulary ({})", id, V));
+}
+
+}  // namespace files_detail
+
+namespace {
+
+bool is_gguf_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::equal(magic, magic + 4, "GGUF");
+}
+
+// A training run directory (`concord train --out DIR`) holds its served model in final/ (its
+// own config.json is the training config, and it has no weights of its own).
+fs::path resolve_folder(const fs::path& dir) {
+  const bool has_weights =
+      fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
+  if (!has_weights && fs::exists(dir / "final" / "config.json")) return dir / "final";
+  return dir;
+}
+
+}  // namespace
+
+ModelSource inspect_model(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return files_detail::inspect_hf_folder(resolve_folder(path));
+  if (!fs::exists(path, ec)) fail(path, "no such file or folder");
+  if (!is_gguf_file(path))
+    fail(path, "not a model: expected a folder with config.json, a training run with final/, or a "
+               "GGUF file");
+  return files_detail::inspect_gguf(io::GgufFile::open(path));
+}
+
+LoadedModel load_model(const fs::path& path, PrecisionPolicy policy) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path dir = resolve_folder(path);
+    ModelSource source = files_detail::inspect_hf_folder(dir);
+    Model model(source.config, std::move(policy));
+    files_detail::read_hf_weights(dir, model);
+    return LoadedModel{std::move(source), std::move(model)};
+  }
+  if (!fs::exists(path, ec)) fail(path, "no such file or folder");
+  if (!is_gguf_file(path))
+    fail(path, "not a model: expected a folder with config.json, a training run with final/, or a "
+               "GGUF file");
+  const io::GgufFile file = io::GgufFile::open(path);
+  ModelSource source = files_detail::inspect_gguf(file);
+  Model model(source.config, std::move(policy));
+  files_detail::read_gguf_weights(file, model);
+  return LoadedModel{std::move(source), std::move(model)};
+}
+
+void export_model(const Model& model, const fs::path& out, const ExportOptions& options) {
+  if (options.tokenizer && options.tokenizer->vocab_size() > model.config().vocab_size)
+    fail(out, fmt::format("the tokenizer has {} tokens but the model's vocabulary is {}",
+                          options.tokenizer->vocab_size(), model.config().vocab_size));
+  for (int32_t id : options.stop_token_ids)
+    if (id < 0 || id >= model.config().vocab_size)
+      fail(out, fmt::format("stop token id {} is outside the vocabulary ({})", id,
+                            model.config().vocab_size));
+  if (options.format == ExportFormat::safetensors) {
+    files_detail::write_hf_folder(model, out, options);
+  } else {
+    files_detail::write_gguf_file(model, out, options);
+  }
+}
+
+bool is_ignored_hf_tensor(std::string_view name) {
+  const std::string_view prefix = "model.layers.", suffix = ".self_attn.rotary_emb.inv_freq";
+  if (name.size() <= prefix.size() + suffix.size() || name.substr(0, prefix.size()) != prefix ||
+      name.substr(name.size() - suffix.size()) != suffix)
+    return false;
+  const std::string_view layer = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return !layer.empty() && std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace concord::model

@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "concord/io/tokenizer.h"
@@ -62,5 +64,27 @@ struct ExportOptions {
 // safetensors: `out` is a folder (config.json, model.safetensors, tokenizer.json,
 // tokenizer_config.json, generation_config.json); gguf: `out` is a file. Written atomically.
 void export_model(const Model& model, const std::filesystem::path& out, const ExportOptions& options);
+
+// --- Building blocks, public for tests and tools ------------------------------------------
+
+// Tensors an HF checkpoint may carry that concord ignores by design, as they hold nothing the
+// config does not imply: "model.layers.{i}.self_attn.rotary_emb.inv_freq" (older checkpoints
+// store RoPE's inverse frequencies). Besides these, a tied model's "lm_head.weight" is accepted
+// when it equals "model.embed_tokens.weight" bit for bit; every other unknown tensor is an error.
+bool is_ignored_hf_tensor(std::string_view name);
+
+// The GGUF name of an HF parameter name ("model.layers.3.mlp.up_proj.weight" ->
+// "blk.3.ffn_up.weight"), and back; nullopt for names outside the map.
+std::optional<std::string> gguf_tensor_name(std::string_view hf_name);
+std::optional<std::string> hf_tensor_name(std::string_view gguf_name);
+// The GGUF architecture of a config ("llama", "qwen2", "qwen3") and back.
+std::string gguf_architecture(const ModelConfig& config);
+
+// llama.cpp's row order for llama's q/k projections (convert_hf_to_gguf.py, LlamaModel.permute:
+// w.reshape(heads, 2, D/2, cols).swapaxes(1, 2)): within each head, HF row j*D/2 + i becomes
+// row 2i + j, turning HF's rotate_half RoPE pairs (i, i + D/2) into llama.cpp's adjacent pairs.
+// `w` is (heads*D, cols) row-major (cols = 1 for a bias); unpermute is the inverse.
+std::vector<float> llama_permute_rows(std::span<const float> w, int64_t heads, int64_t cols);
+std::vector<float> llama_unpermute_rows(std::span<const float> w, int64_t heads, int64_t cols);
 
 }  // namespace concord::model

@@ -29,10 +29,15 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     specs.push_back({p + "input_layernorm.weight", {C}});
-    specs.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}});
-    specs.push_back({p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}});
-    specs.push_back({p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}});
-    specs.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}});
+    const int64_t q_out = c.num_attention_heads * D, kv_out = c.num_key_value_heads * D;
+    specs.push_back({p + "self_attn.q_proj.weight", {q_out, C}});
+    if (c.qkv_bias()) specs.push_back({p + "self_attn.q_proj.bias", {q_out}});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv_out, C}});
+    if (c.qkv_bias()) specs.push_back({p + "self_attn.k_proj.bias", {kv_out}});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv_out, C}});
+    if (c.qkv_bias()) specs.push_back({p + "self_attn.v_proj.bias", {kv_out}});
+    specs.push_back({p + "self_attn.o_proj.weight", {C, q_out}});
+    if (c.output_bias()) specs.push_back({p + "self_attn.o_proj.bias", {C}});
     if (c.qk_norm()) {
       specs.push_back({p + "self_attn.q_norm.weight", {D}});
       specs.push_back({p + "self_attn.k_norm.weight", {D}});
@@ -56,6 +61,13 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p)
     grads.emplace_back(static_cast<size_t>(specs[i].numel()), 0.0f);
   }
   prepared.resize(specs.size());
+  bias_of.assign(specs.size(), -1);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string& name = specs[i].name;
+    const std::string suffix = ".bias";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      bias_of[index.at(name.substr(0, name.size() - suffix.size()) + ".weight")] = static_cast<int>(i);
+  }
   auto at = [&](const std::string& name) { return index.at(name); };
   embed = at("model.embed_tokens.weight");
   final_norm = at("model.norm.weight");
@@ -130,6 +142,12 @@ void Model::Impl::linear_forward(const LayerPrecision& prec, int param, const fl
   tensor::prepare_operand(scratch_a, prec[GemmRole::forward].a, Operand::a, Trans::no, x, T, K);
   observe(GemmRole::forward, param, scratch_a, w.forward, prec[GemmRole::forward]);
   tensor::gemm_prepared(Trans::no, Trans::yes, T, N, K, scratch_a, w.forward, y, N);
+  if (bias_of[param] >= 0) {  // the bias is added in fp32 after the GEMM, as HF's nn.Linear does
+    const float* bias = values[bias_of[param]].data();
+#pragma omp parallel for schedule(static) if (T * N > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) y[t * N + n] += bias[n];
+  }
 }
 
 void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq) {
@@ -139,7 +157,7 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
                                  seq, c.max_position_embeddings));
   B = batch;
   S = seq;
-  const int64_t T = B * S, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+  const int64_t T = B * S, C = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
   const int L = static_cast<int>(c.num_hidden_layers);
   arena.reset();
@@ -150,52 +168,15 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   float* x = arena.alloc(T * C);
   embedding_forward(x, tokens, embedding_table(), T, V, C);
   for (int i = 0; i < L; ++i) {
-    const LayerParams& lp = layers[i];
+    // The layer halves (decode.cpp) are shared with the KV-cache forward; only attention
+    // differs: here over the whole sequences at once, saving probs for the backward pass.
     LayerActivations& a = acts[i];
-    const LayerPrecision& attn = policy.for_layer(LayerClass::attention, i, L);
-    const LayerPrecision& mlp = policy.for_layer(LayerClass::mlp, i, L);
     a.x_in = x;
-    a.rstd1 = arena.alloc(T);
-    a.xn1 = arena.alloc(T * C);
-    rmsnorm_forward(a.xn1, a.rstd1, a.x_in, values[lp.input_norm].data(), T, C, c.rms_norm_eps);
-    a.q_raw = arena.alloc(T * Hq * D);
-    a.k_raw = arena.alloc(T * Hkv * D);
-    a.v = arena.alloc(T * Hkv * D);
-    linear_forward(attn, lp.q, a.xn1, T, a.q_raw);
-    linear_forward(attn, lp.k, a.xn1, T, a.k_raw);
-    linear_forward(attn, lp.v, a.xn1, T, a.v);
-    a.q = arena.alloc(T * Hq * D);
-    a.k = arena.alloc(T * Hkv * D);
-    if (c.qk_norm()) {
-      a.rstd_q = arena.alloc(T * Hq);
-      a.rstd_k = arena.alloc(T * Hkv);
-      rmsnorm_forward(a.q, a.rstd_q, a.q_raw, values[lp.q_norm].data(), T * Hq, D, c.rms_norm_eps);
-      rmsnorm_forward(a.k, a.rstd_k, a.k_raw, values[lp.k_norm].data(), T * Hkv, D, c.rms_norm_eps);
-    } else {
-      std::memcpy(a.q, a.q_raw, sizeof(float) * static_cast<size_t>(T * Hq * D));
-      std::memcpy(a.k, a.k_raw, sizeof(float) * static_cast<size_t>(T * Hkv * D));
-    }
-    rope_forward(a.q, positions.data(), T, Hq, D, rope);
-    rope_forward(a.k, positions.data(), T, Hkv, D, rope);
+    layer_attention_inputs(i, a, T, positions.data(), arena, {});
     a.probs = arena.alloc(B * Hq * S * S);
     a.att = arena.alloc(T * Hq * D);
     attention_forward(a.att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
-    a.x_mid = arena.alloc(T * C);
-    linear_forward(attn, lp.o, a.att, T, a.x_mid);
-    for (int64_t j = 0; j < T * C; ++j) a.x_mid[j] += a.x_in[j];
-
-    a.rstd2 = arena.alloc(T);
-    a.xn2 = arena.alloc(T * C);
-    rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, values[lp.post_norm].data(), T, C, c.rms_norm_eps);
-    a.gate = arena.alloc(T * F);
-    a.up = arena.alloc(T * F);
-    a.h = arena.alloc(T * F);
-    linear_forward(mlp, lp.gate, a.xn2, T, a.gate);
-    linear_forward(mlp, lp.up, a.xn2, T, a.up);
-    swiglu_forward(a.h, a.gate, a.up, T, F);
-    x = arena.alloc(T * C);
-    linear_forward(mlp, lp.down, a.h, T, x);
-    for (int64_t j = 0; j < T * C; ++j) x[j] += a.x_mid[j];
+    x = layer_attention_output_and_mlp(i, a, T, arena, {});
   }
   x_final = x;
   rstd_final = arena.alloc(T);
@@ -237,7 +218,9 @@ void Model::init_random(uint64_t seed, float std) {
   for (size_t p = 0; p < impl_->specs.size(); ++p) {
     std::vector<float>& v = impl_->values[p];
     if (!impl_->specs[p].is_matrix()) {
-      std::fill(v.begin(), v.end(), 1.0f);
+      const bool bias = std::find(impl_->bias_of.begin(), impl_->bias_of.end(), static_cast<int>(p)) !=
+                        impl_->bias_of.end();
+      std::fill(v.begin(), v.end(), bias ? 0.0f : 1.0f);  // biases start at 0, as HF's Linear
       continue;
     }
     // Box-Muller on Philox words keyed by (seed, parameter index, element pair): the same

@@ -1,5 +1,5 @@
-// The decoder (Qwen3 / Llama family) that learner and sampler share: parameters under their
-// Hugging Face names, a forward pass to logits, and forward + backward to gradients.
+// The decoder (Qwen3 / Qwen2 / Llama family) that learner and sampler share: parameters under
+// their Hugging Face names, a forward pass to logits, and forward + backward to gradients.
 //
 // Parameter names and shapes (HF's), W is (out, in):
 //   model.embed_tokens.weight                      (V, C)
@@ -8,6 +8,8 @@
 //   model.layers.{i}.self_attn.k_proj.weight       (Hkv*D, C)
 //   model.layers.{i}.self_attn.v_proj.weight       (Hkv*D, C)
 //   model.layers.{i}.self_attn.o_proj.weight       (C, Hq*D)
+//   model.layers.{i}.self_attn.{q,k,v}_proj.bias   (out)      Qwen2; Llama attention_bias
+//   model.layers.{i}.self_attn.o_proj.bias         (C)        Llama attention_bias
 //   model.layers.{i}.self_attn.q_norm.weight       (D)        Qwen3 only
 //   model.layers.{i}.self_attn.k_norm.weight       (D)        Qwen3 only
 //   model.layers.{i}.post_attention_layernorm.weight (C)
@@ -59,6 +61,20 @@ struct GemmRecord {
 };
 using GemmObserver = std::function<void(const GemmRecord&)>;
 
+class KvCache;  // kv_cache.h
+// Which logits a cached forward returns for one input: none (a prefill chunk that is not the
+// prompt's last), the last new token's (prefill's end, a decode step), or every new token's.
+enum class LogitRows : uint8_t { none, last, all };
+// One sequence's part of a cached forward pass: `tokens` are appended to the sequence in `slot`
+// at positions cache.length(slot), cache.length(slot) + 1, ...
+struct CachedInput {
+  int slot = 0;
+  std::span<const int32_t> tokens;
+  LogitRows logits = LogitRows::last;
+};
+// Rows of logits a cached forward over `inputs` writes.
+int64_t logit_rows(std::span<const CachedInput> inputs);
+
 class Model {
  public:
   explicit Model(ModelConfig config, PrecisionPolicy policy = PrecisionPolicy::preset("fp32"));
@@ -75,7 +91,8 @@ class Model {
   std::span<float> param(std::string_view name);
   std::span<const float> param(std::string_view name) const;
   std::span<float> grad(std::string_view name);
-  // Seeded init: normal(0, std) for matrices (Philox, independent of thread count), 1 for norms.
+  // Seeded init: normal(0, std) for matrices (Philox, independent of thread count), 1 for norms,
+  // 0 for biases.
   void init_random(uint64_t seed, float std = 0.02f);
   // Call after the weights changed (a sync or an optimizer step): quantized and pre-packed copies
   // of the weights are rebuilt lazily from the new values on the next forward.
@@ -88,6 +105,14 @@ class Model {
   // stochastic rounding and Hadamard signs of the backward GEMMs.
   float forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                          int64_t B, int64_t T, uint64_t step = 0);
+
+  // The KV-cache forward (decode.cpp): appends every input's tokens to its sequence in `cache`
+  // and writes logits (logit_rows(inputs), V), rows in input order. All inputs' rows share each
+  // GEMM; a row's logits equal Model::forward's for the same sequence bit for bit wherever the
+  // activation quantizer is row-local, and never depend on the other inputs (docs/engine.md).
+  // InputError: slot not in use or repeated, no tokens, token id outside the vocabulary, a
+  // sequence outgrowing the cache's capacity / max_position_embeddings, a mis-sized buffer.
+  void forward_cached(KvCache& cache, std::span<const CachedInput> inputs, std::span<float> logits);
 
   // Called for every GEMM of later passes (nullptr: none). For tests and audits; slows passes.
   void set_gemm_observer(GemmObserver observer);

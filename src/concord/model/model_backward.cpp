@@ -22,6 +22,21 @@ void add_into(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+// dbias (N) (+)= column sums of dY (T, N), in fp64 over t = 0..T-1 in order: threads split the
+// columns, never a sum, so the result does not depend on the thread count.
+void bias_backward(float* dbias, const float* dy, int64_t T, int64_t N, bool accumulate) {
+  constexpr int64_t kColumns = 64;
+#pragma omp parallel for schedule(static) if (T * N > 65536)
+  for (int64_t n0 = 0; n0 < N; n0 += kColumns) {
+    const int64_t n1 = std::min(N, n0 + kColumns);
+    double sums[kColumns] = {};
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = n0; n < n1; ++n) sums[n - n0] += dy[t * N + n];
+    for (int64_t n = n0; n < n1; ++n)
+      dbias[n] = static_cast<float>(sums[n - n0] + (accumulate ? dbias[n] : 0.0));
+  }
+}
+
 }  // namespace
 
 void Model::Impl::linear_backward(const LayerPrecision& prec, int param, const float* dy,
@@ -47,6 +62,8 @@ void Model::Impl::linear_backward(const LayerPrecision& prec, int param, const f
                           numerics::RandomStream{seed, gemm_id * 4 + 2}, r.hadamard, hadamard_seed);
   observe(GemmRole::wgrad, param, scratch_a, scratch_b, r);
   tensor::gemm_prepared(Trans::yes, Trans::no, N, K, T, scratch_a, scratch_b, dw, K, accumulate_dw);
+  // The bias gradient reads dY in fp32, off the wgrad GEMM's grid (the bias is added in fp32).
+  if (bias_of[param] >= 0) bias_backward(grads[bias_of[param]].data(), dy, T, N, accumulate_dw);
 }
 
 double Model::Impl::run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step) {

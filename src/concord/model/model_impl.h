@@ -58,6 +58,7 @@ struct Model::Impl {
   std::vector<std::vector<float>> grads;
   std::vector<LayerParams> layers;
   int embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
+  std::vector<int> bias_of;  // per parameter: index of its bias (Qwen2 q/k/v), or -1
   RopeTable rope;
 
   std::vector<PreparedWeight> prepared;  // per parameter (matrices only)
@@ -85,13 +86,26 @@ struct Model::Impl {
   Impl(ModelConfig c, PrecisionPolicy p);
   const PreparedWeight& weight(int param);
   const float* embedding_table();
-  // Y (T, N) = X (T, K) · Wᵀ on the policy's forward grid.
+  // Y (T, N) = X (T, K) · Wᵀ (+ bias, when the weight has one) on the policy's forward grid.
   void linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T, float* y);
-  // dX (T, K) (+)= dY (T, N) · W;  dW (N, K) (+)= dYᵀ · X.
+  // dX (T, K) (+)= dY (T, N) · W;  dW (N, K) (+)= dYᵀ · X;  dbias (N) (+)= column sums of dY.
   void linear_backward(const LayerPrecision& prec, int param, const float* dy, const float* x,
                        int64_t T, float* dx, bool accumulate_dx, float* dw, bool accumulate_dw,
                        uint64_t step, uint32_t gemm_id);
   void run_forward(const int32_t* tokens, int64_t B, int64_t S);
+  // One decoder layer in two halves around attention (decode.cpp), shared by run_forward and
+  // run_forward_cached. T rows at `positions`; buffers come from `work`. row_splits: the first
+  // row of each sequence and T at the end; a quantizer whose scale spans rows (NVFP4,
+  // per-tensor FP8) runs per sequence; empty: all T rows share each quantization.
+  // Before attention: a.x_in given; fills rstd1, xn1, q_raw, k_raw, v, rstd_q, rstd_k, q, k.
+  void layer_attention_inputs(int layer, LayerActivations& a, int64_t T, const int32_t* positions,
+                              tensor::Arena& work, std::span<const int64_t> row_splits);
+  // After attention: a.att given; fills x_mid, rstd2, xn2, gate, up, h; returns the layer output.
+  float* layer_attention_output_and_mlp(int layer, LayerActivations& a, int64_t T,
+                                        tensor::Arena& work, std::span<const int64_t> row_splits);
+  void linear_forward_rows(const LayerPrecision& prec, int param, const float* x, int64_t T,
+                           float* y, std::span<const int64_t> row_splits);
+  void run_forward_cached(KvCache& cache, std::span<const CachedInput> inputs, float* logits);
   double run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step);
   int64_t tokens_count() const { return B * S; }
 };

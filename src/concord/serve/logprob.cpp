@@ -1,1 +1,53 @@
-// placeholder
+// log_softmax(logits / T) in double with an index-ordered sum: the one log-probability definition.
+#include "concord/serve/logprob.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "concord/numerics/check.h"
+
+namespace concord::serve {
+
+double logprob_temperature(float temperature) {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+    throw InputError(fmt::format("[logprob] temperature {} must be finite and >= 0", temperature));
+  return temperature == 0.0f ? 1.0 : static_cast<double>(temperature);
+}
+
+SoftmaxStats softmax_stats(std::span<const float> logits, float temperature) {
+  if (logits.empty()) throw InputError("[logprob] empty logits");
+  SoftmaxStats s;
+  s.temperature = logprob_temperature(temperature);
+  double m = -std::numeric_limits<double>::infinity();
+  for (float x : logits) {
+    if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
+      throw InputError("[logprob] logits contain NaN or +Inf");
+    m = std::max(m, s.z(x));
+  }
+  if (m == -std::numeric_limits<double>::infinity())
+    throw InputError("[logprob] every logit is -Inf");
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(s.z(x) - m);
+  s.max = m;
+  s.log_sum = std::log(sum);
+  return s;
+}
+
+double token_logprob(std::span<const float> logits, int32_t token, float temperature) {
+  if (token < 0 || static_cast<size_t>(token) >= logits.size())
+    throw InputError(fmt::format("[logprob] token {} outside the vocabulary [0, {})", token,
+                                 logits.size()));
+  return softmax_stats(logits, temperature).logprob(logits[static_cast<size_t>(token)]);
+}
+
+void full_logprobs(std::span<const float> logits, float temperature, std::span<float> out) {
+  if (out.size() != logits.size())
+    throw InputError(fmt::format("[logprob] output holds {} values for {} logits", out.size(),
+                                 logits.size()));
+  const SoftmaxStats s = softmax_stats(logits, temperature);
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(s.logprob(logits[i]));
+}
+
+}  // namespace concord::serve

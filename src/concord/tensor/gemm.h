@@ -21,11 +21,37 @@
 // C is (M, N) with row stride ldc. Leading dimensions must be >= the stored row length.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
 
 namespace concord::tensor {
 
 enum class Trans : uint8_t { no, yes };
+
+namespace detail {
+// 64-byte aligned storage for std::vector (the kernels load packed panels with aligned loads).
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) {
+    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) noexcept { std::free(p); }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+}  // namespace detail
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate = false);
@@ -37,6 +63,39 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, i
 // gemm_reference() bit for bit. Values that are not bf16 are truncated to bf16 when packed.
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate = false);
+
+// op(B) (K x N) packed once into the panel layout the kernels stream (for an operand reused across
+// many GEMMs: a weight). Panel p holds columns [16p, 16p + 16) for every k in order: K groups of
+// 16 floats, or with bf16, ceil(K/2) groups of 16 bf16-pair words (step 2q low, 2q + 1 high, an
+// odd K's last high half zero and never multiplied); columns past N are zero. gemm_packed then
+// skips the per-call packing of B: for M <= 8 (decode) a skinny kernel streams each panel once,
+// R <= 4 rows against up to 4 panels, reading op(A) where it lies; larger M run the blocked
+// driver on slices of the same panels. Both keep the contract: gemm_packed(A, pack_b(B)) equals
+// gemm_reference(A, B) bit for bit — with bf16 panels, when B's values are bf16-representable
+// (others are truncated to bf16, as gemm_bf16 does). A is used as it is (never truncated): a
+// bf16 panel widens exactly, so the products are those of the fp32 path.
+struct PackedB {
+  bool valid = false;  // packed (K and N may be 0)
+  bool bf16 = false;   // the panels hold bf16 pairs (else fp32)
+  Trans tb = Trans::no;  // the storage order it was packed from (for the caller's bookkeeping)
+  int64_t K = 0, N = 0;
+  std::vector<float, detail::AlignedAllocator<float>> f32;         // when !bf16
+  std::vector<uint32_t, detail::AlignedAllocator<uint32_t>> words;  // when bf16
+  // Words (floats or bf16 pairs) per panel: 16 per step, or per pair of steps.
+  int64_t panel_words() const { return (bf16 ? (K + 1) / 2 : K) * 16; }
+  void clear() {
+    valid = false;
+    f32 = {};
+    words = {};
+  }
+};
+
+// Packs op(B) (B stored (K, N) with stride ldb when tb == no, (N, K) when yes) into out.
+void pack_b(PackedB& out, Trans tb, int64_t K, int64_t N, const float* B, int64_t ldb, bool bf16);
+
+// C = op(A)·op(B) (+ C) with op(B) prepacked; the gemm() contract. B.K and B.N must equal K, N.
+void gemm_packed(Trans ta, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                 const PackedB& B, float* C, int64_t ldc, bool accumulate = false);
 
 // The plain triple loop that defines the contract (what the tests compare against).
 void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A,
@@ -70,9 +129,24 @@ using MicroKernelF32 = void (*)(int64_t kc, const float* a, const float* b, floa
                                 int64_t ldc, bool load_c);
 using MicroKernelBf16 = void (*)(int64_t kc, const float* a, const uint32_t* b, float* c,
                                  int64_t ldc, bool load_c);
+// Skinny kernels (gemm_packed, M <= 8): C rows [0, rows) x columns [0, 16·panels) at c, row
+// stride ldc, = [C +] Σ_k op(A)[r][k] · panel[k], k = 0 .. kc-1 in order, one fma each.
+// rows 1..kSkinnyRows, panels 1..kSkinnyPanels; op(A)[r][k] = a[r·a_rs + k·a_ks]; panel i
+// starts at b + i·panel_stride (64-byte aligned), laid out as PackedB's (fp32 or bf16 pairs;
+// kc may be odd only for the last K chunk).
+inline constexpr int kSkinnyRows = 4;
+inline constexpr int kSkinnyPanels = 4;
+using SkinnyF32 = void (*)(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
+                           int64_t a_ks, const float* b, int64_t panel_stride, float* c,
+                           int64_t ldc, bool load_c);
+using SkinnyBf16 = void (*)(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
+                            int64_t a_ks, const uint32_t* b, int64_t panel_stride, float* c,
+                            int64_t ldc, bool load_c);
 struct MicroKernels {
   MicroKernelF32 f32;
   MicroKernelBf16 bf16;
+  SkinnyF32 skinny_f32;
+  SkinnyBf16 skinny_bf16;
 };
 MicroKernels generic_kernels();
 MicroKernels avx2_kernels();  // only call when gemm_isa_supported(GemmIsa::avx2)

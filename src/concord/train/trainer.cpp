@@ -13,6 +13,7 @@
 
 #include "concord/io/atomic_file.h"
 #include "concord/io/safetensors.h"
+#include "concord/io/tokenizer.h"
 #include "concord/model/model.h"
 #include "concord/model/ops.h"
 #include "concord/numerics/check.h"
@@ -69,6 +70,10 @@ void write_served_model(const fs::path& dir, model::Model& m, const TrainConfig&
                          {"concord.policy", config.policy.name},
                          {"concord.export", config.export_rule}});
   io::write_file_atomic(dir / "config.json", config.model.to_json().dump(2) + "\n");
+  // The byte tokenizer as a tokenizer.json, so that `concord generate --model run/final` and HF
+  // tools read the folder as they read any model folder.
+  io::write_file_atomic(dir / "tokenizer.json",
+                        io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"}).to_json());
 }
 
 }  // namespace

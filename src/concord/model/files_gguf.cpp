@@ -1,0 +1,400 @@
+// GGUF model files in llama.cpp's layout (llama, qwen2, qwen3): the HF <-> GGUF name map,
+// llama's q/k row permutation, metadata <-> ModelConfig, tokenizer.ggml.* <-> io::Tokenizer.
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <set>
+
+#include "concord/model/files_internal.h"
+
+namespace concord::model {
+namespace {
+
+namespace fs = std::filesystem;
+using files_detail::fail;
+
+// HF suffix after "model.layers.{i}." <-> GGUF suffix after "blk.{i}.".
+constexpr std::array<std::pair<std::string_view, std::string_view>, 15> kLayerNames = {{
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+}};
+constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobalNames = {{
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+}};
+
+// "model.layers.12.rest" -> (12, "rest") for prefix "model.layers."; nullopt otherwise.
+std::optional<std::pair<std::string, std::string_view>> split_layer(std::string_view name,
+                                                                    std::string_view prefix) {
+  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  const std::string_view rest = name.substr(prefix.size());
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string_view::npos) return std::nullopt;
+  for (size_t i = 0; i < dot; ++i)
+    if (rest[i] < '0' || rest[i] > '9') return std::nullopt;
+  return std::make_pair(std::string(rest.substr(0, dot)), rest.substr(dot + 1));
+}
+
+std::vector<float> permute_rows(std::span<const float> w, int64_t heads, int64_t cols, bool forward) {
+  const int64_t rows = cols > 0 ? static_cast<int64_t>(w.size()) / cols : 0;
+  CONCORD_CHECK(heads > 0 && rows % heads == 0 && (rows / heads) % 2 == 0 &&
+                    rows * cols == static_cast<int64_t>(w.size()),
+                "llama q/k permutation needs (heads * even head_dim, cols) values");
+  const int64_t D = rows / heads, half = D / 2;
+  std::vector<float> out(w.size());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < 2; ++j)
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t hf_row = h * D + j * half + i, gguf_row = h * D + 2 * i + j;
+        const int64_t from = forward ? hf_row : gguf_row, to = forward ? gguf_row : hf_row;
+        std::copy_n(w.begin() + from * cols, cols, out.begin() + to * cols);
+      }
+  return out;
+}
+
+// The shortest decimal that rounds to `f`, as a double: GGUF stores eps and theta as float32,
+// and 1e-6f read back as 9.99999997e-07 would make a different model than config.json's 1e-6.
+double shortest_double(double value) {
+  const auto f = static_cast<float>(value);
+  char buffer[64];
+  const auto written = std::to_chars(buffer, buffer + sizeof(buffer), f);
+  double out = 0;
+  std::from_chars(buffer, written.ptr, out);
+  return out;
+}
+
+std::string ggml_type_name(io::GgmlType type) {
+  const auto traits = io::ggml_type_traits(static_cast<uint32_t>(type));
+  return traits ? std::string(traits->name) : std::to_string(static_cast<uint32_t>(type));
+}
+
+std::string architecture_key(const std::string& arch, std::string_view key) {
+  return arch + "." + std::string(key);
+}
+
+}  // namespace
+
+std::optional<std::string> gguf_tensor_name(std::string_view hf_name) {
+  for (const auto& [hf, gguf] : kGlobalNames)
+    if (hf_name == hf) return std::string(gguf);
+  if (const auto layer = split_layer(hf_name, "model.layers."))
+    for (const auto& [hf, gguf] : kLayerNames)
+      if (layer->second == hf) return "blk." + layer->first + "." + std::string(gguf);
+  return std::nullopt;
+}
+
+std::optional<std::string> hf_tensor_name(std::string_view gguf_name) {
+  for (const auto& [hf, gguf] : kGlobalNames)
+    if (gguf_name == gguf) return std::string(hf);
+  if (const auto layer = split_layer(gguf_name, "blk."))
+    for (const auto& [hf, gguf] : kLayerNames)
+      if (layer->second == gguf)
+        return "model.layers." + layer->first + "." + std::string(hf);
+  return std::nullopt;
+}
+
+std::string gguf_architecture(const ModelConfig& config) {
+  if (config.architecture == "Qwen3ForCausalLM") return "qwen3";
+  if (config.architecture == "Qwen2ForCausalLM") return "qwen2";
+  if (config.architecture == "LlamaForCausalLM") return "llama";
+  throw InputError(fmt::format("[model] architecture '{}' has no GGUF name", config.architecture));
+}
+
+std::vector<float> llama_permute_rows(std::span<const float> w, int64_t heads, int64_t cols) {
+  return permute_rows(w, heads, cols, true);
+}
+std::vector<float> llama_unpermute_rows(std::span<const float> w, int64_t heads, int64_t cols) {
+  return permute_rows(w, heads, cols, false);
+}
+
+namespace files_detail {
+namespace {
+
+// The heads a llama q/k tensor is permuted over (q: Hq, k: Hkv), 0 for every other tensor.
+int64_t llama_permute_heads(const ModelConfig& c, std::string_view hf_name) {
+  if (c.architecture != "LlamaForCausalLM") return 0;
+  const auto ends_with = [&](std::string_view s) {
+    return hf_name.size() >= s.size() && hf_name.substr(hf_name.size() - s.size()) == s;
+  };
+  if (ends_with("self_attn.q_proj.weight") || ends_with("self_attn.q_proj.bias")) return c.num_attention_heads;
+  if (ends_with("self_attn.k_proj.weight") || ends_with("self_attn.k_proj.bias")) return c.num_key_value_heads;
+  return 0;
+}
+
+std::vector<int64_t> gguf_dims(const ParamSpec& spec) {
+  return std::vector<int64_t>(spec.shape.rbegin(), spec.shape.rend());  // ne0 = innermost first
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "{";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "}";
+}
+
+int64_t positive_int(const io::GgufFile& f, const std::string& key) {
+  const int64_t v = f.get_int(key);
+  if (v <= 0) fail(f.path(), fmt::format("'{}' must be positive (got {})", key, v));
+  return v;
+}
+
+// tokenizer.ggml.* -> io::Tokenizer; trailing "[PAD{i}]" tokens of type UNUSED (5), which
+// convert_hf_to_gguf.py adds to fill a vocabulary larger than the tokenizer, are dropped.
+std::optional<io::Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
+  const io::GgufValue* model = f.find_value("tokenizer.ggml.model");
+  if (model == nullptr) return std::nullopt;
+  const std::string& kind = f.get_string("tokenizer.ggml.model");
+  if (kind == "none" || kind == "no_vocab") return std::nullopt;
+  if (kind != "gpt2")
+    fail(f.path(), fmt::format("tokenizer.ggml.model '{}' is not supported (only byte-level BPE, "
+                               "'gpt2')", kind));
+  const io::GgufValue* tokens = f.find_value("tokenizer.ggml.tokens");
+  if (tokens == nullptr || !tokens->is_array() || tokens->array_type != io::GgufType::string)
+    fail(f.path(), "tokenizer.ggml.tokens must be an array of strings");
+  const io::GgufValue* merges = f.find_value("tokenizer.ggml.merges");
+  if (merges == nullptr || !merges->is_array() ||
+      (merges->size() > 0 && merges->array_type != io::GgufType::string))
+    fail(f.path(), "tokenizer.ggml.merges must be an array of strings (llama.cpp requires it)");
+  io::BpeVocabulary v;
+  v.tokens = tokens->strings;
+  v.merges = merges->strings;
+  if (const io::GgufValue* types = f.find_value("tokenizer.ggml.token_type")) {
+    if (!types->is_array() || types->ints.size() != v.tokens.size())
+      fail(f.path(), fmt::format("tokenizer.ggml.token_type must be an integer array of {} entries",
+                                 v.tokens.size()));
+    for (int64_t t : types->ints) v.token_types.push_back(static_cast<int32_t>(t));
+  } else {
+    v.token_types.assign(v.tokens.size(), 1);
+  }
+  while (!v.tokens.empty() && v.token_types.back() == 5 &&
+         v.tokens.back() == fmt::format("[PAD{}]", v.tokens.size() - 1)) {
+    v.tokens.pop_back();
+    v.token_types.pop_back();
+  }
+  v.pre = f.find_value("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
+  v.nfc = v.pre == "qwen2";
+  return io::Tokenizer::from_vocabulary(v, f.path());
+}
+
+}  // namespace
+
+ModelSource inspect_gguf(const io::GgufFile& f) {
+  ModelSource s;
+  s.path = f.path();
+  s.format = "gguf";
+  const std::string arch = f.get_string("general.architecture");
+  ModelConfig& c = s.config;
+  if (arch == "qwen3") {
+    c.architecture = "Qwen3ForCausalLM";
+  } else if (arch == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+  } else if (arch == "llama") {
+    c.architecture = "LlamaForCausalLM";
+  } else {
+    fail(f.path(), fmt::format("general.architecture '{}' is not supported (llama, qwen2, qwen3)", arch));
+  }
+  const auto key = [&](std::string_view k) { return architecture_key(arch, k); };
+  // What concord does not implement, refused by name rather than loaded as a different model.
+  for (const auto& [name, value] : f.metadata()) {
+    if (name.rfind(key("expert_"), 0) == 0 && !(value.size() == 1 && !value.ints.empty() && value.ints[0] == 0))
+      fail(f.path(), fmt::format("'{}': mixture-of-experts models are not supported", name));
+    if (name == key("rope.scaling.type") && f.get_string(name) != "none")
+      fail(f.path(), fmt::format("'{}' = '{}': RoPE scaling is not supported", name, f.get_string(name)));
+    if ((name == key("rope.scaling.factor") || name == key("rope.scale_linear")) && f.get_float(name) != 1.0 &&
+        f.get_float(name) != 0.0)
+      fail(f.path(), fmt::format("'{}' = {}: RoPE scaling is not supported", name, f.get_float(name)));
+  }
+  c.hidden_size = positive_int(f, key("embedding_length"));
+  c.num_hidden_layers = positive_int(f, key("block_count"));
+  c.intermediate_size = positive_int(f, key("feed_forward_length"));
+  c.num_attention_heads = positive_int(f, key("attention.head_count"));
+  c.num_key_value_heads = f.find_value(key("attention.head_count_kv"))
+                              ? positive_int(f, key("attention.head_count_kv"))
+                              : c.num_attention_heads;
+  c.head_dim = f.find_value(key("attention.key_length")) ? positive_int(f, key("attention.key_length"))
+                                                         : c.hidden_size / c.num_attention_heads;
+  if (f.find_value(key("attention.value_length")) && f.get_int(key("attention.value_length")) != c.head_dim)
+    fail(f.path(), fmt::format("'{}' ({}) differs from the key length ({})", key("attention.value_length"),
+                               f.get_int(key("attention.value_length")), c.head_dim));
+  if (f.find_value(key("rope.dimension_count")) && f.get_int(key("rope.dimension_count")) != c.head_dim)
+    fail(f.path(), fmt::format("'{}' = {}: partial RoPE (not the whole head_dim {}) is not supported",
+                               key("rope.dimension_count"), f.get_int(key("rope.dimension_count")), c.head_dim));
+  c.rms_norm_eps = shortest_double(f.get_float(key("attention.layer_norm_rms_epsilon")));
+  c.rope_theta = f.find_value(key("rope.freq_base")) ? shortest_double(f.get_float(key("rope.freq_base")))
+                                                      : 10000.0;
+  c.max_position_embeddings = positive_int(f, key("context_length"));
+  c.tie_word_embeddings = f.find("output.weight") == nullptr;
+  c.attention_bias = arch == "llama" && f.find("blk.0.attn_q.bias") != nullptr;
+
+  s.tokenizer = gguf_tokenizer(f);
+  if (const io::GgufTensorInfo* embed = f.find("token_embd.weight"); embed && embed->dims.size() == 2) {
+    c.vocab_size = embed->dims[1];
+  } else if (s.tokenizer) {
+    c.vocab_size = s.tokenizer->vocab_size();
+  } else {
+    fail(f.path(), "no token_embd.weight and no tokenizer: the vocabulary size is unknown");
+  }
+  if (f.find_value(key("vocab_size")) && f.get_int(key("vocab_size")) != c.vocab_size)
+    fail(f.path(), fmt::format("'{}' = {} differs from token_embd.weight's {} rows", key("vocab_size"),
+                               f.get_int(key("vocab_size")), c.vocab_size));
+  if (f.find_value("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_int("tokenizer.ggml.bos_token_id");
+  if (f.find_value("tokenizer.ggml.eos_token_id")) {
+    c.eos_token_id = f.get_int("tokenizer.ggml.eos_token_id");
+    c.eos_token_ids = {*c.eos_token_id};
+  }
+  if (f.find_value("tokenizer.chat_template")) s.chat_template = f.get_string("tokenizer.chat_template");
+  std::vector<int64_t> stops = c.eos_token_ids;
+  for (const char* k : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (f.find_value(k)) stops.push_back(f.get_int(k));
+  append_unique(s.stop_token_ids, stops, f.path(), "stop token");
+  c.validate(f.path());
+  check_source(s);
+  return s;
+}
+
+void read_gguf_weights(const io::GgufFile& f, Model& model) {
+  const ModelConfig& c = model.config();
+  std::set<std::string> used;
+  for (const ParamSpec& spec : model.params()) {
+    const std::string name = *gguf_tensor_name(spec.name);
+    const io::GgufTensorInfo* t = f.find(name);
+    if (t == nullptr)
+      fail(f.path(), fmt::format("tensor '{}' ({}) is missing", name, spec.name));
+    if (t->dims != gguf_dims(spec))
+      fail(f.path(), fmt::format("tensor '{}' has dims {}; the metadata implies {}", name,
+                                 dims_text(t->dims), dims_text(gguf_dims(spec))));
+    if (t->type != io::GgmlType::f32 && t->type != io::GgmlType::f16 && t->type != io::GgmlType::bf16 &&
+        t->type != io::GgmlType::q8_0 && t->type != io::GgmlType::mxfp4)
+      fail(f.path(), fmt::format("tensor '{}' has type {}; concord loads F32, F16, BF16, Q8_0 and MXFP4",
+                                 name, ggml_type_name(t->type)));
+    std::vector<float> values = io::gguf_tensor_to_floats(*t);
+    if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0)
+      values = llama_unpermute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
+    std::copy(values.begin(), values.end(), model.param(spec.name).begin());
+    used.insert(name);
+  }
+  for (const io::GgufTensorInfo& t : f.tensors())
+    if (!used.count(t.name))
+      fail(f.path(), fmt::format("unknown tensor '{}': not part of this {} model", t.name,
+                                 gguf_architecture(c)));
+  model.weights_changed();
+}
+
+void write_gguf_file(const Model& model, const fs::path& out, const ExportOptions& options) {
+  const ModelConfig& c = model.config();
+  const std::string arch = gguf_architecture(c);
+  if (c.architecture == "Qwen3ForCausalLM" && c.attention_bias)
+    fail(out, "llama.cpp's qwen3 has no attention biases");
+  // llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32, MOSTLY_MXFP4_MOE 38.
+  io::GgmlType matrix_type = io::GgmlType::f32;
+  uint32_t file_type = 0;
+  if (options.dtype == "f16") {
+    matrix_type = io::GgmlType::f16;
+    file_type = 1;
+  } else if (options.dtype == "bf16") {
+    matrix_type = io::GgmlType::bf16;
+    file_type = 32;
+  } else if (options.dtype == "q8_0") {
+    matrix_type = io::GgmlType::q8_0;
+    file_type = 7;
+  } else if (options.dtype == "mxfp4") {
+    matrix_type = io::GgmlType::mxfp4;
+    file_type = 38;
+  } else if (options.dtype != "f32") {
+    fail(out, fmt::format("GGUF export dtype '{}' is not supported (f32, f16, bf16, q8_0, mxfp4)",
+                          options.dtype));
+  }
+  std::optional<io::Tokenizer> tokenizer = options.tokenizer;
+  if (!tokenizer && c.vocab_size == kByteVocabulary) tokenizer = io::Tokenizer::byte_level(byte_special_tokens());
+  if (!tokenizer) fail(out, "a GGUF export needs a tokenizer (llama.cpp cannot load a model without one)");
+
+  const auto u32 = [](int64_t v) { return io::GgufValue::of_uint32(static_cast<uint32_t>(v)); };
+  const auto key = [&](std::string_view k) { return architecture_key(arch, k); };
+  io::GgufMetadata meta;
+  meta.emplace_back("general.architecture", io::GgufValue::of_string(arch));
+  meta.emplace_back("general.name", io::GgufValue::of_string("concord " + c.architecture));
+  meta.emplace_back("general.file_type", io::GgufValue::of_uint32(file_type));
+  meta.emplace_back("general.quantization_version", io::GgufValue::of_uint32(2));
+  meta.emplace_back(key("vocab_size"), u32(c.vocab_size));
+  meta.emplace_back(key("context_length"), u32(c.max_position_embeddings));
+  meta.emplace_back(key("embedding_length"), u32(c.hidden_size));
+  meta.emplace_back(key("block_count"), u32(c.num_hidden_layers));
+  meta.emplace_back(key("feed_forward_length"), u32(c.intermediate_size));
+  meta.emplace_back(key("attention.head_count"), u32(c.num_attention_heads));
+  meta.emplace_back(key("attention.head_count_kv"), u32(c.num_key_value_heads));
+  meta.emplace_back(key("attention.key_length"), u32(c.head_dim));
+  meta.emplace_back(key("attention.value_length"), u32(c.head_dim));
+  meta.emplace_back(key("attention.layer_norm_rms_epsilon"),
+                    io::GgufValue::of_float32(static_cast<float>(c.rms_norm_eps)));
+  meta.emplace_back(key("rope.dimension_count"), u32(c.head_dim));
+  meta.emplace_back(key("rope.freq_base"), io::GgufValue::of_float32(static_cast<float>(c.rope_theta)));
+
+  // The vocabulary, padded to the model's as convert_hf_to_gguf.py does ("[PAD{i}]", UNUSED).
+  io::BpeVocabulary v = tokenizer->vocabulary();
+  if (v.token_types.size() != v.tokens.size()) v.token_types.assign(v.tokens.size(), 1);
+  for (auto i = static_cast<int64_t>(v.tokens.size()); i < c.vocab_size; ++i) {
+    v.tokens.push_back(fmt::format("[PAD{}]", i));
+    v.token_types.push_back(5);
+  }
+  meta.emplace_back("tokenizer.ggml.model", io::GgufValue::of_string("gpt2"));
+  meta.emplace_back("tokenizer.ggml.pre", io::GgufValue::of_string(v.pre));
+  meta.emplace_back("tokenizer.ggml.tokens", io::GgufValue::of_strings(v.tokens));
+  meta.emplace_back("tokenizer.ggml.token_type",
+                    io::GgufValue::of_ints(io::GgufType::int32,
+                                           std::vector<int64_t>(v.token_types.begin(), v.token_types.end())));
+  meta.emplace_back("tokenizer.ggml.merges", io::GgufValue::of_strings(v.merges));
+  std::vector<int64_t> eos(options.stop_token_ids.begin(), options.stop_token_ids.end());
+  if (eos.empty()) eos = c.eos_token_ids;
+  if (c.bos_token_id) meta.emplace_back("tokenizer.ggml.bos_token_id", u32(*c.bos_token_id));
+  if (!eos.empty()) meta.emplace_back("tokenizer.ggml.eos_token_id", u32(eos[0]));
+  if (const auto pad = tokenizer->token_id("<|pad|>")) {
+    meta.emplace_back("tokenizer.ggml.padding_token_id", u32(*pad));
+  } else if (!eos.empty()) {
+    meta.emplace_back("tokenizer.ggml.padding_token_id", u32(eos[0]));
+  }
+  meta.emplace_back("tokenizer.ggml.add_bos_token", io::GgufValue::of_bool(false));
+  if (!options.chat_template.empty())
+    meta.emplace_back("tokenizer.chat_template", io::GgufValue::of_string(options.chat_template));
+
+  std::vector<std::vector<uint8_t>> buffers;
+  buffers.reserve(model.params().size());
+  std::vector<io::GgufTensorToWrite> tensors;
+  for (const ParamSpec& spec : model.params()) {
+    const std::string name = *gguf_tensor_name(spec.name);
+    const auto values = model.param(spec.name);
+    std::vector<float> permuted;
+    std::span<const float> data = values;
+    if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0) {
+      permuted = llama_permute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
+      data = permuted;
+    }
+    // 1-D tensors (norms, biases) stay f32, as llama.cpp's converter keeps them.
+    const io::GgmlType type = spec.is_matrix() ? matrix_type : io::GgmlType::f32;
+    const int64_t block = io::ggml_type_traits(static_cast<uint32_t>(type))->block_size;
+    if (spec.shape.back() % block != 0)
+      fail(out, fmt::format("tensor '{}' rows hold {} values, not a multiple of {}'s block of {} "
+                            "(export as f32, f16 or bf16)", spec.name, spec.shape.back(),
+                            options.dtype, block));
+    buffers.push_back(io::encode_gguf_tensor(type, data));
+    tensors.push_back({name, gguf_dims(spec), type, buffers.back()});
+  }
+  std::error_code ec;
+  if (out.has_parent_path()) fs::create_directories(out.parent_path(), ec);
+  io::write_gguf(out, meta, tensors);
+}
+
+}  // namespace files_detail
+}  // namespace concord::model

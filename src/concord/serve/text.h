@@ -1,0 +1,49 @@
+// Text around the engine: chat templates for a single user turn and UTF-8-safe streaming.
+//
+// Chat templates: a Jinja engine is out of scope. render_chat recognises the template families
+// by their markers and renders what HF's apply_chat_template(messages, tokenize=False,
+// add_generation_prompt=True) renders for [system?, user]:
+//   ChatML ("<|im_start|>"), Qwen2 / Qwen2.5: a default system turn when the template has one
+//     ("You are Qwen, created by Alibaba Cloud. ..."), taken from the template's text;
+//   ChatML with "enable_thinking" (Qwen3): no default system; with thinking off the generation
+//     prompt ends in an empty "<think>\n\n</think>\n\n" block, as Qwen3's template writes it;
+//   Llama 3 ("<|start_header_id|>"): bos, turns "<|start_header_id|>ROLE<|end_header_id|>\n\n
+//     CONTENT<|eot_id|>" with contents trimmed; Llama 3.1+ templates ("Cutting Knowledge Date")
+//     always open with their system turn "Cutting Knowledge Date: December 2023\nToday Date:
+//     DATE\n\n" + system (DATE: the template's date_string default, or today when it calls
+//     strftime_now).
+// Anything else (or no template): InputError naming what is supported.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace concord::serve {
+
+struct ChatOptions {
+  std::optional<std::string> system;
+  bool enable_thinking = true;                   // Qwen3: false adds the empty <think> block
+  std::string bos_token = "<|begin_of_text|>";   // Llama 3
+  std::string today;                             // "26 Jul 2024" style; "" = the current date
+};
+
+std::string render_chat(std::string_view chat_template, std::string_view user,
+                        const ChatOptions& options = {});
+
+// Bytes of streamed tokens in, complete UTF-8 characters out: a character split across tokens
+// is held back until its last byte arrives. Bytes that can never form a character (a stray
+// continuation byte, an invalid lead byte) are passed through as they are.
+class Utf8Stream {
+ public:
+  // Appends bytes; returns the longest prefix of the pending bytes that ends on a character
+  // boundary (removed from the pending bytes).
+  std::string push(std::string_view bytes);
+  // Whatever is left (an incomplete character at the end of the stream).
+  std::string flush();
+
+ private:
+  std::string pending_;
+};
+
+}  // namespace concord::serve
