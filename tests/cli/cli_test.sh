@@ -1,6 +1,7 @@
 #!/bin/bash
 # End-to-end tests of the concord binary: named codec values, usage errors (one line, exit 2),
-# quant -> inspect -> dequant on a generated checkpoint, and corrupt files.
+# quant -> inspect -> dequant on a generated checkpoint, corrupt files, train, tokenize, export
+# (safetensors <-> GGUF) and generate.
 # Usage: cli_test.sh PATH/TO/concord
 set -u
 CONCORD="$1"
@@ -174,6 +175,48 @@ echo '{"train": {"stpes": 3}}' >"$WORK/bad.json"
 expect_error "train unknown key" "unknown key 'train.stpes'" "$CONCORD" train --config "$WORK/bad.json"
 expect_error "train unknown policy" "neither a preset" \
   "$CONCORD" train --config "$WORK/train.json" --policy fp5 --out "$WORK/run2"
+
+# tokenize / export / generate on the model just trained, and on the committed test tokenizer.
+DATA="$(cd "$(dirname "$0")/../data" && pwd)"
+expect_output "tokenize byte tokenizer" "104 105" \
+  bash -c "printf hi | '$CONCORD' tokenize --tokenizer '$WORK/run/final'"
+expect_output "tokenize --decode" "hi" \
+  bash -c "echo 104 105 | '$CONCORD' tokenize --tokenizer '$WORK/run/final/tokenizer.json' --decode"
+TEXT=$'In the beginning God created the heaven and the earth.\n<|im_start|>user 日本語 🙂'
+expect_output "tokenize BPE round trip" "$TEXT" \
+  bash -c "printf '%s' \"\$1\" | '$CONCORD' tokenize --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json' \
+    | '$CONCORD' tokenize --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json' --decode" _ "$TEXT"
+expect_error "tokenize missing tokenizer" "tokenizer" \
+  "$CONCORD" tokenize --tokenizer "$WORK/none/tokenizer.json"
+
+"$CONCORD" export --model "$WORK/run" --to gguf --out "$WORK/run.gguf" >"$WORK/export.out" 2>&1 \
+  && "$CONCORD" export --model "$WORK/run.gguf" --to safetensors --out "$WORK/from_gguf" >>"$WORK/export.out" 2>&1 \
+  && pass "export run -> gguf -> safetensors" || fail "export: $(cat "$WORK/export.out")"
+"$CONCORD" generate --model "$WORK/run" --prompt "And God" --max-tokens 12 --temp 0 \
+  >"$WORK/gen_st.out" 2>"$WORK/gen_st.err"
+"$CONCORD" generate --model "$WORK/run.gguf" --prompt "And God" --max-tokens 12 --temp 0 \
+  >"$WORK/gen_gguf.out" 2>"$WORK/gen_gguf.err"
+"$CONCORD" generate --model "$WORK/from_gguf" --prompt "And God" --max-tokens 12 --temp 0 \
+  >"$WORK/gen_back.out" 2>"$WORK/gen_back.err"
+if [[ -s "$WORK/gen_st.out" ]] && cmp -s "$WORK/gen_st.out" "$WORK/gen_gguf.out" \
+    && cmp -s "$WORK/gen_st.out" "$WORK/gen_back.out" && grep -q "decode:" "$WORK/gen_st.err"; then
+  pass "generate: same greedy text from safetensors, GGUF and back"
+else
+  fail "generate formats differ: '$(cat "$WORK/gen_st.out")' / '$(cat "$WORK/gen_gguf.out")' / '$(cat "$WORK/gen_back.out")' $(cat "$WORK/gen_st.err" "$WORK/gen_gguf.err")"
+fi
+a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
+b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 --policy mxfp8 2>/dev/null)"
+c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
+[[ -n "$a" && "$a" == "$c" && -n "$b" ]] && pass "generate is reproducible by seed; runs at mxfp8" \
+  || fail "generate seeds: '$a' vs '$c' (mxfp8: '$b')"
+expect_error "generate --chat without a template" "chat template" \
+  "$CONCORD" generate --model "$WORK/run" --prompt "hi" --chat
+expect_error "generate missing model" "none" "$CONCORD" generate --model "$WORK/none" --prompt "hi"
+head -c 3000 "$WORK/run.gguf" >"$WORK/cut.gguf"
+expect_error "generate on a truncated GGUF" "cut.gguf" \
+  "$CONCORD" generate --model "$WORK/cut.gguf" --prompt "hi"
+expect_error "export unknown format" "--to" \
+  "$CONCORD" export --model "$WORK/run" --to onnx --out "$WORK/x"
 
 if [[ $FAILURES -ne 0 ]]; then
   echo "$FAILURES failure(s)"

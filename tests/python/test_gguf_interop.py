@@ -14,7 +14,6 @@ $CONCORD_BIN and $CONCORD_CAPI come from ctest.
 import ctypes
 import json
 import os
-import subprocess
 
 import gguf
 import numpy as np
@@ -29,21 +28,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 _U8P = ctypes.POINTER(ctypes.c_uint8)
 _F32P = ctypes.POINTER(ctypes.c_float)
-
-
-@pytest.fixture(scope="session")
-def concord():
-    path = os.environ.get("CONCORD_BIN")
-    if not path:
-        pytest.fail("CONCORD_BIN is not set: point it at the built concord binary "
-                    "(ctest sets it; by hand: CONCORD_BIN=build/bin/concord)")
-
-    def run(*args, expect_rc=0):
-        result = subprocess.run([path, *map(str, args)], capture_output=True, text=True)
-        assert result.returncode == expect_rc, result.stderr
-        return result.stdout if expect_rc == 0 else result.stderr
-
-    return run
 
 
 class GgufCapi:

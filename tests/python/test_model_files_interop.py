@@ -15,7 +15,6 @@ $CONCORD_BIN comes from ctest.
 
 import json
 import os
-import subprocess
 
 import gguf
 import numpy as np
@@ -24,21 +23,6 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 
 C, F, L, HQ, HKV, D = 64, 96, 2, 4, 2, 16
-
-
-@pytest.fixture(scope="session")
-def concord():
-    path = os.environ.get("CONCORD_BIN")
-    if not path:
-        pytest.fail("CONCORD_BIN is not set: point it at the built concord binary "
-                    "(ctest sets it; by hand: CONCORD_BIN=build/bin/concord)")
-
-    def run(*args, expect_rc=0):
-        result = subprocess.run([path, *map(str, args)], capture_output=True, text=True)
-        assert result.returncode == expect_rc, result.stderr
-        return result.stdout if expect_rc == 0 else result.stderr
-
-    return run
 
 
 def llama_cpp_permute(w, n_head, n_head_kv=None):

@@ -19,21 +19,6 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save, save_file
 
 
-@pytest.fixture(scope="session")
-def concord():
-    path = os.environ.get("CONCORD_BIN")
-    if not path:
-        pytest.fail("CONCORD_BIN is not set: point it at the built concord binary "
-                    "(ctest sets it; by hand: CONCORD_BIN=build/bin/concord)")
-
-    def run(*args):
-        result = subprocess.run([path, *map(str, args)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    return run
-
-
 def header_of(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]

@@ -37,15 +37,6 @@ def qwen3_tokenizer_json():
     return os.path.join(spec.submodule_search_locations[0], "tokenizer_files", "tokenizer.json")
 
 
-@pytest.fixture(scope="session")
-def concord_bin():
-    path = os.environ.get("CONCORD_BIN")
-    if not path:
-        pytest.fail("CONCORD_BIN is not set: point it at the built concord binary "
-                    "(ctest sets it; by hand: CONCORD_BIN=build/bin/concord)")
-    return path
-
-
 def tokenizer_paths():
     return [os.path.join(DATA, f) for f in FIXTURES] + ["qwen3-real"]
 

@@ -1,8 +1,7 @@
 // Helpers every strict file reader in io needs: a read-only mapping of a file, a UTF-8 check,
 // and a way to quote bytes from a hostile file on one line of an error message.
 //
-// Header-only so that any reader can use it without a new source file in the io target; the
-// GGUF reader uses all three (the safetensors reader has private copies that can move here).
+// Header-only; the safetensors and GGUF readers share them.
 #pragma once
 
 #include <fcntl.h>

@@ -1,17 +1,11 @@
 // The safetensors reader: maps the file and validates every header field (see safetensors.h).
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "concord/io/reader_support.h"
 #include "concord/io/safetensors.h"
 #include "concord/numerics/check.h"
 
@@ -30,56 +24,6 @@ constexpr int kMaxJsonDepth = 2;
 struct HeaderProblem {
   std::string what;
 };
-
-// A name or value from the file, made safe to print on one line.
-std::string printable(std::string_view text) {
-  std::string out;
-  for (char c : text.substr(0, 80)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7F) {
-      out += fmt::format("\\x{:02x}", u);
-    } else {
-      out += c;
-    }
-  }
-  if (text.size() > 80) out += "...";
-  return out;
-}
-
-// Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points
-// above U+10FFFF included), or nullopt when the text is valid.
-std::optional<size_t> first_invalid_utf8(std::span<const uint8_t> s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const uint8_t c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int extra = 0;
-    uint32_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + static_cast<size_t>(extra) >= s.size()) return i;  // cut off by the end
-    if (s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (int k = 2; k <= extra; ++k) {
-      if ((s[i + static_cast<size_t>(k)] & 0xC0) != 0x80) return i;
-    }
-    i += static_cast<size_t>(extra) + 1;
-  }
-  return std::nullopt;
-}
 
 // Parses the header, rejecting duplicate keys and nesting deeper than kMaxJsonDepth while it
 // parses (so a hostile header cannot build a deep tree).
@@ -234,38 +178,13 @@ void check_buffer_coverage(const std::vector<TensorInfo>& tensors, uint64_t buff
   }
 }
 
-std::shared_ptr<const void> map_file(const std::filesystem::path& path, size_t& size) {
-  const std::string label = "[safetensors] " + path.string() + ": ";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(label + "cannot open (" + std::strerror(errno) + ")");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw InputError(label + "not a regular file");
-  }
-  size = static_cast<size_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    return {};
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    throw InputError(label + "cannot map the file (" + std::strerror(map_errno) + ")");
-  }
-  return std::shared_ptr<const void>(p, [size](const void* q) {
-    ::munmap(const_cast<void*>(q), size);
-  });
-}
-
 }  // namespace
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile f;
   f.label_ = path.string();
   size_t size = 0;
-  f.storage_ = map_file(path, size);
+  f.storage_ = map_file_readonly(path, "safetensors", size);
   f.image_ = {static_cast<const uint8_t*>(f.storage_.get()), size};
   f.parse();
   return f;
