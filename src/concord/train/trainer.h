@@ -6,7 +6,8 @@
 // A run directory holds:  config.json (the resolved training config), metrics.jsonl (one line
 // per step and per evaluation), checkpoints/step-XXXXXXXX/ (model.safetensors = fp32 master
 // weights under HF names, optimizer.safetensors, state.json) and checkpoints/latest, and
-// final/ (config.json + model.safetensors of the served weights: an HF-layout model folder).
+// final/ (config.json + model.safetensors of the served weights + tokenizer.json: an HF-layout
+// model folder).
 #pragma once
 
 #include <cstdint>
