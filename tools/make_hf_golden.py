@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes tests/golden/hf_{qwen3,llama}_tiny.safetensors (+ .config.json): Hugging Face
-transformers' own Qwen3ForCausalLM and LlamaForCausalLM, in float64, on seeded tiny models — the
+"""Writes tests/golden/hf_{qwen3,llama,qwen2}_tiny.safetensors (+ .config.json): Hugging Face
+transformers' own Qwen3ForCausalLM, LlamaForCausalLM and Qwen2ForCausalLM (q/k/v biases), in float64, on seeded tiny models — the
 goldens that tests/model/reference_golden_test.cpp (fp64 reference) and
 tests/model/model_vs_reference_test.cpp (concord's Model) are checked against.
 
@@ -9,7 +9,7 @@ torch is a multi-GB install, so this runs once, by hand, in a throwaway venv out
 
     python3 -m venv /tmp/torchvenv
     /tmp/torchvenv/bin/pip install torch transformers safetensors numpy
-    /tmp/torchvenv/bin/python tools/make_hf_golden.py tests/golden
+    /tmp/torchvenv/bin/python tools/make_hf_golden.py tests/golden [qwen3 llama qwen2]
 
 Made with torch 2.15.0, transformers 5.24.0, safetensors 0.8.0 (also recorded in each file's
 __metadata__).
@@ -39,7 +39,8 @@ Each file holds, all little-endian:
                         float32 on storage (relative error <= 2^-24, far below the 1e-4 the
                         fp32 model is held to; F64 would make the files ~1.3-1.5 MB)
 Weights: torch.manual_seed(seed), then in named_parameters() order: matrices N(0, 0.02^2),
-norm weights 1 + 0.1 N(0, 1) (so that the norms are not the identity); then rounded to float32.
+norm weights and biases 1 + 0.1 N(0, 1) (so that the norms are not the identity and the biases
+matter); then rounded to float32.
 """
 
 import importlib
@@ -87,7 +88,8 @@ def fp64_modeling_module(name):
 
 def build(name, config, seed, use_fp64_module=True):
     original, fp64 = fp64_modeling_module(name)
-    cls_name = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[name]
+    cls_name = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                "qwen2": "Qwen2ForCausalLM"}[name]
     cls = getattr(fp64 if use_fp64_module else original, cls_name)
     torch.manual_seed(seed)
     model = cls(config).double().eval()
@@ -168,9 +170,12 @@ def main():
                                      architectures=["Qwen3ForCausalLM"])
     llama = transformers.LlamaConfig(**SHAPE, tie_word_embeddings=False,
                                      architectures=["LlamaForCausalLM"])
+    qwen2 = transformers.Qwen2Config(**SHAPE, tie_word_embeddings=True,
+                                     architectures=["Qwen2ForCausalLM"])
     assert llama.hidden_size // llama.num_attention_heads == 16
-    make("qwen3", qwen3, 1234, out_dir)
-    make("llama", llama, 5678, out_dir)
+    models = {"qwen3": (qwen3, 1234), "llama": (llama, 5678), "qwen2": (qwen2, 9012)}
+    for name in sys.argv[2:] or models:
+        make(name, *models[name], out_dir)
 
 
 if __name__ == "__main__":

@@ -152,8 +152,8 @@ TEST_P(ModelVsHfGolden, LogitsLossAndEveryGradientMatchHf) {
               logits_error, std::abs(loss - hf_loss) / hf_loss, worst, worst_name.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Qwen3TiedAndLlamaUntied, ModelVsHfGolden,
-                         ::testing::Values("hf_qwen3_tiny", "hf_llama_tiny"),
+INSTANTIATE_TEST_SUITE_P(Qwen3TiedLlamaUntiedQwen2Bias, ModelVsHfGolden,
+                         ::testing::Values("hf_qwen3_tiny", "hf_llama_tiny", "hf_qwen2_tiny"),
                          [](const ::testing::TestParamInfo<std::string>& param_info) {
                            return param_info.param.substr(3);
                          });

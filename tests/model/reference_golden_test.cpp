@@ -49,8 +49,11 @@ std::vector<int32_t> to_int32(const concord::io::TensorInfo& t) {
 reference::Config config_from_hf_json(const nlohmann::json& j) {
   reference::Config c;
   const std::string arch = j.at("architectures").at(0).get<std::string>();
-  EXPECT_TRUE(arch == "Qwen3ForCausalLM" || arch == "LlamaForCausalLM") << arch;
+  EXPECT_TRUE(arch == "Qwen3ForCausalLM" || arch == "LlamaForCausalLM" ||
+              arch == "Qwen2ForCausalLM")
+      << arch;
   c.qwen3 = arch == "Qwen3ForCausalLM";
+  c.qkv_bias = arch == "Qwen2ForCausalLM";
   c.vocab = j.at("vocab_size").get<int64_t>();
   c.hidden = j.at("hidden_size").get<int64_t>();
   c.intermediate = j.at("intermediate_size").get<int64_t>();
@@ -190,8 +193,8 @@ TEST_P(HfGolden, HfGradientsMatchReferenceFiniteDifferences) {
               GetParam().c_str(), worst_ratio, worst_where.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Qwen3AndLlama, HfGolden,
-                         ::testing::Values("hf_qwen3_tiny", "hf_llama_tiny"),
+INSTANTIATE_TEST_SUITE_P(Qwen3LlamaQwen2, HfGolden,
+                         ::testing::Values("hf_qwen3_tiny", "hf_llama_tiny", "hf_qwen2_tiny"),
                          [](const ::testing::TestParamInfo<std::string>& param_info) {
                            return param_info.param.substr(3);  // "qwen3_tiny", "llama_tiny"
                          });
