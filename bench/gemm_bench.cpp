@@ -3,11 +3,14 @@
 // bf16-widening panels), in the same run. GFLOP/s as a counter; the concord cases also report
 // their ratio to OpenBLAS sgemm on the same shape, orientation and thread count, measured in
 // this run. oneDNN tells whether this CPU has a bf16 matmul at all (it needs AVX512-BF16/AMX).
+// BM_skinny: decode-sized M = 1..8 against prepacked weights (weight GB/s).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <chrono>
 #include <dnnl.hpp>
 #include <map>
@@ -190,6 +193,72 @@ void cases(benchmark::internal::Benchmark* b) {
   b->ArgNames({"case", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+// Skinny M (decode: one row per sequence, M = 1..8) against an (N, K) weight, Y = X·Wᵀ: weight
+// bytes streamed per second. mode 0: gemm() (packs W's panels per call), 1: gemm_packed on fp32
+// panels packed once, 2: gemm_packed on bf16 panels (bf16 weight values). The GB/s counter
+// counts the fp32 weight (N·K·4 bytes) per call whatever the panel format, as the engine
+// benchmark does; enough copies of the weight rotate to exceed the L3 (the engine's weights do
+// not fit in it either).
+struct SkinnyShape {
+  const char* name;
+  int64_t N, K;
+};
+constexpr SkinnyShape kSkinny[] = {
+    {"gate/up", 1536, 512}, {"down", 512, 1536}, {"lm_head", 151936, 512}};
+
+void BM_skinny(benchmark::State& state) {
+  using concord::tensor::Trans;
+  const SkinnyShape& shape = kSkinny[state.range(0)];
+  const int64_t M = state.range(1), mode = state.range(2);
+  omp_set_num_threads(static_cast<int>(state.range(3)));
+  const int64_t N = shape.N, K = shape.K;
+  const double weight_bytes = 4.0 * static_cast<double>(N * K);
+  const auto copies = static_cast<size_t>(std::max(1.0, std::ceil(96e6 / weight_bytes)));
+  std::vector<std::vector<float>> weights;
+  std::vector<concord::tensor::PackedB> packed(copies);
+  for (size_t i = 0; i < copies; ++i) {
+    weights.push_back(random_matrix(N, K, static_cast<unsigned>(10 + i)));
+    if (mode == 2) {
+      for (float& f : weights.back()) {
+        f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) & 0xFFFF0000u);
+      }
+    }
+    if (mode != 0) {
+      concord::tensor::pack_b(packed[i], Trans::yes, K, N, weights.back().data(), K, mode == 2);
+    }
+  }
+  const std::vector<float> x = random_matrix(M, K, 3);
+  std::vector<float> y(static_cast<size_t>(M * N));
+  size_t next = 0;
+  for (auto _ : state) {
+    if (mode == 0) {
+      concord::tensor::gemm(Trans::no, Trans::yes, M, N, K, x.data(), K, weights[next].data(), K,
+                            y.data(), N);
+    } else {
+      concord::tensor::gemm_packed(Trans::no, M, N, K, x.data(), K, packed[next], y.data(), N);
+    }
+    benchmark::DoNotOptimize(y.data());
+    next = (next + 1) % copies;
+  }
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(weight_bytes * static_cast<double>(state.iterations()) / 1e9,
+                         benchmark::Counter::kIsRate);
+  static const char* const kModes[] = {"gemm per-call packing", "packed fp32", "packed bf16"};
+  state.SetLabel(std::string(shape.name) + " " + kModes[mode] + " " +
+                 concord::tensor::gemm_isa_name());
+}
+
+void skinny_cases(benchmark::internal::Benchmark* b) {
+  for (int64_t shape = 0; shape < static_cast<int64_t>(std::size(kSkinny)); ++shape) {
+    for (int64_t M : {1, 4, 8}) {
+      for (int64_t mode : {0, 1, 2}) {
+        for (int64_t threads : {1, 2}) b->Args({shape, M, mode, threads});
+      }
+    }
+  }
+  b->ArgNames({"shape", "M", "mode", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
 }  // namespace
 
 BENCHMARK(BM_openblas_sgemm)->Apply(shapes);
@@ -200,4 +269,5 @@ BENCHMARK_CAPTURE(BM_onednn_matmul, bf16, dnnl::memory::data_type::bf16)->Apply(
 BENCHMARK(BM_case_openblas_sgemm)->Apply(cases);
 BENCHMARK_CAPTURE(BM_case_concord, fp32, false)->Apply(cases);
 BENCHMARK_CAPTURE(BM_case_concord, bf16, true)->Apply(cases);
+BENCHMARK(BM_skinny)->Apply(skinny_cases);
 BENCHMARK_MAIN();

@@ -278,6 +278,142 @@ TEST_F(GemmTest, Bf16PanelsEqualReferenceOnBf16Values) {
   }
 }
 
+// ---- gemm_packed: B packed once (PackedB), the skinny M <= 8 path and the blocked path ----
+
+// gemm's signature over gemm_packed: packs op(B) (fp32 or bf16 panels), then multiplies.
+template <bool kBf16>
+void gemm_via_packed(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A,
+                     int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                     bool accumulate) {
+  PackedB packed;
+  pack_b(packed, tb, K, N, B, ldb, kBf16);
+  gemm_packed(ta, M, N, K, A, lda, packed, C, ldc, accumulate);
+}
+
+std::vector<Shape> packed_shapes() {
+  std::vector<Shape> shapes;
+  // Every skinny M (1..8) and the first blocked one (9): tiny, a partial last panel and a
+  // partial last 4-panel block, K past one 512-step chunk (odd: a bf16 tail), and enough
+  // weight (N·K >= 2^16) for the N split over two threads.
+  for (int64_t M = 1; M <= 9; ++M) {
+    shapes.push_back({M, 17, 33});
+    shapes.push_back({M, 65, 1031});
+    shapes.push_back({M, 1000, 301});
+  }
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{2, 16, 2}, Shape{4, 64, 512}, Shape{3, 3100, 9},
+                         Shape{13, 129, 300}, Shape{150, 40, 513}, Shape{0, 5, 5}, Shape{5, 0, 5},
+                         Shape{5, 5, 0}}) {
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+TEST_F(GemmTest, PackedBEqualsReferenceForEveryMTransposeStrideThreadsAndIsa) {
+  uint32_t seed = 9000;
+  for (const Shape& s : packed_shapes()) {
+    for (Trans ta : {Trans::no, Trans::yes}) {
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        seed += 3;
+        // Padded leading dimensions (ld != row length) on two of three problems.
+        const Problem p = make_problem(ta, tb, s, seed, (seed % 3) * 3, false);
+        // bf16 panels: B's values bf16, A's arbitrary fp32 (A is never truncated).
+        Problem q = make_problem(ta, tb, s, seed + 1, (seed % 2) * 5, false);
+        q.B = to_bf16_values(q.B);
+        for (bool accumulate : {false, true}) {
+          expect_matches_reference(gemm_via_packed<false>, p, accumulate);
+          expect_matches_reference(gemm_via_packed<true>, q, accumulate);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GemmTest, PackedBEqualsReferenceWithNanInfSignedZeroAndSubnormals) {
+  uint32_t seed = 9500;
+  for (const Shape& s : {Shape{1, 70, 515}, Shape{3, 33, 17}, Shape{6, 40, 600},
+                         Shape{8, 17, 1030}, Shape{20, 33, 40}}) {
+    for (Trans ta : {Trans::no, Trans::yes}) {
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        const Problem p = make_problem(ta, tb, s, seed += 3, 1, true);
+        Problem q = p;
+        q.B = to_bf16_values(q.B);
+        for (bool accumulate : {false, true}) {
+          expect_matches_reference(gemm_via_packed<false>, p, accumulate);
+          expect_matches_reference(gemm_via_packed<true>, q, accumulate);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GemmTest, PackedNegativeZeroResultsSurviveKChunks) {
+  // As NegativeZeroResultsSurviveKBlocking, through the skinny path's K chunks (two row groups
+  // at M = 7) and the bf16 panels' odd tail.
+  const int64_t N = 19, K = 1031;
+  std::vector<float> B(K * N, 1.5f);
+  for (bool bf16 : {false, true}) {
+    PackedB packed;
+    pack_b(packed, Trans::no, K, N, B.data(), N, bf16);
+    for (int64_t M : {1, 7, 12}) {
+      std::vector<float> A(M * K, -0.0f), C(M * N, -0.0f);
+      for (GemmIsa isa : isas()) {
+        set_gemm_isa(isa);
+        std::fill(C.begin(), C.end(), -0.0f);
+        gemm_packed(Trans::no, M, N, K, A.data(), K, packed, C.data(), N, true);
+        for (float c : C) ASSERT_TRUE(c == 0.0f && std::signbit(c)) << gemm_isa_name() << M;
+        gemm_packed(Trans::no, M, N, K, A.data(), K, packed, C.data(), N, false);
+        for (float c : C) ASSERT_TRUE(c == 0.0f && !std::signbit(c)) << gemm_isa_name() << M;
+      }
+    }
+  }
+}
+
+TEST_F(GemmTest, PackedRowDoesNotDependOnMAcrossTheSkinnyAndBlockedPaths) {
+  // Decode (M = 1) and prefill (M large) rows of the same input must agree bit for bit.
+  const int64_t N = 200, K = 700;
+  const std::vector<float> x = random_values(K, 17);
+  const std::vector<float> W = to_bf16_values(random_values(N * K, 18));
+  for (bool bf16 : {false, true}) {
+    PackedB packed;
+    pack_b(packed, Trans::yes, K, N, W.data(), K, bf16);
+    for (GemmIsa isa : isas()) {
+      set_gemm_isa(isa);
+      std::vector<float> alone(N);
+      gemm_packed(Trans::no, 1, N, K, x.data(), K, packed, alone.data(), N);
+      std::vector<float> want(N);
+      gemm_reference(Trans::no, Trans::yes, 1, N, K, x.data(), K, W.data(), K, want.data(), N);
+      ASSERT_EQ(0, std::memcmp(alone.data(), want.data(), N * sizeof(float)));
+      for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        for (int64_t M : {2, 3, 4, 5, 6, 7, 8, 9, 16, 31, 150}) {
+          std::vector<float> A = random_values(M * K, static_cast<uint32_t>(M));
+          std::vector<float> C(M * N);
+          for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
+            std::copy(x.begin(), x.end(), A.begin() + pos * K);
+            gemm_packed(Trans::no, M, N, K, A.data(), K, packed, C.data(), N);
+            ASSERT_EQ(0, std::memcmp(C.data() + pos * N, alone.data(), N * sizeof(float)))
+                << "M=" << M << " row " << pos << " bf16=" << bf16
+                << " isa=" << gemm_isa_name() << " threads=" << threads;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GemmTest, PackedRejectsAMismatchedOrMissingPacking) {
+  std::vector<float> buf(64, 1.0f);
+  PackedB packed;
+  EXPECT_THROW(gemm_packed(Trans::no, 1, 4, 4, buf.data(), 4, packed, buf.data(), 4),
+               InputError);  // not packed
+  pack_b(packed, Trans::no, 4, 4, buf.data(), 4, false);
+  EXPECT_THROW(gemm_packed(Trans::no, 1, 4, 5, buf.data(), 5, packed, buf.data(), 4),
+               InputError);
+  EXPECT_THROW(gemm_packed(Trans::no, 2, 4, 4, buf.data(), 3, packed, buf.data(), 4),
+               InputError);  // lda too small
+  EXPECT_THROW(pack_b(packed, Trans::yes, 4, 4, buf.data(), 3, false), InputError);
+}
+
 TEST_F(GemmTest, RejectsBadShapesAndStrides) {
   std::vector<float> buf(64);
   EXPECT_THROW(gemm(Trans::no, Trans::no, -1, 2, 2, buf.data(), 2, buf.data(), 2, buf.data(), 2),

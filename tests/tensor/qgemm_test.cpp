@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -256,6 +257,45 @@ TEST(QgemmTest, StochasticRoundingIsDrivenByTheStream) {
   prepare_operand(p3, desc, Operand::a, Trans::no, x.data(), rows, cols, {2, 0});
   EXPECT_EQ(p1.storage, p2.storage);
   EXPECT_NE(p1.storage, p3.storage);
+}
+
+TEST(QgemmTest, PrepackedBGivesTheSameBitsAsPackingPerCall) {
+  // fp32 (not bf16-exact: fp32 panels), bf16 and mxfp8 (bf16 panels) weights; decode-sized and
+  // prefill-sized M; a on the bf16 path and forced onto the fp32 path.
+  const int64_t N = 70, K = 96;
+  const std::vector<float> w = skewed_values(N, K, 11);
+  for (const char* name : {"fp32", "bf16", "mxfp8-e4m3", "nvfp4"}) {
+    const std::optional<QuantDesc> desc =
+        std::string(name) == "fp32" ? std::nullopt : std::optional<QuantDesc>(desc_named(name));
+    PreparedOperand plain, packed;
+    prepare_operand(plain, desc, Operand::b, Trans::yes, w.data(), N, K);
+    prepare_operand(packed, desc, Operand::b, Trans::yes, w.data(), N, K);
+    prepack_b(packed, Trans::yes);
+    ASSERT_TRUE(packed.packed.valid);
+    EXPECT_EQ(packed.packed.bf16, packed.bf16_exact) << name;
+    for (int64_t M : {1, 3, 8, 9, 40}) {
+      const std::vector<float> x = skewed_values(M, K, static_cast<uint32_t>(M));
+      PreparedOperand a;
+      prepare_operand(a, desc, Operand::a, Trans::no, x.data(), M, K);
+      for (bool force_fp32 : {false, true}) {
+        PreparedOperand a_used = a;  // data still points at a's values
+        if (force_fp32) a_used.bf16_exact = false;
+        for (bool accumulate : {false, true}) {
+          std::vector<float> c_plain(M * N, 0.5f), c_packed(M * N, 0.5f);
+          const GemmPath p1 = gemm_prepared(Trans::no, Trans::yes, M, N, K, a_used, plain,
+                                            c_plain.data(), N, accumulate);
+          const GemmPath p2 = gemm_prepared(Trans::no, Trans::yes, M, N, K, a_used, packed,
+                                            c_packed.data(), N, accumulate);
+          EXPECT_EQ(p1, p2);
+          ASSERT_TRUE(bitwise_equal(c_plain.data(), c_packed.data(), c_plain.size()))
+              << name << " M=" << M << " force_fp32=" << force_fp32 << " acc=" << accumulate;
+        }
+      }
+    }
+    // Re-preparing drops the packing (stale panels are never used).
+    prepare_operand(packed, desc, Operand::b, Trans::yes, w.data(), N, K);
+    EXPECT_FALSE(packed.packed.valid);
+  }
 }
 
 TEST(QgemmTest, RejectsMismatchedShapes) {

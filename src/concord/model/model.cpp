@@ -115,6 +115,9 @@ const PreparedWeight& Model::Impl::weight(int param) {
   const float* W = values[param].data();
   // Forward Y = X·Wᵀ reads W as op(B) = Wᵀ (stored (N, K)); dgrad dX = dY·W reads it as is.
   tensor::prepare_operand(w.forward, prec[GemmRole::forward].b, Operand::b, Trans::yes, W, N, K);
+  // Packed once into the kernels' panels (bf16 when the values are): the forward GEMMs stream
+  // them instead of re-packing W per call — decode's M = 1..8 GEMMs are bound by that stream.
+  tensor::prepack_b(w.forward, Trans::yes);
   tensor::prepare_operand(w.dgrad, prec[GemmRole::dgrad].b, Operand::b, Trans::no, W, N, K);
   w.valid = true;
   return w;

@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "concord/numerics/check.h"
 
@@ -172,6 +173,23 @@ struct Bf16Panels {
   static detail::MicroKernelBf16 kernel(const detail::MicroKernels& k) { return k.bf16; }
 };
 
+// Prepacked bf16 B (gemm_packed): A packed as fp32, never truncated — the bf16 panels widen
+// exactly, so this is the fp32 product of A and B's (bf16) values. pack_b is never called.
+struct Bf16BPanels {
+  using AWord = float;
+  using BWord = uint32_t;
+  static int64_t b_words(int64_t kc) { return (kc + 1) / 2; }
+  static void pack_a(Trans t, const float* A, int64_t lda, int64_t i0, int64_t rows, int64_t k0,
+                     int64_t kc, AWord* out) {
+    F32Panels::pack_a(t, A, lda, i0, rows, k0, kc, out);
+  }
+  static void pack_b(Trans t, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t j0,
+                     int64_t cols, BWord* out) {
+    Bf16Panels::pack_b(t, B, ldb, k0, kc, j0, cols, out);
+  }
+  static detail::MicroKernelBf16 kernel(const detail::MicroKernels& k) { return k.bf16; }
+};
+
 void check_args(const char* op, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
                 int64_t lda, int64_t ldb, int64_t ldc) {
   if (M < 0 || N < 0 || K < 0) {
@@ -190,10 +208,12 @@ void check_args(const char* op, Trans ta, Trans tb, int64_t M, int64_t N, int64_
 
 // The blocked driver. Loop order jc (N by kNC) > pc (K by kKC, in order) > M x N work units;
 // every C element is owned by one unit per pc step, so its k loop runs in order on one thread.
+// prepacked (gemm_packed): op(B)'s panels packed for the whole K (PackedB layout); the driver
+// reads the kc-step slice of each instead of packing B (B and ldb are then unused).
 template <class P>
 void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64_t M, int64_t N,
                   int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                  int64_t ldc, bool accumulate) {
+                  int64_t ldc, bool accumulate, const typename P::BWord* prepacked = nullptr) {
   using AWord = typename P::AWord;
   using BWord = typename P::BWord;
   if (M == 0 || N == 0) return;
@@ -209,7 +229,9 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
   const int64_t nc_panels_max = (nc_max + kNR - 1) / kNR;
 
   static thread_local AlignedBuffer<BWord> b_buffer;  // the calling thread's, shared by the team
-  BWord* b_pack = b_buffer.get(nc_panels_max * kNR * P::b_words(kc_max));
+  BWord* b_pack =
+      prepacked != nullptr ? nullptr : b_buffer.get(nc_panels_max * kNR * P::b_words(kc_max));
+  const int64_t prepacked_panel_words = P::b_words(K) * kNR;
 
   const double flops = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int threads = (omp_in_parallel() || flops < static_cast<double>(kParallelMinFlops))
@@ -237,10 +259,12 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
         const int64_t kc = std::min(kKC, K - pc);
         const int64_t words = P::b_words(kc);
         const bool load_c = accumulate || pc > 0;
+        if (prepacked == nullptr) {
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; ++p) {
-          P::pack_b(tb, B, ldb, pc, kc, jc + p * kNR, std::min<int64_t>(kNR, nc - p * kNR),
-                    b_pack + p * kNR * words);
+          for (int64_t p = 0; p < panels; ++p) {
+            P::pack_b(tb, B, ldb, pc, kc, jc + p * kNR, std::min<int64_t>(kNR, nc - p * kNR),
+                      b_pack + p * kNR * words);
+          }
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t unit = 0; unit < m_blocks * n_parts; ++unit) {
@@ -253,7 +277,10 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
           for (int64_t p = p_begin; p < p_end; ++p) {
             const int64_t j = jc + p * kNR;
             const int64_t nr = std::min<int64_t>(kNR, N - j);
-            const BWord* b_panel = b_pack + p * kNR * words;
+            const BWord* b_panel =
+                prepacked != nullptr
+                    ? prepacked + (jc / kNR + p) * prepacked_panel_words + P::b_words(pc) * kNR
+                    : b_pack + p * kNR * words;
             for (int64_t ir = 0; ir < mc; ir += kMR) {
               const int64_t mr = std::min<int64_t>(kMR, mc - ir);
               const AWord* a_panel = a_pack + ir * kc;
@@ -276,6 +303,128 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
   }
 }
 
+// ---- gemm_packed's skinny path (M <= kSkinnyMaxM: decode) ------------------------------------
+//
+// Column blocks of kSkinnyPanels panels (64 columns) are split statically over the threads; in a
+// block, the rows run in groups of <= kSkinnyRows, each group against as many panels at once as
+// its accumulators allow (1 row: 4 panels = 8 ymm; 2-3 rows: 2; 4 rows: 1), so every k step is
+// one fma per accumulator, in order. With two row groups K runs in chunks of kSkinnyKC steps
+// (the chunk of the panels stays in L2 for the second group; partial sums go through C in fp32,
+// exact). Edge columns (N not a multiple of 16) run on a scratch tile.
+constexpr int64_t kSkinnyMaxM = 8;
+constexpr int64_t kSkinnyKC = 512;  // even: bf16 pairs never straddle two chunks
+static_assert(kSkinnyKC % 2 == 0);
+// Below this many weight elements one thread streams them faster than a fork costs.
+constexpr int64_t kSkinnyParallelMin = int64_t{1} << 16;
+
+int skinny_panels_per_call(int rows) { return rows == 1 ? 4 : rows <= 3 ? 2 : 1; }
+
+template <class BWord>
+int64_t step_words(int64_t k) {
+  return std::is_same_v<BWord, float> ? k : (k + 1) / 2;
+}
+
+template <class BWord, class Kernel>
+void gemm_skinny(Kernel kernel, Trans ta, int64_t M, int64_t N, int64_t K, const float* A,
+                 int64_t lda, const BWord* packed, int64_t panel_words, float* C, int64_t ldc,
+                 bool accumulate) {
+  using detail::kSkinnyPanels;
+  using detail::kSkinnyRows;
+  const int groups = static_cast<int>((M + kSkinnyRows - 1) / kSkinnyRows);
+  const int64_t chunk = groups == 1 ? K : kSkinnyKC;
+  const int64_t panels = (N + kNR - 1) / kNR;
+  const int64_t blocks = (panels + kSkinnyPanels - 1) / kSkinnyPanels;
+  const int64_t a_rs = ta == Trans::no ? lda : 1, a_ks = ta == Trans::no ? 1 : lda;
+  const int threads = (omp_in_parallel() || N * K < kSkinnyParallelMin)
+                          ? 1
+                          : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), blocks));
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    alignas(64) float edge[kSkinnyRows * kSkinnyPanels * kNR];
+    constexpr int64_t kEdgeLd = kSkinnyPanels * kNR;
+    const int64_t p0 = blk * kSkinnyPanels;
+    const int64_t p_end = std::min(panels, p0 + kSkinnyPanels);
+    for (int64_t pc = 0; pc < K; pc += chunk) {
+      const int64_t kc = std::min(chunk, K - pc);
+      const bool load_c = accumulate || pc > 0;
+      int64_t r0 = 0;
+      for (int g = 0; g < groups; ++g) {
+        const int rows = static_cast<int>(M / groups + (g < M % groups ? 1 : 0));
+        const float* a = A + r0 * a_rs + pc * a_ks;
+        const int per_call = skinny_panels_per_call(rows);
+        for (int64_t p = p0; p < p_end; p += per_call) {
+          const int np = static_cast<int>(std::min<int64_t>(per_call, p_end - p));
+          const int64_t j = p * kNR, cols = std::min<int64_t>(np * kNR, N - j);
+          const BWord* b = packed + p * panel_words + step_words<BWord>(pc) * kNR;
+          float* c = C + r0 * ldc + j;
+          if (cols == np * kNR) {
+            kernel(rows, np, kc, a, a_rs, a_ks, b, panel_words, c, ldc, load_c);
+            continue;
+          }
+          if (load_c) {
+            for (int r = 0; r < rows; ++r) std::copy_n(c + r * ldc, cols, edge + r * kEdgeLd);
+          }
+          kernel(rows, np, kc, a, a_rs, a_ks, b, panel_words, edge, kEdgeLd, load_c);
+          for (int r = 0; r < rows; ++r) std::copy_n(edge + r * kEdgeLd, cols, c + r * ldc);
+        }
+        r0 += rows;
+      }
+    }
+  }
+}
+
+// Generic skinny kernels: one std::fma per (row, column, step), k in order.
+void generic_skinny_f32(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
+                        int64_t a_ks, const float* b, int64_t panel_stride, float* c,
+                        int64_t ldc, bool load_c) {
+  float acc[detail::kSkinnyRows][detail::kSkinnyPanels * kNR];
+  const int cols = panels * kNR;
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) acc[r][j] = load_c ? c[r * ldc + j] : 0.0f;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int r = 0; r < rows; ++r) {
+      const float av = a[r * a_rs + k * a_ks];
+      for (int p = 0; p < panels; ++p) {
+        const float* bk = b + p * panel_stride + k * kNR;
+        for (int j = 0; j < kNR; ++j) acc[r][p * kNR + j] = std::fma(av, bk[j], acc[r][p * kNR + j]);
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) c[r * ldc + j] = acc[r][j];
+  }
+}
+
+float widen_lo(uint32_t w) { return std::bit_cast<float>(w << 16); }
+float widen_hi(uint32_t w) { return std::bit_cast<float>(w & 0xFFFF0000u); }
+
+void generic_skinny_bf16(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
+                         int64_t a_ks, const uint32_t* b, int64_t panel_stride, float* c,
+                         int64_t ldc, bool load_c) {
+  float acc[detail::kSkinnyRows][detail::kSkinnyPanels * kNR];
+  const int cols = panels * kNR;
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) acc[r][j] = load_c ? c[r * ldc + j] : 0.0f;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const bool hi = (k & 1) != 0;
+    for (int r = 0; r < rows; ++r) {
+      const float av = a[r * a_rs + k * a_ks];
+      for (int p = 0; p < panels; ++p) {
+        const uint32_t* bk = b + p * panel_stride + (k / 2) * kNR;
+        for (int j = 0; j < kNR; ++j) {
+          acc[r][p * kNR + j] =
+              std::fma(av, hi ? widen_hi(bk[j]) : widen_lo(bk[j]), acc[r][p * kNR + j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) c[r * ldc + j] = acc[r][j];
+  }
+}
+
 // Generic microkernels: the same loop nest as the AVX2 ones, one std::fma per step.
 void generic_f32(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c) {
   float acc[kMR][kNR];
@@ -292,8 +441,6 @@ void generic_f32(int64_t kc, const float* a, const float* b, float* c, int64_t l
   }
 }
 
-float widen_lo(uint32_t w) { return std::bit_cast<float>(w << 16); }
-float widen_hi(uint32_t w) { return std::bit_cast<float>(w & 0xFFFF0000u); }
 
 void generic_bf16(int64_t kc, const float* a, const uint32_t* b, float* c, int64_t ldc,
                   bool load_c) {
@@ -336,7 +483,9 @@ detail::MicroKernels active_kernels() {
 }  // namespace
 
 namespace detail {
-MicroKernels generic_kernels() { return {generic_f32, generic_bf16}; }
+MicroKernels generic_kernels() {
+  return {generic_f32, generic_bf16, generic_skinny_f32, generic_skinny_bf16};
+}
 }  // namespace detail
 
 void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A,
@@ -367,6 +516,74 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float*
   check_args("gemm_bf16", ta, tb, M, N, K, lda, ldb, ldc);
   gemm_blocked<Bf16Panels>(active_kernels(), ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
                            accumulate);
+}
+
+void pack_b(PackedB& out, Trans tb, int64_t K, int64_t N, const float* B, int64_t ldb,
+            bool bf16) {
+  check_args("pack_b", Trans::no, tb, 0, N, K, 0, ldb, 0);
+  if (N > 0 && K > 0 && B == nullptr) throw InputError("[pack_b] null B for a non-empty shape");
+  out.clear();
+  out.bf16 = bf16;
+  out.tb = tb;
+  out.K = K;
+  out.N = N;
+  const int64_t panels = (N + kNR - 1) / kNR, words = out.panel_words();
+  const auto total = static_cast<size_t>(panels * words);
+  if (bf16) {
+    out.f32 = {};
+    out.words.resize(total);
+  } else {
+    out.words = {};
+    out.f32.resize(total);
+  }
+  const bool parallel = !omp_in_parallel() && N * K >= kSkinnyParallelMin;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = std::min<int64_t>(kNR, N - p * kNR);
+    if (bf16) {
+      Bf16Panels::pack_b(tb, B, ldb, 0, K, p * kNR, cols, out.words.data() + p * words);
+    } else {
+      F32Panels::pack_b(tb, B, ldb, 0, K, p * kNR, cols, out.f32.data() + p * words);
+    }
+  }
+  out.valid = true;
+}
+
+void gemm_packed(Trans ta, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                 const PackedB& B, float* C, int64_t ldc, bool accumulate) {
+  if (!B.valid || B.K != K || B.N != N) {
+    throw InputError("[gemm_packed] packed B is " +
+                     (B.valid ? std::to_string(B.K) + "x" + std::to_string(B.N)
+                              : std::string("not packed")) +
+                     ", the GEMM needs K=" + std::to_string(K) + " N=" + std::to_string(N));
+  }
+  check_args("gemm_packed", ta, Trans::no, M, N, K, lda, N, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate) {
+      for (int64_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
+    }
+    return;
+  }
+  const detail::MicroKernels kernels = active_kernels();
+  const int64_t words = B.panel_words();
+  if (M <= kSkinnyMaxM) {
+    if (B.bf16) {
+      gemm_skinny<uint32_t>(kernels.skinny_bf16, ta, M, N, K, A, lda, B.words.data(), words, C,
+                            ldc, accumulate);
+    } else {
+      gemm_skinny<float>(kernels.skinny_f32, ta, M, N, K, A, lda, B.f32.data(), words, C, ldc,
+                         accumulate);
+    }
+    return;
+  }
+  if (B.bf16) {
+    gemm_blocked<Bf16BPanels>(kernels, ta, Trans::no, M, N, K, A, lda, nullptr, 0, C, ldc,
+                              accumulate, B.words.data());
+  } else {
+    gemm_blocked<F32Panels>(kernels, ta, Trans::no, M, N, K, A, lda, nullptr, 0, C, ldc,
+                            accumulate, B.f32.data());
+  }
 }
 
 bool gemm_isa_supported(GemmIsa isa) {

@@ -83,11 +83,7 @@ struct PackedB {
   std::vector<uint32_t, detail::AlignedAllocator<uint32_t>> words;  // when bf16
   // Words (floats or bf16 pairs) per panel: 16 per step, or per pair of steps.
   int64_t panel_words() const { return (bf16 ? (K + 1) / 2 : K) * 16; }
-  void clear() {
-    valid = false;
-    f32 = {};
-    words = {};
-  }
+  void clear() { valid = false; }  // keeps the storage for the next pack_b
 };
 
 // Packs op(B) (B stored (K, N) with stride ldb when tb == no, (N, K) when yes) into out.

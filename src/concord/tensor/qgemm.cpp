@@ -57,6 +57,7 @@ void prepare_operand(PreparedOperand& out, const std::optional<numerics::QuantDe
   const int axis = reduction_axis(side, t);
   out.rows = rows;
   out.cols = cols;
+  out.packed.clear();
   out.tensor_scale = 1.0f;
   out.desc = desc;
   out.quantized = {};
@@ -93,6 +94,11 @@ void prepare_operand(PreparedOperand& out, const std::optional<numerics::QuantDe
   out.bf16_exact = values_bf16_exact(out.data, n);
 }
 
+void prepack_b(PreparedOperand& b, Trans tb) {
+  const int64_t K = tb == Trans::no ? b.rows : b.cols, N = tb == Trans::no ? b.cols : b.rows;
+  pack_b(b.packed, tb, K, N, b.data, b.cols, b.bf16_exact);
+}
+
 GemmPath gemm_prepared(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
                        const PreparedOperand& a, const PreparedOperand& b, float* C, int64_t ldc,
                        bool accumulate) {
@@ -106,15 +112,26 @@ GemmPath gemm_prepared(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
                      " with these transposes (prepare them with the GEMM's own shapes)");
   }
   const GemmPath path = a.bf16_exact && b.bf16_exact ? GemmPath::bf16 : GemmPath::fp32;
-  const auto product = path == GemmPath::bf16 ? gemm_bf16 : gemm;
+  // Prepacked b: its panels are bf16 exactly when b is bf16_exact, and gemm_packed widens them
+  // exactly and uses a as it is — the fp32 product, which equals the bf16 path's bits.
+  const bool use_packed = b.packed.valid && b.packed.tb == tb && b.packed.K == K &&
+                          b.packed.N == N;
+  const auto product = [&](float* out, int64_t ld, bool acc) {
+    if (use_packed) {
+      gemm_packed(ta, M, N, K, a.data, a.cols, b.packed, out, ld, acc);
+    } else {
+      (path == GemmPath::bf16 ? gemm_bf16 : gemm)(ta, tb, M, N, K, a.data, a.cols, b.data, b.cols,
+                                                  out, ld, acc);
+    }
+  };
   const float s = a.tensor_scale * b.tensor_scale;
   if (s == 1.0f) {
-    product(ta, tb, M, N, K, a.data, a.cols, b.data, b.cols, C, ldc, accumulate);
+    product(C, ldc, accumulate);
     return path;
   }
   if (M == 0 || N == 0) return path;
   if (!accumulate) {
-    product(ta, tb, M, N, K, a.data, a.cols, b.data, b.cols, C, ldc, false);
+    product(C, ldc, false);
     for (int64_t i = 0; i < M; ++i) {
       float* row = C + i * ldc;
       for (int64_t j = 0; j < N; ++j) row[j] = s * row[j];
@@ -123,7 +140,7 @@ GemmPath gemm_prepared(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
   }
   std::vector<float>& sum = scratch();
   sum.resize(static_cast<size_t>(M * N));
-  product(ta, tb, M, N, K, a.data, a.cols, b.data, b.cols, sum.data(), N, false);
+  product(sum.data(), N, false);
   for (int64_t i = 0; i < M; ++i) {
     float* row = C + i * ldc;
     const float* sum_row = sum.data() + i * N;

@@ -48,6 +48,8 @@ struct PreparedOperand {
   numerics::QuantizedTensor quantized;      // codes + scales when desc is set (with its real
                                             // tensor_scale)
   std::vector<float> storage;               // owns the values when it does not alias; reused
+  PackedB packed;  // op(B) prepacked by prepack_b (a weight reused across GEMMs); cleared by
+                   // prepare_operand. data stays valid beside it (observers read it).
 };
 
 // The axis (0 or 1) of the stored operand that a GEMM with transpose t reduces over:
@@ -64,6 +66,12 @@ void prepare_operand(PreparedOperand& out, const std::optional<numerics::QuantDe
                      numerics::RandomStream rng = {}, bool hadamard = false,
                      uint64_t hadamard_seed = 0);
 
+// Packs a prepared b operand once for GEMMs with transpose tb (gemm.h's PackedB): bf16 panels
+// when the values are bf16_exact (half the bytes, widened exactly), else fp32. gemm_prepared
+// then streams the panels instead of re-packing b on every call (same bits). Costs one more
+// copy of the values: panels_words ≈ rows·cols floats (fp32) or half of that (bf16).
+void prepack_b(PreparedOperand& b, Trans tb);
+
 // Whether every value is bf16-representable with nonzero magnitudes in [2^-60, 2^63).
 bool values_bf16_exact(const float* x, int64_t n);
 
@@ -75,6 +83,8 @@ enum class GemmPath : uint8_t { fp32, bf16 };
 //   s == 1: C = Σ (accumulate: Σ starts from C, exactly as gemm());
 //   else:   C = fl(s · Σ), or with accumulate C = fma(s, Σ, C).
 // Takes the bf16 path when both operands are bf16_exact, else fp32; returns the path taken.
+// When b was prepacked (prepack_b with this tb) the product runs on its panels (gemm_packed;
+// the same bits either way).
 GemmPath gemm_prepared(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
                        const PreparedOperand& a, const PreparedOperand& b, float* C, int64_t ldc,
                        bool accumulate = false);
