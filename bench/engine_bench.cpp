@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <dnnl.hpp>
@@ -78,13 +79,15 @@ double matmul_flops(const ModelConfig& c, int64_t tokens, int64_t logit_rows) {
          2.0 * static_cast<double>(c.vocab_size * c.hidden_size * logit_rows);
 }
 
-// fp32 weight bytes one decode step streams: every layer matrix and the lm_head.
-double weight_bytes(const ModelConfig& c) {
+// Weight bytes one decode step streams: every layer matrix and the lm_head, as the packed
+// panels hold them — fp32 (4 bytes) for the fp32 preset, bf16 (2 bytes) for bf16 and mxfp8,
+// whose values are bf16-exact (tensor/qgemm.h prepack_b).
+double weight_bytes(const ModelConfig& c, int64_t preset) {
   double params = 0;
   for (auto [n, k] : layer_shapes(c)) params += static_cast<double>(n * k);
   params = params * static_cast<double>(c.num_hidden_layers) +
            static_cast<double>(c.vocab_size * c.hidden_size);
-  return 4.0 * params;
+  return (kPresets[preset] == std::string_view("fp32") ? 4.0 : 2.0) * params;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
@@ -157,7 +160,7 @@ void BM_decode(benchmark::State& state) {
   state.counters["tokens_per_s"] =
       benchmark::Counter(steps * static_cast<double>(batch), benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] =
-      benchmark::Counter(steps * weight_bytes(c) / 1e9, benchmark::Counter::kIsRate);
+      benchmark::Counter(steps * weight_bytes(c, preset) / 1e9, benchmark::Counter::kIsRate);
   state.SetLabel(label_of(state));
 }
 
