@@ -12,6 +12,7 @@
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
 #include "concord/numerics/scalar.h"
+#include "concord/serve/text.h"
 
 namespace {
 
@@ -362,6 +363,22 @@ int32_t concord_gguf_write(const char* path, const char* spec, const uint8_t* da
     } catch (const nlohmann::json::exception& e) {
       throw concord::InputError(std::string("bad spec: ") + e.what());
     }
+  });
+}
+
+int32_t concord_render_chat(const char* chat_template, const char* system, const char* user,
+                            int32_t enable_thinking, char* out, size_t cap, size_t* out_len) {
+  return guarded("render_chat", [&] {
+    require(chat_template != nullptr && user != nullptr, "chat_template and user must not be NULL");
+    concord::serve::ChatOptions options;
+    if (system != nullptr) options.system = std::string(system);
+    options.enable_thinking = enable_thinking != 0;
+    const std::string text = concord::serve::render_chat(chat_template, user, options);
+    require(text.size() < cap, "output buffer holds " + std::to_string(cap) + " bytes, " +
+                                   std::to_string(text.size() + 1) + " needed");
+    require_pointer(out, text.size() + 1, "out");
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    if (out_len != nullptr) *out_len = text.size();
   });
 }
 

@@ -95,6 +95,13 @@ int32_t concord_gguf_decode(uint32_t type, const uint8_t* bytes, size_t nbytes, 
 int32_t concord_gguf_write(const char* path, const char* spec, const uint8_t* data,
                            size_t data_len, uint32_t alignment);
 
+/* Chat templates (serve/text.h), for tests/python/test_chat_template.py: renders one user turn
+ * (and a system message when `system` is not NULL) with add_generation_prompt, as
+ * `concord generate --chat` does; `enable_thinking` 0 gives Qwen3's empty <think> block. The
+ * NUL-terminated text goes to out (capacity cap bytes); *out_len receives its length. */
+int32_t concord_render_chat(const char* chat_template, const char* system, const char* user,
+                            int32_t enable_thinking, char* out, size_t cap, size_t* out_len);
+
 #ifdef __cplusplus
 }
 #endif
