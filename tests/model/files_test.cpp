@@ -24,9 +24,13 @@
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/scalar.h"
+#include "model_to_reference.h"
 #include "reference_fp64.h"
 
 namespace {
+
+using concord_test::reference_config;
+using concord_test::reference_weights;
 
 namespace fs = std::filesystem;
 using concord::InputError;
@@ -155,32 +159,10 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b, const std::s
   EXPECT_EQ(a.eos_token_id, b.eos_token_id) << what;
 }
 
-reference::Config reference_config(const ModelConfig& c) {
-  reference::Config r;
-  r.qwen3 = c.qk_norm();
-  r.qkv_bias = c.qkv_bias();
-  r.output_bias = c.output_bias();
-  r.vocab = c.vocab_size;
-  r.hidden = c.hidden_size;
-  r.intermediate = c.intermediate_size;
-  r.layers = c.num_hidden_layers;
-  r.heads = c.num_attention_heads;
-  r.kv_heads = c.num_key_value_heads;
-  r.head_dim = c.head_dim;
-  r.eps = c.rms_norm_eps;
-  r.theta = c.rope_theta;
-  r.tied = c.tie_word_embeddings;
-  return r;
-}
-
 // max |model - fp64 reference| / max |reference| over the logits of the same fp32 weights.
 double error_vs_reference(Model& model, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
-  reference::Weights w;
-  for (const auto& spec : model.params()) {
-    const auto v = model.param(spec.name);
-    w[spec.name] = std::vector<double>(v.begin(), v.end());
-  }
-  const auto ref = reference::forward_logits(reference_config(model.config()), w, tokens, B, T);
+  const auto ref = reference::forward_logits(reference_config(model.config()),
+                                             reference_weights(model), tokens, B, T);
   const auto got = logits_of(model, tokens, B, T);
   double worst = 0.0, scale = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {

@@ -20,9 +20,13 @@
 #include "concord/model/config.h"
 #include "concord/model/model.h"
 #include "concord/model/policy.h"
+#include "model_to_reference.h"
 #include "reference_fp64.h"
 
 namespace {
+
+using concord_test::reference_config;
+using concord_test::reference_weights;
 
 using concord::model::Model;
 using concord::model::ModelConfig;
@@ -57,31 +61,6 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 }
 
 std::vector<double> widen(std::span<const float> x) { return {x.begin(), x.end()}; }
-
-reference::Config reference_config(const ModelConfig& c) {
-  reference::Config r;
-  r.qwen3 = c.qk_norm();
-  r.qkv_bias = c.qkv_bias();
-  r.output_bias = c.output_bias();
-  r.vocab = c.vocab_size;
-  r.hidden = c.hidden_size;
-  r.intermediate = c.intermediate_size;
-  r.layers = c.num_hidden_layers;
-  r.heads = c.num_attention_heads;
-  r.kv_heads = c.num_key_value_heads;
-  r.head_dim = c.head_dim;
-  r.eps = c.rms_norm_eps;
-  r.theta = c.rope_theta;
-  r.tied = c.tie_word_embeddings;
-  return r;
-}
-
-// The model's fp32 weights, exactly, as the reference's fp64 weights.
-reference::Weights reference_weights(const Model& model) {
-  reference::Weights w;
-  for (const auto& spec : model.params()) w[spec.name] = widen(model.param(spec.name));
-  return w;
-}
 
 std::vector<double> model_logits(Model& model, const std::vector<int32_t>& tokens, int64_t B,
                                  int64_t T) {

@@ -270,19 +270,19 @@ int64_t GgufTensorInfo::numel() const {
 GgufFile GgufFile::open(const std::filesystem::path& path) {
   GgufFile f;
   f.label_ = path.string();
-  size_t size = 0;
-  f.storage_ = map_file_readonly(path, "gguf", size);
-  f.image_ = {static_cast<const uint8_t*>(f.storage_.get()), size};
+  FileImage image = map_file_image(path, "gguf");
+  f.storage_ = std::move(image.storage);
+  f.image_ = image.bytes;
   f.parse();
   return f;
 }
 
-GgufFile GgufFile::from_bytes(std::vector<uint8_t> image, std::string label) {
+GgufFile GgufFile::from_bytes(std::vector<uint8_t> bytes, std::string label) {
   GgufFile f;
   f.label_ = std::move(label);
-  auto owned = std::make_shared<const std::vector<uint8_t>>(std::move(image));
-  f.image_ = {owned->data(), owned->size()};
-  f.storage_ = owned;
+  FileImage image = owned_file_image(std::move(bytes));
+  f.storage_ = std::move(image.storage);
+  f.image_ = image.bytes;
   f.parse();
   return f;
 }

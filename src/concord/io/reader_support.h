@@ -18,6 +18,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -51,6 +53,24 @@ inline std::shared_ptr<const void> map_file_readonly(const std::filesystem::path
   return std::shared_ptr<const void>(p, [size](const void* q) {
     ::munmap(const_cast<void*>(q), size);
   });
+}
+
+// The bytes a reader validates and its views point into, kept alive by `storage` (a mapping of
+// the file, or an owned in-memory image).
+struct FileImage {
+  std::shared_ptr<const void> storage;
+  std::span<const uint8_t> bytes;
+};
+inline FileImage map_file_image(const std::filesystem::path& path, std::string_view layer) {
+  size_t size = 0;
+  FileImage f;
+  f.storage = map_file_readonly(path, layer, size);
+  f.bytes = {static_cast<const uint8_t*>(f.storage.get()), size};
+  return f;
+}
+inline FileImage owned_file_image(std::vector<uint8_t> image) {
+  auto owned = std::make_shared<const std::vector<uint8_t>>(std::move(image));
+  return {owned, {owned->data(), owned->size()}};
 }
 
 // Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points

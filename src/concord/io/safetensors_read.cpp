@@ -183,19 +183,19 @@ void check_buffer_coverage(const std::vector<TensorInfo>& tensors, uint64_t buff
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile f;
   f.label_ = path.string();
-  size_t size = 0;
-  f.storage_ = map_file_readonly(path, "safetensors", size);
-  f.image_ = {static_cast<const uint8_t*>(f.storage_.get()), size};
+  FileImage image = map_file_image(path, "safetensors");
+  f.storage_ = std::move(image.storage);
+  f.image_ = image.bytes;
   f.parse();
   return f;
 }
 
-SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> image, std::string label) {
+SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, std::string label) {
   SafetensorsFile f;
   f.label_ = std::move(label);
-  auto owned = std::make_shared<const std::vector<uint8_t>>(std::move(image));
-  f.image_ = {owned->data(), owned->size()};
-  f.storage_ = owned;
+  FileImage image = owned_file_image(std::move(bytes));
+  f.storage_ = std::move(image.storage);
+  f.image_ = image.bytes;
   f.parse();
   return f;
 }

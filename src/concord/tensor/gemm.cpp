@@ -373,10 +373,14 @@ void gemm_skinny(Kernel kernel, Trans ta, int64_t M, int64_t N, int64_t K, const
   }
 }
 
-// Generic skinny kernels: one std::fma per (row, column, step), k in order.
-void generic_skinny_f32(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
-                        int64_t a_ks, const float* b, int64_t panel_stride, float* c,
-                        int64_t ldc, bool load_c) {
+float widen_lo(uint32_t w) { return std::bit_cast<float>(w << 16); }
+float widen_hi(uint32_t w) { return std::bit_cast<float>(w & 0xFFFF0000u); }
+
+// Generic skinny kernel: one std::fma per (row, column, step), k in order. `b_at(panel, k, j)`
+// reads element j of step k of a panel (fp32 panels, or bf16 pairs widened).
+template <class BAt>
+void generic_skinny(int rows, int panels, int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
+                    BAt b_at, float* c, int64_t ldc, bool load_c) {
   float acc[detail::kSkinnyRows][detail::kSkinnyPanels * kNR];
   const int cols = panels * kNR;
   for (int r = 0; r < rows; ++r) {
@@ -386,8 +390,8 @@ void generic_skinny_f32(int rows, int panels, int64_t kc, const float* a, int64_
     for (int r = 0; r < rows; ++r) {
       const float av = a[r * a_rs + k * a_ks];
       for (int p = 0; p < panels; ++p) {
-        const float* bk = b + p * panel_stride + k * kNR;
-        for (int j = 0; j < kNR; ++j) acc[r][p * kNR + j] = std::fma(av, bk[j], acc[r][p * kNR + j]);
+        for (int j = 0; j < kNR; ++j)
+          acc[r][p * kNR + j] = std::fma(av, b_at(p, k, j), acc[r][p * kNR + j]);
       }
     }
   }
@@ -396,33 +400,23 @@ void generic_skinny_f32(int rows, int panels, int64_t kc, const float* a, int64_
   }
 }
 
-float widen_lo(uint32_t w) { return std::bit_cast<float>(w << 16); }
-float widen_hi(uint32_t w) { return std::bit_cast<float>(w & 0xFFFF0000u); }
+void generic_skinny_f32(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
+                        int64_t a_ks, const float* b, int64_t panel_stride, float* c,
+                        int64_t ldc, bool load_c) {
+  generic_skinny(rows, panels, kc, a, a_rs, a_ks,
+                 [&](int p, int64_t k, int j) { return b[p * panel_stride + k * kNR + j]; }, c,
+                 ldc, load_c);
+}
 
 void generic_skinny_bf16(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
                          int64_t a_ks, const uint32_t* b, int64_t panel_stride, float* c,
                          int64_t ldc, bool load_c) {
-  float acc[detail::kSkinnyRows][detail::kSkinnyPanels * kNR];
-  const int cols = panels * kNR;
-  for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < cols; ++j) acc[r][j] = load_c ? c[r * ldc + j] : 0.0f;
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const bool hi = (k & 1) != 0;
-    for (int r = 0; r < rows; ++r) {
-      const float av = a[r * a_rs + k * a_ks];
-      for (int p = 0; p < panels; ++p) {
-        const uint32_t* bk = b + p * panel_stride + (k / 2) * kNR;
-        for (int j = 0; j < kNR; ++j) {
-          acc[r][p * kNR + j] =
-              std::fma(av, hi ? widen_hi(bk[j]) : widen_lo(bk[j]), acc[r][p * kNR + j]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < cols; ++j) c[r * ldc + j] = acc[r][j];
-  }
+  generic_skinny(rows, panels, kc, a, a_rs, a_ks,
+                 [&](int p, int64_t k, int j) {
+                   const uint32_t w = b[p * panel_stride + (k / 2) * kNR + j];
+                   return (k & 1) != 0 ? widen_hi(w) : widen_lo(w);
+                 },
+                 c, ldc, load_c);
 }
 
 // Generic microkernels: the same loop nest as the AVX2 ones, one std::fma per step.
