@@ -33,17 +33,18 @@ asan: setup
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -LE slow
 
-# libFuzzer targets for the GGUF and safetensors readers (clang, ASan + UBSan), each run for
-# FUZZ_SECONDS on a fresh seed corpus written by concord's own writers (docs/gguf.md).
+# libFuzzer targets for the GGUF, safetensors and logit-dump readers (clang, ASan + UBSan), each
+# run for FUZZ_SECONDS on a fresh seed corpus written by concord's own writers (docs/gguf.md).
 fuzz: setup
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
 	  -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_BUILD_FUZZ=ON -DCONCORD_BUILD_TESTS=OFF \
 	  -DCONCORD_BUILD_BENCH=OFF $(CMAKE_FLAGS)
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target gguf_fuzz safetensors_fuzz fuzz_seeds
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target gguf_fuzz safetensors_fuzz dump_fuzz fuzz_seeds
 	rm -rf $(FUZZ_BUILD)/corpus
 	$(FUZZ_BUILD)/bin/fuzz_seeds $(FUZZ_BUILD)/corpus
-	for reader in gguf safetensors; do \
+	for reader in gguf safetensors dump; do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$reader && \
 	  $(FUZZ_BUILD)/bin/$${reader}_fuzz -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -max_len=65536 -print_final_stats=1 -print_funcs=0 -artifact_prefix=$(FUZZ_BUILD)/$${reader}- \
 	    $(FUZZ_BUILD)/corpus/$$reader || exit 1; \

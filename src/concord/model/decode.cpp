@@ -35,13 +35,15 @@ static bool rows_quantized_independently(const std::optional<numerics::QuantDesc
 void Model::Impl::linear_forward_rows(const LayerPrecision& prec, int param, const float* x,
                                       int64_t T, float* y, std::span<const int64_t> row_splits) {
   if (row_splits.size() <= 2 || rows_quantized_independently(prec[GemmRole::forward].a)) {
-    linear_forward(prec, param, x, T, y);
+    linear_forward(prec, param, x, T, y, row_positions);
     return;
   }
   const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
   for (size_t g = 0; g + 1 < row_splits.size(); ++g) {
     const int64_t begin = row_splits[g], rows = row_splits[g + 1] - begin;
-    if (rows > 0) linear_forward(prec, param, x + begin * K, rows, y + begin * N);
+    if (rows > 0)
+      linear_forward(prec, param, x + begin * K, rows, y + begin * N,
+                     row_positions ? row_positions + begin : nullptr);
   }
 }
 
@@ -249,6 +251,7 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
   work.reset();
   float* x = work.alloc(T * C);
   embedding_forward(x, tokens.data(), embedding_table(), T, V, C);
+  row_positions = pos.data();
   for (int layer = 0; layer < L; ++layer) {
     const size_t mark = work.mark();
     LayerActivations a{};
@@ -286,8 +289,10 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
   // Final norm and lm_head on the rows whose logits were asked for (both are row-local, so a
   // row's logits are those of the full pass), grouped per input like the other GEMMs.
   const int64_t R = logit_rows(inputs);
+  row_positions = nullptr;
   if (R == 0) return;
   std::vector<int64_t> out_splits(n + 1, 0);
+  std::vector<int32_t> selected_pos(static_cast<size_t>(R));
   float* selected = work.alloc(R * C);
   for (size_t i = 0; i < n; ++i) {
     const int64_t rows = row_splits[i + 1] - row_splits[i];
@@ -297,13 +302,17 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
     const int64_t first = row_splits[i + 1] - take;
     std::memcpy(selected + out_splits[i] * C, x + first * C,
                 sizeof(float) * static_cast<size_t>(take * C));
+    std::copy(pos.begin() + first, pos.begin() + first + take,
+              selected_pos.begin() + out_splits[i]);
     out_splits[i + 1] = out_splits[i] + take;
   }
   float* rstd = work.alloc(R);
   float* xn = work.alloc(R * C);
   rmsnorm_forward(xn, rstd, selected, values[final_norm].data(), R, C, c.rms_norm_eps);
+  row_positions = selected_pos.data();
   linear_forward_rows(policy.for_layer(LayerClass::lm_head, 0, L), lm_head, xn, R, out_logits,
                       out_splits);
+  row_positions = nullptr;
 }
 
 void Model::forward_cached(KvCache& cache, std::span<const CachedInput> inputs,

@@ -139,12 +139,18 @@ const float* Model::Impl::embedding_table() {
 }
 
 void Model::Impl::linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T,
-                                 float* y) {
+                                 float* y, const int32_t* pos) {
   const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
   const PreparedWeight& w = weight(param);
   tensor::prepare_operand(scratch_a, prec[GemmRole::forward].a, Operand::a, Trans::no, x, T, K);
   observe(GemmRole::forward, param, scratch_a, w.forward, prec[GemmRole::forward]);
-  tensor::gemm_prepared(Trans::no, Trans::yes, T, N, K, scratch_a, w.forward, y, N);
+  if (forward_kernel) {
+    CONCORD_CHECK(pos != nullptr, "a forward GEMM kernel needs the rows' positions");
+    forward_kernel(ForwardGemm{specs[param].name, T, N, K, &scratch_a, &w.forward,
+                               std::span<const int32_t>(pos, static_cast<size_t>(T)), y});
+  } else {
+    tensor::gemm_prepared(Trans::no, Trans::yes, T, N, K, scratch_a, w.forward, y, N);
+  }
   if (bias_of[param] >= 0) {  // the bias is added in fp32 after the GEMM, as HF's nn.Linear does
     const float* bias = values[bias_of[param]].data();
 #pragma omp parallel for schedule(static) if (T * N > 65536)
@@ -167,6 +173,7 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   positions.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t % S);
   acts.assign(static_cast<size_t>(L), LayerActivations{});
+  row_positions = positions.data();
 
   float* x = arena.alloc(T * C);
   embedding_forward(x, tokens, embedding_table(), T, V, C);
@@ -186,7 +193,9 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   xn_final = arena.alloc(T * C);
   rmsnorm_forward(xn_final, rstd_final, x_final, values[final_norm].data(), T, C, c.rms_norm_eps);
   logits = arena.alloc(T * V);
-  linear_forward(policy.for_layer(LayerClass::lm_head, 0, L), lm_head, xn_final, T, logits);
+  linear_forward(policy.for_layer(LayerClass::lm_head, 0, L), lm_head, xn_final, T, logits,
+                 positions.data());
+  row_positions = nullptr;
 }
 
 Model::Model(ModelConfig config, PrecisionPolicy policy)
@@ -244,6 +253,9 @@ void Model::init_random(uint64_t seed, float std) {
 }
 
 void Model::set_gemm_observer(GemmObserver observer) { impl_->observer = std::move(observer); }
+void Model::set_forward_gemm_kernel(ForwardGemmKernel kernel) {
+  impl_->forward_kernel = std::move(kernel);
+}
 
 void Model::weights_changed() {
   for (PreparedWeight& w : impl_->prepared) w.valid = false;

@@ -61,6 +61,23 @@ struct GemmRecord {
 };
 using GemmObserver = std::function<void(const GemmRecord&)>;
 
+// One forward GEMM of a linear layer, Y = A·Wᵀ, handed to a replacement kernel (audit/kernels.h
+// builds the named kernel variants that contracts compare: other reduction orders, fp64
+// accumulation, batch-dependent splits). a holds the M activation rows (M, K) and b the weight
+// (N, K), both as prepared operands: values on their grids without the per-tensor scales, which
+// the kernel must apply after the sum (tensor/qgemm.h's gemm_prepared is the contract it
+// replaces). positions[r] is row r's position in its sequence. The kernel writes y (M, N, row
+// stride N); the model adds the bias afterwards.
+struct ForwardGemm {
+  std::string_view weight;
+  int64_t M = 0, N = 0, K = 0;
+  const tensor::PreparedOperand* a = nullptr;
+  const tensor::PreparedOperand* b = nullptr;
+  std::span<const int32_t> positions;
+  float* y = nullptr;
+};
+using ForwardGemmKernel = std::function<void(const ForwardGemm&)>;
+
 class KvCache;  // kv_cache.h
 // Which logits a cached forward returns for one input: none (a prefill chunk that is not the
 // prompt's last), the last new token's (prefill's end, a decode step), or every new token's.
@@ -116,6 +133,10 @@ class Model {
 
   // Called for every GEMM of later passes (nullptr: none). For tests and audits; slows passes.
   void set_gemm_observer(GemmObserver observer);
+  // Runs every forward GEMM of the linear layers (training forward and cached forward) through
+  // `kernel` instead of concord's gemm_prepared (nullptr: back to concord's). For kernel
+  // contracts (audit/); the backward GEMMs are not affected.
+  void set_forward_gemm_kernel(ForwardGemmKernel kernel);
 
   struct Impl;  // model_impl.h (opaque to users)
 

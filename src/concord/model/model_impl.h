@@ -77,6 +77,8 @@ struct Model::Impl {
   tensor::PreparedOperand scratch_a;  // activation operand, reused across GEMMs
   tensor::PreparedOperand scratch_b;
   GemmObserver observer;
+  ForwardGemmKernel forward_kernel;           // replaces gemm_prepared in linear_forward if set
+  const int32_t* row_positions = nullptr;     // positions of the rows the layer GEMMs see now
 
   void observe(GemmRole role, int param, const tensor::PreparedOperand& a,
                const tensor::PreparedOperand& b, const OperandPrecision& prec) const {
@@ -87,7 +89,9 @@ struct Model::Impl {
   const PreparedWeight& weight(int param);
   const float* embedding_table();
   // Y (T, N) = X (T, K) · Wᵀ (+ bias, when the weight has one) on the policy's forward grid.
-  void linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T, float* y);
+  // pos: the rows' positions (for a forward GEMM kernel; may be null when none is set).
+  void linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T, float* y,
+                      const int32_t* pos);
   // dX (T, K) (+)= dY (T, N) · W;  dW (N, K) (+)= dYᵀ · X;  dbias (N) (+)= column sums of dY.
   void linear_backward(const LayerPrecision& prec, int param, const float* dy, const float* x,
                        int64_t T, float* dx, bool accumulate_dx, float* dw, bool accumulate_dw,
@@ -103,6 +107,8 @@ struct Model::Impl {
   // After attention: a.att given; fills x_mid, rstd2, xn2, gate, up, h; returns the layer output.
   float* layer_attention_output_and_mlp(int layer, LayerActivations& a, int64_t T,
                                         tensor::Arena& work, std::span<const int64_t> row_splits);
+  // Rows at row_positions (may be null); quantizes per row group when the activation
+  // quantizer's scale spans rows.
   void linear_forward_rows(const LayerPrecision& prec, int param, const float* x, int64_t T,
                            float* y, std::span<const int64_t> row_splits);
   void run_forward_cached(KvCache& cache, std::span<const CachedInput> inputs, float* logits);

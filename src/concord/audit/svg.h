@@ -1,0 +1,30 @@
+// Plots as inline SVG for offline HTML reports (no scripts, no external files): line plots and
+// bar histograms with axes, ticks, labels and a legend. Reports of contracts (report.h) and RL
+// runs use them.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace concord::audit {
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;  // same length; non-finite points are skipped
+};
+
+struct PlotOptions {
+  std::string title, x_label, y_label;
+  bool log_x = false, log_y = false;  // points ≤ 0 are skipped on a log axis
+  int width = 640, height = 360;
+};
+
+std::string svg_line_plot(std::span<const Series> series, const PlotOptions& options);
+// Bars over [edges[i], edges[i+1]) with heights counts[i] (edges.size() == counts.size() + 1).
+std::string svg_histogram(std::span<const double> edges, std::span<const double> counts,
+                          const PlotOptions& options);
+std::string html_escape(std::string_view text);
+
+}  // namespace concord::audit

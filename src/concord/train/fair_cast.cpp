@@ -1,0 +1,170 @@
+#include "concord/train/fair_cast.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "concord/numerics/check.h"
+
+namespace concord::train {
+
+namespace {
+
+int lag_bin(int64_t lag) {
+  if (lag <= 0) return 0;
+  int bin = 1;
+  for (int64_t lo = 1; bin < LagSummary::kBins - 1 && lag >= 2 * lo; lo *= 2) ++bin;
+  return bin;
+}
+
+int err_bin(double e) { return e < 0.25 ? 0 : e < 0.5 ? 1 : e < 1 ? 2 : e < 2 ? 3 : 4; }
+
+bool same_bits(float a, float b) {
+  uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y;
+}
+
+// Nearest-rank quantile of sorted values.
+double quantile(const std::vector<int64_t>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const auto n = static_cast<double>(sorted.size());
+  const auto rank = static_cast<size_t>(std::max(1.0, std::ceil(q * n)));
+  return static_cast<double>(sorted[std::min(rank, sorted.size()) - 1]);
+}
+
+}  // namespace
+
+int64_t LagSummary::bin_lo(int bin) { return bin == 0 ? 0 : int64_t{1} << (bin - 1); }
+
+nlohmann::json LagSummary::to_json() const {
+  nlohmann::json bins = nlohmann::json::array();
+  for (int b = 0; b < kBins; ++b) bins.push_back({{"lo", bin_lo(b)}, {"count", histogram[static_cast<size_t>(b)]}});
+  return {{"events", events}, {"pending", pending}, {"median", median}, {"p90", p90},
+          {"histogram", bins}};
+}
+
+nlohmann::json FairCastStep::to_json() const {
+  return {{"step", step},
+          {"weights", weights},
+          {"changed_fraction", changed_fraction},
+          {"update_realization", std::isfinite(update_realization)
+                                     ? nlohmann::json(update_realization)
+                                     : nlohmann::json(nullptr)},
+          {"err_ulp", {{"mean", err_ulp_mean},
+                       {"max", err_ulp_max},
+                       {"histogram", err_ulp_histogram},
+                       {"edges", {0, 0.25, 0.5, 1, 2}}}},
+          {"lag_events_closed", lag_events_closed},
+          {"lag", lag.to_json()}};
+}
+
+double served_ulp(numerics::Format f, float s) {
+  const numerics::FormatTraits& t = numerics::traits(f);
+  if (t.is_integer() || t.specials == numerics::Specials::e8m0)
+    throw InputError(fmt::format("[train] fair cast: served format {} has no ulp (not a float format)",
+                                 static_cast<int>(f)));
+  int e = t.emin;
+  if (s != 0.0f && std::isfinite(s)) e = std::max(std::ilogb(s), t.emin);
+  return std::ldexp(1.0, e - t.mantissa_bits);
+}
+
+FairCastMeter::FairCastMeter(numerics::Format served) : format_(served) {
+  (void)served_ulp(served, 1.0f);  // rejects formats without an ulp
+}
+
+void FairCastMeter::begin_step(uint64_t step) {
+  CONCORD_CHECK(!step_open_, "fair cast: begin_step without end_step");
+  CONCORD_CHECK(step > current_step_ || (current_step_ == 0 && tensors_.empty()),
+                "fair cast: steps must increase");
+  current_step_ = step;
+  step_open_ = true;
+  weights_ = changed_ = closed_ = 0;
+  dm2_ = ds2_ = err_sum_ = err_max_ = 0;
+  err_hist_ = {};
+}
+
+void FairCastMeter::record(int tensor, std::span<const float> master, std::span<const float> served) {
+  CONCORD_CHECK(step_open_, "fair cast: record outside begin_step/end_step");
+  CONCORD_CHECK(tensor >= 0 && master.size() == served.size(), "fair cast: bad record");
+  if (static_cast<size_t>(tensor) >= tensors_.size()) tensors_.resize(static_cast<size_t>(tensor) + 1);
+  Tensor& t = tensors_[static_cast<size_t>(tensor)];
+  const size_t n = master.size();
+  if (t.master.empty()) {  // starting point
+    t.master.assign(master.begin(), master.end());
+    t.served.assign(served.begin(), served.end());
+    t.anchor = t.master;
+    t.opened.assign(n, -1);
+    return;
+  }
+  CONCORD_CHECK(t.master.size() == n, "fair cast: a tensor changed size between steps");
+  const auto step = static_cast<int64_t>(current_step_);
+  for (size_t i = 0; i < n; ++i) {
+    const double dm = static_cast<double>(master[i]) - t.master[i];
+    const double ds = static_cast<double>(served[i]) - t.served[i];
+    dm2_ += dm * dm;
+    ds2_ += ds * ds;
+    const double ulp = served_ulp(format_, served[i]);
+    const double err = std::abs(static_cast<double>(served[i]) - master[i]) / ulp;
+    err_sum_ += err;
+    err_max_ = std::max(err_max_, err);
+    ++err_hist_[static_cast<size_t>(err_bin(err))];
+    // Lag: open when the drift since the last move passes half an ulp of the served value the
+    // drift was measured against, close when the served value moves.
+    if (t.opened[i] < 0 &&
+        std::abs(static_cast<double>(master[i]) - t.anchor[i]) > 0.5 * served_ulp(format_, t.served[i]))
+      t.opened[i] = step;
+    if (!same_bits(served[i], t.served[i])) {
+      ++changed_;
+      if (t.opened[i] >= 0) {
+        lags_.push_back(step - t.opened[i]);
+        ++closed_;
+      }
+      t.opened[i] = -1;
+      t.anchor[i] = master[i];
+    }
+    t.master[i] = master[i];
+    t.served[i] = served[i];
+  }
+  weights_ += static_cast<int64_t>(n);
+}
+
+LagSummary FairCastMeter::lag() const {
+  LagSummary s;
+  for (int64_t l : lags_) ++s.histogram[static_cast<size_t>(lag_bin(l))];
+  s.events = static_cast<int64_t>(lags_.size());
+  for (const Tensor& t : tensors_)
+    s.pending += std::count_if(t.opened.begin(), t.opened.end(), [](int64_t o) { return o >= 0; });
+  std::vector<int64_t> sorted = lags_;
+  std::sort(sorted.begin(), sorted.end());
+  s.median = quantile(sorted, 0.5);
+  s.p90 = quantile(sorted, 0.9);
+  return s;
+}
+
+FairCastStep FairCastMeter::end_step() {
+  CONCORD_CHECK(step_open_, "fair cast: end_step without begin_step");
+  step_open_ = false;
+  FairCastStep r;
+  r.step = current_step_;
+  r.weights = weights_;
+  r.changed = changed_;
+  r.changed_fraction = weights_ ? static_cast<double>(changed_) / static_cast<double>(weights_) : 0;
+  r.master_update_norm = std::sqrt(dm2_);
+  r.served_update_norm = std::sqrt(ds2_);
+  r.update_realization = dm2_ > 0 ? r.served_update_norm / r.master_update_norm
+                                   : std::numeric_limits<double>::quiet_NaN();
+  r.err_ulp_histogram = err_hist_;
+  r.err_ulp_mean = weights_ ? err_sum_ / static_cast<double>(weights_) : 0;
+  r.err_ulp_max = err_max_;
+  r.lag_events_closed = closed_;
+  r.lag = lag();
+  return r;
+}
+
+}  // namespace concord::train
