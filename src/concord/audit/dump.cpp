@@ -15,7 +15,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -113,37 +112,19 @@ std::vector<RowInfo> default_rows(int64_t rows) {
 // ---- JSON with duplicate keys and deep nesting rejected while parsing ------------------------
 
 json parse_strict_json(std::string_view text, int max_depth, std::string_view what) {
-  std::vector<std::set<std::string>> open_objects;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth > max_depth) {
-          throw_problem(fmt::format("{} nests containers {} deep (at most {})", what, depth + 1,
-                                    max_depth + 1));
-        }
-        if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.empty() && !open_objects.back().insert(key).second) {
-          throw_problem(fmt::format("{} has the key '{}' twice", what, io::printable(key)));
-        }
-        break;
-      }
-      default: break;
+  return io::parse_json_strict(text, max_depth, [&](io::JsonProblem problem, int depth,
+                                                    const std::string& detail) {
+    switch (problem) {
+      case io::JsonProblem::too_deep:
+        throw_problem(fmt::format("{} nests containers {} deep (at most {})", what, depth + 1,
+                                  max_depth + 1));
+      case io::JsonProblem::duplicate_key:
+        throw_problem(fmt::format("{} has the key '{}' twice", what, io::printable(detail)));
+      case io::JsonProblem::invalid:
+        // nlohmann rejects ill-formed UTF-8 in strings; its message may quote raw bytes.
+        throw_problem(fmt::format("{} is not valid JSON ({})", what, io::printable(detail)));
     }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), callback);
-  } catch (const json::exception& e) {
-    // nlohmann rejects ill-formed UTF-8 in strings; its message may quote raw bytes.
-    throw_problem(fmt::format("{} is not valid JSON ({})", what, io::printable(e.what())));
-  }
+  });
 }
 
 // A JSON integer as int64, or nullopt (floats, "1.0", values beyond int64).

@@ -1,7 +1,7 @@
 // Helpers every strict file reader in io needs: a read-only mapping of a file, a UTF-8 check,
 // and a way to quote bytes from a hostile file on one line of an error message.
 //
-// Header-only; the safetensors and GGUF readers share them.
+// Header-only; the safetensors, GGUF and logit-dump readers share them.
 #pragma once
 
 #include <fcntl.h>
@@ -21,7 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include <set>
+
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "concord/numerics/check.h"
 
@@ -121,6 +124,49 @@ inline std::string printable(std::string_view text) {
   }
   if (text.size() > 80) out += "...";
   return out;
+}
+
+// What parse_json_strict found wrong with a JSON text.
+enum class JsonProblem : uint8_t {
+  too_deep,       // a container nested deeper than allowed; depth = its 0-based depth
+  duplicate_key,  // detail = the key (raw; quote it with printable)
+  invalid,        // not JSON, or ill-formed UTF-8 in a string; detail = nlohmann's message
+};
+
+// Parses `text`, rejecting, while it parses (so a hostile file cannot build a deep tree),
+// containers deeper than max_depth (the top-level value has depth 0) and an object with the
+// same key twice. Each problem goes to fail(JsonProblem, int depth, const std::string& detail),
+// which must throw (the caller's own error type and wording).
+template <class Fail>
+nlohmann::json parse_json_strict(std::string_view text, int max_depth, Fail fail) {
+  using json = nlohmann::json;
+  std::vector<std::set<std::string>> open_objects;
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth > max_depth) fail(JsonProblem::too_deep, depth, std::string());
+        if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        const auto& key = parsed.get_ref<const std::string&>();
+        if (!open_objects.empty() && !open_objects.back().insert(key).second)
+          fail(JsonProblem::duplicate_key, depth, key);
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), callback);
+  } catch (const json::exception& e) {
+    fail(JsonProblem::invalid, 0, std::string(e.what()));
+  }
+  return json();  // not reached: fail throws
 }
 
 }  // namespace concord::io

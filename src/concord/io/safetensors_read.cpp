@@ -1,6 +1,5 @@
 // The safetensors reader: maps the file and validates every header field (see safetensors.h).
 #include <algorithm>
-#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -28,39 +27,21 @@ struct HeaderProblem {
 // Parses the header, rejecting duplicate keys and nesting deeper than kMaxJsonDepth while it
 // parses (so a hostile header cannot build a deep tree).
 json parse_header_json(std::string_view text) {
-  std::vector<std::set<std::string>> open_objects;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth > kMaxJsonDepth) {
-          throw HeaderProblem{fmt::format(
-              "header nests containers {} deep; a safetensors header has at most {} "
-              "(top object, tensor entry, shape array)",
-              depth + 1, kMaxJsonDepth + 1)};
-        }
-        if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.empty() && !open_objects.back().insert(key).second) {
-          throw HeaderProblem{"duplicate key '" + printable(key) + "' in the header"};
-        }
-        break;
-      }
-      default: break;
+  return parse_json_strict(text, kMaxJsonDepth, [](JsonProblem problem, int depth,
+                                                   const std::string& detail) {
+    switch (problem) {
+      case JsonProblem::too_deep:
+        throw HeaderProblem{fmt::format(
+            "header nests containers {} deep; a safetensors header has at most {} "
+            "(top object, tensor entry, shape array)",
+            depth + 1, kMaxJsonDepth + 1)};
+      case JsonProblem::duplicate_key:
+        throw HeaderProblem{"duplicate key '" + printable(detail) + "' in the header"};
+      case JsonProblem::invalid:
+        // nlohmann's messages may quote raw header bytes: keep them on one line.
+        throw HeaderProblem{"header is not valid JSON (" + printable(detail) + ")"};
     }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), callback);
-  } catch (const json::exception& e) {
-    // nlohmann's messages may quote raw header bytes: keep them on one line.
-    throw HeaderProblem{"header is not valid JSON (" + printable(e.what()) + ")"};
-  }
+  });
 }
 
 // A JSON value that must be an integer in [0, limit].
