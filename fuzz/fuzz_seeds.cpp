@@ -1,10 +1,18 @@
 // Writes the fuzzers' seed corpus with concord's own writers: fuzz_seeds DIR creates
 // DIR/gguf/ and DIR/safetensors/ with a few small valid files covering every metadata type,
-// the dequantizable tensor types, a raw k-quant, custom alignment, and the safetensors dtypes.
+// the dequantizable tensor types, a raw k-quant, custom alignment, and the safetensors dtypes,
+// and DIR/dump/ with logit dumps (.npy with and without its rows.json sidecar, safetensors) in
+// dump_fuzz's input layout.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "concord/audit/dump.h"
+#include "concord/io/atomic_file.h"
 
 #include "concord/io/gguf.h"
 #include "concord/io/safetensors.h"
@@ -60,6 +68,58 @@ void safetensors_seeds(const fs::path& dir) {
   write_safetensors(dir / "empty.safetensors", {});
 }
 
+std::vector<uint8_t> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// dump_fuzz's layout: byte 0 (bit 0: safetensors; bit 1: a sidecar follows), then for a sidecar
+// its 16-bit little-endian length and text, then the file image.
+void write_dump_seed(const fs::path& path, const fs::path& image, const fs::path* sidecar) {
+  std::vector<uint8_t> input;
+  if (image.extension() == ".safetensors") {
+    input.push_back(1);
+  } else if (sidecar == nullptr) {
+    input.push_back(0);
+  } else {
+    const std::vector<uint8_t> text = read_bytes(*sidecar);
+    input.push_back(2);
+    input.push_back(static_cast<uint8_t>(text.size() & 0xFF));
+    input.push_back(static_cast<uint8_t>((text.size() >> 8) & 0xFF));
+    input.insert(input.end(), text.begin(), text.end());
+  }
+  const std::vector<uint8_t> bytes = read_bytes(image);
+  input.insert(input.end(), bytes.begin(), bytes.end());
+  write_file_atomic(path, std::span<const uint8_t>(input));
+}
+
+void dump_seeds(const fs::path& dir) {
+  using concord::audit::LogitDumpWriter;
+  using concord::audit::RowInfo;
+  LogitDumpWriter writer(5);
+  for (int32_t r = 0; r < 4; ++r) {
+    RowInfo info;
+    info.sequence = r / 2;
+    info.position = r % 2;
+    info.prompt_length = 1;
+    info.token = r;
+    info.next = (r + 1) % 5;
+    info.task = r < 2 ? "add" : "";
+    info.label = r % 2 == 0 ? "even" : "";
+    const std::vector<float> logits = ramp(5 + static_cast<size_t>(r));
+    writer.add(info, std::span<const float>(logits.data() + r, 5));
+  }
+  const fs::path scratch = dir / "scratch";
+  fs::create_directories(scratch);
+  writer.write((scratch / "rows.npy").string());
+  writer.write((scratch / "rows.safetensors").string());
+  const fs::path sidecar = scratch / "rows.npy.rows.json";
+  write_dump_seed(dir / "npy_sidecar", scratch / "rows.npy", &sidecar);
+  write_dump_seed(dir / "npy_bare", scratch / "rows.npy", nullptr);
+  write_dump_seed(dir / "safetensors", scratch / "rows.safetensors", nullptr);
+  fs::remove_all(scratch);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,7 +130,9 @@ int main(int argc, char** argv) {
   const fs::path root = argv[1];
   fs::create_directories(root / "gguf");
   fs::create_directories(root / "safetensors");
+  fs::create_directories(root / "dump");
   gguf_seeds(root / "gguf");
   safetensors_seeds(root / "safetensors");
+  dump_seeds(root / "dump");
   return 0;
 }
