@@ -23,7 +23,7 @@ demo: setup build
 
 # Sets up, builds and runs every test (C++ and the Python reference comparisons) with ctest.
 test: setup build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	OMP_WAIT_POLICY=passive ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, warnings as errors.
 asan: setup
@@ -31,7 +31,7 @@ asan: setup
 	  -DCONCORD_BUILD_BENCH=OFF $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -LE slow
+	  OMP_WAIT_POLICY=passive ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -LE slow
 
 # libFuzzer targets for the GGUF, safetensors and logit-dump readers (clang, ASan + UBSan), each
 # run for FUZZ_SECONDS on a fresh seed corpus written by concord's own writers (docs/gguf.md).

@@ -14,5 +14,6 @@ void add_export_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_contract_command(CLI::App& app);
+void add_rl_command(CLI::App& app);
 
 }  // namespace concord::cli

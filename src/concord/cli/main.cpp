@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   concord::cli::add_tokenize_command(app);
   concord::cli::add_generate_command(app);
   concord::cli::add_contract_command(app);
+  concord::cli::add_rl_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

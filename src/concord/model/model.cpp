@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
@@ -119,6 +120,9 @@ const PreparedWeight& Model::Impl::weight(int param) {
   // them instead of re-packing W per call — decode's M = 1..8 GEMMs are bound by that stream.
   tensor::prepack_b(w.forward, Trans::yes);
   tensor::prepare_operand(w.dgrad, prec[GemmRole::dgrad].b, Operand::b, Trans::no, W, N, K);
+  // A snapshot of what the copies were built from: a copy that outlives a change of the values
+  // (a missed weights_changed) is detectable later (rl/sync.h's derived-state check).
+  w.source_hash = XXH3_64bits(W, sizeof(float) * static_cast<size_t>(N * K));
   w.valid = true;
   return w;
 }
@@ -255,6 +259,17 @@ void Model::init_random(uint64_t seed, float std) {
 void Model::set_gemm_observer(GemmObserver observer) { impl_->observer = std::move(observer); }
 void Model::set_forward_gemm_kernel(ForwardGemmKernel kernel) {
   impl_->forward_kernel = std::move(kernel);
+}
+
+void Model::visit_derived_weights(const std::function<void(const DerivedWeight&)>& fn) {
+  // The GEMM weights in params() order: every matrix but an untied embedding table (its lookup
+  // copy is not a GEMM operand); a tied table is visited once, as lm_head's weight.
+  for (size_t p = 0; p < impl_->specs.size(); ++p) {
+    const int param = static_cast<int>(p);
+    if (!impl_->specs[p].is_matrix() || (param == impl_->embed && param != impl_->lm_head)) continue;
+    const PreparedWeight& w = impl_->weight(param);
+    fn(DerivedWeight{impl_->specs[p].name, w.source_hash, &w.forward});
+  }
 }
 
 void Model::weights_changed() {

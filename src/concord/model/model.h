@@ -123,6 +123,31 @@ class Model {
   float forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                          int64_t B, int64_t T, uint64_t step = 0);
 
+  // Policy-gradient pass (RL, rl/grpo.h): forward over (B, T), then `loss` is called once with
+  // each row's log-prob of its target and the entropy of its distribution (both in double; rows
+  // with target < 0 get 0 and must get coefficient 0) and fills coef[t] = ∂L/∂logp_t. The
+  // backward pass then writes (overwrites) the gradients of the surrogate Σ_t coef[t]·logp_t,
+  // coefficients held constant — the loss's gradient when L depends on θ only through the
+  // logp_t. Returns Σ_t coef[t]·logp_t (double). `step` seeds the backward GEMMs as in
+  // forward_backward.
+  using PolicyLossFn = std::function<void(std::span<const double> logp,
+                                          std::span<const double> entropy, std::span<double> coef)>;
+  double forward_backward_policy(std::span<const int32_t> tokens,
+                                 std::span<const int32_t> targets, int64_t B, int64_t T,
+                                 const PolicyLossFn& loss, uint64_t step = 0);
+
+  // What the forward GEMMs read of each weight (rl/sync.h's content and derived-state checks).
+  // Prepares (quantizes, pre-packs) stale weights first, exactly as the next forward would.
+  // For every matrix parameter in params() order: its name, the fp32 values the copy was built
+  // from at the time it was built (a snapshot's hash, so a stale copy is detectable), and the
+  // prepared forward operand (codes + scales in .quantized when quantized; .packed panels).
+  struct DerivedWeight {
+    std::string_view name;
+    uint64_t source_hash = 0;  // XXH3-64 of the fp32 values the prepared copy was built from
+    const tensor::PreparedOperand* forward = nullptr;
+  };
+  void visit_derived_weights(const std::function<void(const DerivedWeight&)>& fn);
+
   // The KV-cache forward (decode.cpp): appends every input's tokens to its sequence in `cache`
   // and writes logits (logit_rows(inputs), V), rows in input order. All inputs' rows share each
   // GEMM; a row's logits equal Model::forward's for the same sequence bit for bit wherever the

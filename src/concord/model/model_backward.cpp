@@ -1,7 +1,13 @@
-// The decoder's backward pass: gradients of the mean cross-entropy with respect to every
-// parameter, through the same ops and the policy's dgrad / wgrad GEMM precisions.
+// The decoder's backward pass: gradients of the mean cross-entropy (forward_backward) or of a
+// policy-gradient surrogate (forward_backward_policy) with respect to every parameter, through
+// the same ops and the policy's dgrad / wgrad GEMM precisions. Only the loss head differs.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
@@ -37,6 +43,26 @@ void bias_backward(float* dbias, const float* dy, int64_t T, int64_t N, bool acc
   }
 }
 
+// log p(target) and the entropy of softmax(x) for one row, in double. logp uses serve/logprob.h's
+// definition at temperature 1 (m = max, S = Σ exp(x_v − m) in ascending v, logp = (x − m) −
+// log S), so learner and sampler score a token bit for bit alike; H = −Σ_v p_v logp_v.
+void row_logprob_entropy(const float* x, int64_t V, int32_t target, double& logp,
+                         double& entropy) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(x[v]));
+  double sum = 0.0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v]) - m);
+  const double log_sum = std::log(sum);
+  double h = 0.0;
+  for (int64_t v = 0; v < V; ++v) {
+    const double lp = (static_cast<double>(x[v]) - m) - log_sum;
+    const double p = std::exp(lp);
+    if (p > 0) h -= p * lp;  // p log p → 0 as p → 0 (a −inf logit would give 0 · −inf)
+  }
+  logp = (static_cast<double>(x[target]) - m) - log_sum;
+  entropy = h;
+}
+
 }  // namespace
 
 void Model::Impl::linear_backward(const LayerPrecision& prec, int param, const float* dy,
@@ -67,12 +93,7 @@ void Model::Impl::linear_backward(const LayerPrecision& prec, int param, const f
 }
 
 double Model::Impl::run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step) {
-  const ModelConfig& c = config;
-  const int64_t T = tokens_count(), C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
-  const int L = static_cast<int>(c.num_hidden_layers);
-  for (size_t p = 0; p < specs.size(); ++p)
-    if (!specs[p].is_matrix()) std::fill(grads[p].begin(), grads[p].end(), 0.0f);
+  const int64_t T = tokens_count(), V = config.vocab_size;
 
   // Loss: mean over the targets that count.
   int64_t count = 0;
@@ -87,6 +108,18 @@ double Model::Impl::run_backward(const int32_t* tokens, const int32_t* targets, 
                       static_cast<double>(count);
   float* dlogits = arena.alloc(T * V);
   cross_entropy_backward(dlogits, logits, targets, T, V, 1.0 / static_cast<double>(count));
+  backward_from_dlogits(tokens, dlogits, step);
+  return loss;
+}
+
+void Model::Impl::backward_from_dlogits(const int32_t* tokens, const float* dlogits,
+                                        uint64_t step) {
+  const ModelConfig& c = config;
+  const int64_t T = tokens_count(), C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  for (size_t p = 0; p < specs.size(); ++p)
+    if (!specs[p].is_matrix()) std::fill(grads[p].begin(), grads[p].end(), 0.0f);
 
   // lm_head (tied: its weight gradient lands in the embedding's, which the lookup adds to).
   float* dxn = arena.alloc(T * C);
@@ -145,7 +178,60 @@ double Model::Impl::run_backward(const int32_t* tokens, const int32_t* targets, 
   }
   if (!c.tie_word_embeddings) std::fill(grads[embed].begin(), grads[embed].end(), 0.0f);
   embedding_backward(grads[embed].data(), dx, tokens, T, V, C);
-  return loss;
+}
+
+double Model::forward_backward_policy(std::span<const int32_t> tokens,
+                                      std::span<const int32_t> targets, int64_t B, int64_t T,
+                                      const PolicyLossFn& loss, uint64_t step) {
+  Impl& m = *impl_;
+  const int64_t V = m.config.vocab_size;
+  if (B <= 0 || T <= 0 || static_cast<int64_t>(tokens.size()) != B * T)
+    throw InputError(fmt::format("[model] forward_backward_policy: {} tokens for B={} x T={}",
+                                 tokens.size(), B, T));
+  if (targets.size() != tokens.size())
+    throw InputError(fmt::format("[model] forward_backward_policy: {} targets for {} tokens",
+                                 targets.size(), tokens.size()));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V)
+      throw InputError(fmt::format("[model] forward_backward_policy: token id {} outside the "
+                                   "vocabulary [0, {})", tokens[i], V));
+    if (targets[i] >= V)
+      throw InputError(fmt::format("[model] forward_backward_policy: target id {} outside the "
+                                   "vocabulary [0, {}); use a negative target to ignore a row",
+                                   targets[i], V));
+  }
+  if (!loss) throw InputError("[model] forward_backward_policy: no loss function given");
+  m.run_forward(tokens.data(), B, T);
+
+  const int64_t rows = B * T;
+  const size_t n = static_cast<size_t>(rows);
+  std::vector<double> logp(n, 0.0), entropy(n, 0.0), coef(n, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    if (targets[static_cast<size_t>(t)] < 0) continue;
+    row_logprob_entropy(m.logits + t * V, V, targets[static_cast<size_t>(t)],
+                        logp[static_cast<size_t>(t)], entropy[static_cast<size_t>(t)]);
+  }
+  loss(logp, entropy, coef);
+
+  // dlogits row t = −coef[t] · (softmax − onehot): d(coef·logp)/dx = coef · (onehot − softmax).
+  std::vector<double> row_scale(n);
+  double surrogate = 0.0;  // in ascending t, independent of the thread count
+  for (size_t t = 0; t < n; ++t) {
+    if (!std::isfinite(coef[t]))
+      throw InputError(fmt::format("[model] forward_backward_policy: the loss gave coefficient {} "
+                                   "to row {}; coefficients must be finite", coef[t], t));
+    if (targets[t] < 0 && coef[t] != 0.0)
+      throw InputError(fmt::format("[model] forward_backward_policy: the loss gave coefficient {} "
+                                   "to row {}, whose target is ignored (< 0); it must be 0",
+                                   coef[t], t));
+    row_scale[t] = -coef[t];
+    surrogate += coef[t] * logp[t];
+  }
+  float* dlogits = m.arena.alloc(rows * V);
+  cross_entropy_backward_rows(dlogits, m.logits, targets.data(), rows, V, row_scale.data());
+  m.backward_from_dlogits(tokens.data(), dlogits, step);
+  return surrogate;
 }
 
 }  // namespace concord::model

@@ -23,6 +23,7 @@ struct LayerParams {
 struct PreparedWeight {
   tensor::PreparedOperand forward;  // b of Y = X·Wᵀ
   tensor::PreparedOperand dgrad;    // b of dX = dY·W
+  uint64_t source_hash = 0;         // XXH3-64 of the fp32 values both copies were built from
   bool valid = false;
 };
 
@@ -113,6 +114,9 @@ struct Model::Impl {
                            float* y, std::span<const int64_t> row_splits);
   void run_forward_cached(KvCache& cache, std::span<const CachedInput> inputs, float* logits);
   double run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step);
+  // The backward pass below the loss head, shared by run_backward (mean cross-entropy) and the
+  // policy-gradient pass: gradients (overwritten) of every parameter from dlogits (T, V).
+  void backward_from_dlogits(const int32_t* tokens, const float* dlogits, uint64_t step);
   int64_t tokens_count() const { return B * S; }
 };
 

@@ -114,6 +114,13 @@ template <class F>
 void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets, int64_t T,
                             int64_t V, double scale);
 
+// dlogits (T, V) overwritten: row_scale[t] · (softmax(logits) − onehot(target)), 0 for ignored
+// rows — cross_entropy_backward with a scale per row (the policy-gradient pass: row_scale[t] =
+// −∂L/∂logp_t). The same arithmetic per row, so a constant row_scale reproduces it bit for bit.
+template <class F>
+void cross_entropy_backward_rows(F* dlogits, const F* logits, const int32_t* targets, int64_t T,
+                                 int64_t V, const double* row_scale);
+
 // ---- explicit instantiations, defined in ops_*.cpp for float and double ----------------------
 #define CONCORD_MODEL_OPS_EXTERN(F)                                                                \
   extern template void embedding_forward<F>(F*, const int32_t*, const F*, int64_t, int64_t,       \
@@ -140,7 +147,9 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
   extern template double cross_entropy_forward<F>(F*, const F*, const int32_t*, int64_t,          \
                                                   int64_t);                                       \
   extern template void cross_entropy_backward<F>(F*, const F*, const int32_t*, int64_t, int64_t,  \
-                                                 double);
+                                                 double);                                         \
+  extern template void cross_entropy_backward_rows<F>(F*, const F*, const int32_t*, int64_t,      \
+                                                      int64_t, const double*);
 
 CONCORD_MODEL_OPS_EXTERN(float)
 CONCORD_MODEL_OPS_EXTERN(double)

@@ -159,6 +159,30 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
   }
 }
 
+template <class F>
+void cross_entropy_backward_rows(F* dlogits, const F* logits, const int32_t* targets, int64_t T,
+                                 int64_t V, const double* row_scale) {
+  check_rows("cross_entropy_backward_rows", T, V);
+  check_targets("cross_entropy_backward_rows", targets, T, V);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    F* d = dlogits + t * V;
+    if (targets[t] < 0) {
+      std::fill(d, d + V, F(0));
+      continue;
+    }
+    const F* x = logits + t * V;
+    const double scale = row_scale[t];
+    // As cross_entropy_backward: exp(x − max) first, softmax formed in double, rounded once.
+    const double inv_sum = 1.0 / row_sum_exp<F>(x, V, row_max(x, V), d);
+    const double p_target = static_cast<double>(d[targets[t]]) * inv_sum;
+    for (int64_t v = 0; v < V; ++v) {
+      d[v] = static_cast<F>(scale * (static_cast<double>(d[v]) * inv_sum));
+    }
+    d[targets[t]] = static_cast<F>(scale * (p_target - 1.0));
+  }
+}
+
 #define CONCORD_INSTANTIATE(F)                                                                 \
   template void swiglu_forward<F>(F*, const F*, const F*, int64_t, int64_t);                  \
   template void swiglu_backward<F>(F*, F*, const F*, const F*, const F*, int64_t, int64_t);   \
@@ -166,7 +190,9 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
   template void log_softmax_backward<F>(F*, const F*, const F*, int64_t, int64_t);            \
   template double cross_entropy_forward<F>(F*, const F*, const int32_t*, int64_t, int64_t);   \
   template void cross_entropy_backward<F>(F*, const F*, const int32_t*, int64_t, int64_t,     \
-                                          double);
+                                          double);                                            \
+  template void cross_entropy_backward_rows<F>(F*, const F*, const int32_t*, int64_t, int64_t, \
+                                               const double*);
 CONCORD_INSTANTIATE(float)
 CONCORD_INSTANTIATE(double)
 #undef CONCORD_INSTANTIATE

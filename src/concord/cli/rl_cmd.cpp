@@ -1,0 +1,221 @@
+// `concord rl`: one sampler–learner RL run (rl/loop.h) from a JSON config and/or flags, over the
+// in-process, shared-memory or MPI transport (rl/channel.h). Under mpirun rank 0 learns and the
+// other ranks sample; with --transport shm the learner starts its sampler processes itself.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "concord/cli/commands.h"
+#include "concord/io/atomic_file.h"
+#include "concord/model/model.h"
+#include "concord/numerics/check.h"
+#include "concord/rl/channel.h"
+#include "concord/rl/loop.h"
+
+namespace concord::cli {
+namespace {
+
+struct RlArgs {
+  std::string config, out, name, sampler, learner, export_rule, task, init_from, base, is_mode;
+  std::string transport, role = "learner", shm_name;
+  std::vector<std::string> faults;
+  int64_t steps = -1, warmup_steps = -1, prompts = -1, group = -1, max_new = -1, difficulty = -1;
+  int64_t seed = -1, samplers = 1, rank = 0;
+  double lr = -1, kl_coef = -1;
+  bool loss_on_master = false, quick = false, quiet = false, log_rollouts = false;
+};
+
+// --quick: a run that shows every part in seconds (CI).
+void make_quick(rl::RlConfig& c) {
+  c.warmup_steps = std::min<int64_t>(c.warmup_steps, 40);
+  c.steps = std::min<int64_t>(c.steps, 4);
+  c.prompts_per_step = std::min<int64_t>(c.prompts_per_step, 4);
+  c.group_size = std::min<int64_t>(c.group_size, 4);
+  c.max_new_tokens = std::min<int64_t>(c.max_new_tokens, 4);
+}
+
+rl::RlConfig resolve(const RlArgs& a) {
+  rl::RlConfig c;
+  if (!a.config.empty()) c = rl::RlConfig::load(a.config);
+  if (a.quick) make_quick(c);
+  if (!a.name.empty()) c.name = a.name;
+  if (!a.sampler.empty()) c.sampler = a.sampler;
+  if (!a.learner.empty()) c.learner = a.learner;
+  if (!a.export_rule.empty()) c.export_rule = a.export_rule;
+  if (!a.task.empty()) c.task = a.task;
+  if (!a.init_from.empty()) c.init_from = a.init_from;
+  if (!a.base.empty()) c.base = a.base;
+  if (!a.is_mode.empty()) c.loss.is = rl::is_mode_from_name(a.is_mode);
+  if (a.loss_on_master) c.loss_on_served = false;
+  if (a.log_rollouts) c.log_rollouts = true;
+  if (a.difficulty >= 0) c.difficulty = static_cast<int>(a.difficulty);
+  if (a.steps >= 0) c.steps = a.steps;
+  if (a.warmup_steps >= 0) c.warmup_steps = a.warmup_steps;
+  if (a.prompts >= 0) c.prompts_per_step = a.prompts;
+  if (a.group >= 0) c.group_size = a.group;
+  if (a.max_new >= 0) c.max_new_tokens = a.max_new;
+  if (a.seed >= 0) c.seed = static_cast<uint64_t>(a.seed);
+  if (a.lr >= 0) c.lr = a.lr;
+  if (a.kl_coef >= 0) c.loss.kl_coef = a.kl_coef;
+  for (const std::string& f : a.faults) c.faults.push_back(rl::parse_fault(f));
+  if (!a.out.empty()) c.out = a.out;
+  // Re-validate what the flags touched, naming them as the source.
+  return rl::RlConfig::from_json(c.to_json(), a.config.empty() ? "the flags" : a.config);
+}
+
+// Bytes of the largest weight payload: the served weights (at most fp32) plus manifest, hashes
+// and the probe, with room to spare.
+size_t payload_capacity(const rl::RlConfig& c) {
+  const int64_t params = c.resolved_model().parameter_count();
+  return static_cast<size_t>(params) * 4 + (4u << 20) +
+         static_cast<size_t>(c.probe.sequences * c.probe.length) * 16;
+}
+
+size_t rollout_capacity(const rl::RlConfig& c) {
+  return (1u << 20) + static_cast<size_t>(c.prompts_per_step * c.group_size * (c.max_new_tokens * 24 + 128));
+}
+
+void print_result(const rl::RlConfig& c, const rl::RlResult& r, const std::string& transport, int samplers) {
+  std::printf("%s\n", fmt::format("{}: sampler {}, learner {}, export {}, {} steps over {} ({} sampler{})",
+                                  c.name, c.sampler, c.learner, c.export_rule, r.steps.size(),
+                                  transport, samplers, samplers == 1 ? "" : "s").c_str());
+  std::printf("%s\n", fmt::format("  reward {:.3f} at step 1 (after the warm-up); {:.3f} over the first 10% of "
+                                  "steps -> {:.3f} over the last 10%", r.warmup_reward, r.initial_reward,
+                                  r.final_reward).c_str());
+  std::printf("%s\n", fmt::format("  mismatch k3 KL {:.3g} (mean over steps), Fair Cast lag median {} p90 {} steps",
+                                  r.mean_mismatch_kl, r.lag_median, r.lag_p90).c_str());
+  std::printf("%s\n", fmt::format("  time: warm-up {:.1f} s{}, rollout {:.1f} s, learner {:.1f} s, sync + checks {:.1f} s, total {:.1f} s",
+                                  r.seconds_warmup, r.warmup_cached ? " (cached)" : "", r.seconds_rollout,
+                                  r.seconds_learner, r.seconds_sync, r.seconds_total).c_str());
+  if (r.sync_failures == 0) {
+    std::printf("  weight sync: every step passed the seven checks\n");
+  } else {
+    std::printf("%s\n", fmt::format("  weight sync: {} failed sync(s); the previous version kept serving:",
+                                    r.sync_failures).c_str());
+    for (const auto& e : r.summary.at("sync_events"))
+      std::printf("%s\n", fmt::format("    step {} sampler {}: {} — {}", e.at("step").get<int64_t>(),
+                                      e.at("rank").get<int>(), e.at("check").get<std::string>(),
+                                      e.at("message").get<std::string>()).c_str());
+  }
+  std::printf("%s\n", fmt::format("  -> {}/metrics.jsonl, {}/report.html, {}/summary.json", c.out, c.out, c.out).c_str());
+}
+
+void run(const RlArgs& a) {
+  std::string transport = a.transport;
+  if (transport.empty()) transport = rl::launched_by_mpirun() ? "mpi" : "in-process";
+  if (transport != "in-process" && transport != "shm" && transport != "mpi")
+    throw InputError(fmt::format("[rl] unknown --transport '{}' (in-process, shm, mpi)", transport));
+  if (a.role != "learner" && a.role != "sampler")
+    throw InputError(fmt::format("[rl] unknown --role '{}' (learner, sampler)", a.role));
+  if (a.samplers < 1) throw InputError("[rl] --samplers must be at least 1");
+  if (transport == "in-process" && a.samplers != 1)
+    throw InputError("[rl] --samplers needs --transport shm (or mpirun); in process there is one sampler");
+  if (a.role == "sampler" && transport != "shm")
+    throw InputError("[rl] --role sampler is for the processes `--transport shm` starts");
+
+  if (transport == "mpi") {
+    // Every rank must leave together: an error on one rank aborts the job (rl/channel.h).
+    try {
+      const rl::RlConfig c = resolve(a);
+      auto channel = rl::make_mpi_channel();
+      const rl::RlResult r = rl::run_rl(c, *channel, !a.quiet && channel->rank() == 0);
+      if (channel->rank() == 0) print_result(c, r, "mpi", channel->samplers());
+    } catch (const InputError& e) {
+      std::fprintf(stderr, "concord: %s\n", e.what());
+      rl::mpi_abort(2);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "concord: %s\n", e.what());
+      rl::mpi_abort(3);
+    }
+    return;
+  }
+
+  const rl::RlConfig c = resolve(a);
+  if (transport == "in-process") {
+    auto channel = rl::make_in_process_channel();
+    const rl::RlResult r = rl::run_rl(c, *channel, !a.quiet);
+    print_result(c, r, "in-process", 1);
+    return;
+  }
+
+  const int samplers = static_cast<int>(a.samplers);
+  if (a.role == "sampler") {
+    if (a.shm_name.empty()) throw InputError("[rl] --role sampler needs --shm-name");
+    if (a.rank < 1 || a.rank > samplers)
+      throw InputError(fmt::format("[rl] --rank {} outside [1, {}]", a.rank, samplers));
+    rl::ShmOptions o;  // capacities 0: the learner's
+    auto channel = rl::make_shm_channel(a.shm_name, static_cast<int>(a.rank), samplers, o);
+    rl::run_rl(c, *channel, false);
+    return;
+  }
+  // The learner: create the segment, write the resolved config for the samplers, start them.
+  const std::string name = a.shm_name.empty() ? rl::default_shm_name() : a.shm_name;
+  rl::ShmOptions o;
+  o.capacity = payload_capacity(c);
+  o.rollout_capacity = rollout_capacity(c);
+  auto channel = rl::make_shm_channel(name, 0, samplers, o);
+  std::filesystem::create_directories(c.out);
+  const std::string config_path = (std::filesystem::path(c.out) / "sampler_config.json").string();
+  rl::RlConfig for_samplers = c;
+  for_samplers.base.clear();  // samplers never warm up
+  io::write_file_atomic(config_path, for_samplers.to_json().dump(2) + "\n");
+  rl::SamplerProcesses children = rl::spawn_samplers(
+      {"concord", "rl", "--config", config_path, "--transport", "shm", "--role", "sampler",
+       "--samplers", std::to_string(samplers), "--shm-name", name, "--quiet"},
+      samplers);
+  const rl::RlResult r = rl::run_rl(c, *channel, !a.quiet);
+  children.wait();
+  print_result(c, r, "shm", samplers);
+}
+
+}  // namespace
+
+void add_rl_command(CLI::App& app) {
+  auto a = std::make_shared<RlArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "rl",
+      "One sampler-learner RL run (GRPO on a verifiable task): warm-up, then per step export "
+      "the fp32 master (rne/sr/ef), sync it to the samplers with seven checks, roll out with the "
+      "engine, learn. Writes config.json, metrics.jsonl, summary.json and report.html under --out.");
+  cmd->add_option("--config", a->config, "RL config (JSON, docs/rl.md); flags override it");
+  cmd->add_option("--out", a->out, "run directory (default: the config's \"out\", runs/rl)");
+  cmd->add_option("--name", a->name, "run name (reports, progress)");
+  cmd->add_option("--sampler", a->sampler, "sampler precision preset (fp32, bf16, mxfp8, fp8-tensor, nvfp4, mxfp4) or policy JSON");
+  cmd->add_option("--learner", a->learner, "learner precision preset or policy JSON");
+  cmd->add_option("--export", a->export_rule, "fp32 master -> served copy: rne, sr, ef");
+  cmd->add_flag("--loss-on-master", a->loss_on_master,
+                "compute the learner's loss on the fp32 master instead of the served copy");
+  cmd->add_option("--task", a->task, "add, mul, reverse, sort, count or mixed");
+  cmd->add_option("--difficulty", a->difficulty, "task difficulty (default 1)");
+  cmd->add_option("--init-from", a->init_from, "model folder (HF layout) to start from");
+  cmd->add_option("--base", a->base, "folder caching the warmed-up model (reused when it matches)");
+  cmd->add_option("--steps", a->steps, "GRPO steps");
+  cmd->add_option("--warmup-steps", a->warmup_steps, "supervised warm-up steps");
+  cmd->add_option("--prompts", a->prompts, "prompts per step");
+  cmd->add_option("--group", a->group, "completions per prompt (GRPO group size, >= 2)");
+  cmd->add_option("--max-new", a->max_new, "tokens generated per completion at most");
+  cmd->add_option("--lr", a->lr, "GRPO learning rate");
+  cmd->add_option("--kl-coef", a->kl_coef, "KL penalty to the warmed-up model (0: none)");
+  cmd->add_option("--is", a->is_mode, "importance sampling: none, token_tis, seq_tis, token_mask, seq_mask");
+  cmd->add_option("--seed", a->seed, "seed for init, prompts, sampling and stochastic rounding");
+  cmd->add_option("--fault", a->faults, "inject a weight-sync fault, NAME@STEP (repeatable)");
+  cmd->add_option("--transport", a->transport,
+                  "in-process (default), shm (sampler processes on this machine), mpi (under mpirun)");
+  cmd->add_option("--samplers", a->samplers, "sampler processes with --transport shm (default 1)");
+  cmd->add_flag("--log-rollouts", a->log_rollouts, "also write rollouts.jsonl (every completion, reward, log-probs)");
+  cmd->add_flag("--quick", a->quick, "a few small steps (CI)");
+  cmd->add_flag("--quiet", a->quiet, "no progress on stderr");
+  cmd->add_option("--role", a->role, "internal: learner or sampler (processes --transport shm starts)")
+      ->group("");
+  cmd->add_option("--rank", a->rank, "internal: sampler rank")->group("");
+  cmd->add_option("--shm-name", a->shm_name, "internal: shared-memory segment")->group("");
+  cmd->callback([a]() { run(*a); });
+}
+
+}  // namespace concord::cli

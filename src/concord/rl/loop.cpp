@@ -1,0 +1,632 @@
+// The RL run (loop.h): warm-up, then per step sync → rollout → learn → metrics, on every rank.
+#include "concord/rl/loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "concord/io/atomic_file.h"
+#include "concord/io/safetensors.h"
+#include "concord/io/tokenizer.h"
+#include "concord/model/files.h"
+#include "concord/model/model.h"
+#include "concord/numerics/check.h"
+#include "concord/numerics/philox.h"
+#include "concord/rl/mismatch.h"
+#include "concord/rl/report.h"
+#include "concord/rl/tasks.h"
+#include "concord/rl/warmup.h"
+#include "concord/serve/engine.h"
+#include "concord/serve/logprob.h"
+#include "concord/train/data.h"
+#include "concord/train/export.h"
+#include "concord/train/fair_cast.h"
+#include "concord/train/optimizer.h"
+
+namespace concord::rl {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using steady = std::chrono::steady_clock;
+using train::ByteTokenizer;
+
+double seconds_since(steady::time_point t0) {
+  return std::chrono::duration<double>(steady::now() - t0).count();
+}
+
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+// The prompt of RL step `step` (1-based), prompt p.
+TaskExample rl_example(const RlConfig& c, int64_t step, int64_t p) {
+  return config_example(c, c.seed, static_cast<uint64_t>((step - 1) * c.prompts_per_step + p));
+}
+
+std::vector<int32_t> encode(std::string_view text) { return ByteTokenizer{}.encode(text); }
+
+// The completion's text as the checker sees it: bytes up to the first special token.
+std::string completion_text(std::span<const int32_t> tokens) {
+  std::string out;
+  for (int32_t t : tokens) {
+    if (t < 0 || t > 255) break;
+    out.push_back(static_cast<char>(t));
+  }
+  return out;
+}
+
+// The sampling seed of completion j of prompt p at `step`: independent of which sampler runs it.
+uint64_t sample_seed(const RlConfig& c, int64_t step, int64_t p, int64_t j) {
+  const numerics::PhiloxBlock r = numerics::philox4x32_10(
+      {static_cast<uint32_t>(step), static_cast<uint32_t>(p), static_cast<uint32_t>(j), 0x524F4C4Cu},
+      {static_cast<uint32_t>(c.seed), static_cast<uint32_t>(c.seed >> 32)});
+  return (static_cast<uint64_t>(r[0]) << 32) | r[1];
+}
+
+Fault fault_at(const RlConfig& c, int64_t step, bool on_learner) {
+  for (const FaultAt& f : c.faults)
+    if (f.step == step && learner_side(f.fault) == on_learner) return f.fault;
+  return Fault::none;
+}
+
+int64_t rows_of(const model::ParamSpec& p) { return p.is_matrix() ? p.shape[0] : 1; }
+int64_t cols_of(const model::ParamSpec& p) { return p.is_matrix() ? p.shape[1] : p.shape[0]; }
+
+// ---- rollouts: what a sampler sends back -----------------------------------------------------
+
+struct Rollout {
+  int64_t prompt = 0, sample = 0;
+  std::vector<int32_t> tokens;
+  std::vector<double> logprobs;
+};
+
+struct SamplerReply {
+  int rank = 0;
+  uint64_t serving = 0;
+  json sync;  // SyncReport::to_json
+  bool applied = false;
+  std::string failed_check, failure_message;
+  double seconds_sync = 0, seconds_rollout = 0;
+  int64_t tokens = 0;
+  std::vector<Rollout> rollouts;
+};
+
+std::vector<uint8_t> encode_reply(const SamplerReply& r) {
+  json rollouts = json::array();
+  for (const Rollout& x : r.rollouts)
+    rollouts.push_back({{"p", x.prompt}, {"j", x.sample}, {"tokens", x.tokens}, {"logprobs", x.logprobs}});
+  const json j = {{"rank", r.rank}, {"serving", r.serving}, {"sync", r.sync}, {"applied", r.applied},
+                  {"failed_check", r.failed_check}, {"failure_message", r.failure_message},
+                  {"seconds_sync", r.seconds_sync}, {"seconds_rollout", r.seconds_rollout},
+                  {"tokens", r.tokens}, {"rollouts", rollouts}};
+  return json::to_cbor(j);
+}
+
+SamplerReply decode_reply(std::span<const uint8_t> bytes, int from) {
+  const json j = json::from_cbor(bytes.begin(), bytes.end(), true, false);
+  if (j.is_discarded() || !j.is_object())
+    throw InputError(fmt::format("[rl] sampler {} sent a reply that is not a rollout message", from));
+  try {
+    SamplerReply r;
+    r.rank = j.at("rank").get<int>();
+    r.serving = j.at("serving").get<uint64_t>();
+    r.sync = j.at("sync");
+    r.applied = j.at("applied").get<bool>();
+    r.failed_check = j.at("failed_check").get<std::string>();
+    r.failure_message = j.at("failure_message").get<std::string>();
+    r.seconds_sync = j.at("seconds_sync").get<double>();
+    r.seconds_rollout = j.at("seconds_rollout").get<double>();
+    r.tokens = j.at("tokens").get<int64_t>();
+    for (const json& x : j.at("rollouts")) {
+      r.rollouts.push_back({x.at("p").get<int64_t>(), x.at("j").get<int64_t>(),
+                            x.at("tokens").get<std::vector<int32_t>>(),
+                            x.at("logprobs").get<std::vector<double>>()});
+    }
+    return r;
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("[rl] sampler {} sent a malformed rollout message: {}", from, e.what()));
+  }
+}
+
+// ---- the sampler role -------------------------------------------------------------------------
+
+int64_t longest_prompt(const RlConfig& c) {
+  int64_t longest = 0;
+  for (int64_t s = 1; s <= c.steps; ++s)
+    for (int64_t p = 0; p < c.prompts_per_step; ++p)
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(encode(rl_example(c, s, p).prompt).size()));
+  return longest;
+}
+
+class SamplerRole {
+ public:
+  SamplerRole(const RlConfig& c, const model::ModelConfig& mc, int rank, int samplers)
+      : c_(c), rank_(rank), samplers_(samplers),
+        model_(mc, model::PrecisionPolicy::from_name_or_file(c.sampler)),
+        receiver_(model_, c.probe),
+        engine_(model_, engine_options(c, mc, samplers)) {}
+
+  SamplerReply step(Channel& channel, int64_t step) {
+    SamplerReply reply;
+    reply.rank = rank_;
+    auto t0 = steady::now();
+    WeightMessage message = channel.receive();
+    const SyncReport report = receiver_.apply(message.payload, message.version, fault_at(c_, step, false));
+    reply.seconds_sync = seconds_since(t0);
+    reply.serving = receiver_.version();
+    reply.sync = report.to_json();
+    reply.applied = report.applied;
+    if (auto failure = report.failure()) {
+      reply.failed_check = std::string(sync_check_name(failure->check));
+      reply.failure_message = failure->message;
+    }
+    t0 = steady::now();
+    std::vector<serve::Request> requests;
+    for (int64_t p = rank_ - 1; p < c_.prompts_per_step; p += samplers_) {
+      const std::vector<int32_t> prompt = encode(rl_example(c_, step, p).prompt);
+      for (int64_t j = 0; j < c_.group_size; ++j) {
+        serve::Request r;
+        r.prompt = prompt;
+        r.sampling.temperature = static_cast<float>(c_.temperature);
+        r.sampling.seed = sample_seed(c_, step, p, j);
+        r.max_tokens = c_.max_new_tokens;
+        r.stop_tokens = {ByteTokenizer::kEos, '\n'};
+        requests.push_back(std::move(r));
+        reply.rollouts.push_back({p, j, {}, {}});
+      }
+    }
+    std::vector<serve::Completion> done = engine_.generate(std::move(requests));
+    for (size_t i = 0; i < done.size(); ++i) {
+      reply.tokens += static_cast<int64_t>(done[i].tokens.size());
+      reply.rollouts[i].tokens = std::move(done[i].tokens);
+      reply.rollouts[i].logprobs = std::move(done[i].logprobs);
+    }
+    reply.seconds_rollout = seconds_since(t0);
+    return reply;
+  }
+
+ private:
+  static serve::EngineOptions engine_options(const RlConfig& c, const model::ModelConfig& mc, int samplers) {
+    serve::EngineOptions o;
+    const int64_t prompts = (c.prompts_per_step + samplers - 1) / samplers;
+    o.max_sequences = std::clamp<int64_t>(prompts * c.group_size, 1, 256);
+    o.max_context = longest_prompt(c) + c.max_new_tokens;
+    if (o.max_context > mc.max_position_embeddings)
+      throw InputError(fmt::format("[rl] prompts of up to {} tokens plus max_new_tokens {} exceed the "
+                                   "model's max_position_embeddings {}", o.max_context - c.max_new_tokens,
+                                   c.max_new_tokens, mc.max_position_embeddings));
+    return o;
+  }
+
+  const RlConfig& c_;
+  int rank_, samplers_;
+  model::Model model_;
+  WeightReceiver receiver_;
+  serve::Engine engine_;
+};
+
+// ---- the learner ------------------------------------------------------------------------------
+
+// One batch of rollouts as the learner sees it, sequence i = prompt p * G + sample j.
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> inputs, targets;
+  std::vector<size_t> first;                 // row of sequence i's first completion target
+  std::vector<std::vector<double>> sampler;  // s_t per sequence
+  std::vector<double> rewards;
+  std::vector<std::vector<int32_t>> completions;
+  int64_t tokens = 0;
+};
+
+Batch build_batch(const RlConfig& c, int64_t step, std::vector<Rollout>& rollouts) {
+  Batch b;
+  b.B = c.prompts_per_step * c.group_size;
+  std::vector<Rollout*> by_seq(sz(b.B), nullptr);
+  for (Rollout& r : rollouts) {
+    if (r.prompt < 0 || r.prompt >= c.prompts_per_step || r.sample < 0 || r.sample >= c.group_size)
+      throw InputError(fmt::format("[rl] a sampler returned rollout ({}, {}) outside the step's "
+                                   "{} prompts x {} samples", r.prompt, r.sample, c.prompts_per_step,
+                                   c.group_size));
+    Rollout*& slot = by_seq[sz(r.prompt * c.group_size + r.sample)];
+    if (slot != nullptr) throw InputError(fmt::format("[rl] rollout ({}, {}) returned twice", r.prompt, r.sample));
+    if (r.tokens.empty() || r.tokens.size() != r.logprobs.size())
+      throw InputError(fmt::format("[rl] rollout ({}, {}) has {} tokens and {} log-probs", r.prompt,
+                                   r.sample, r.tokens.size(), r.logprobs.size()));
+    slot = &r;
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<TaskExample> examples;
+  for (int64_t p = 0; p < c.prompts_per_step; ++p) {
+    examples.push_back(rl_example(c, step, p));
+    prompts.push_back(encode(examples.back().prompt));
+  }
+  for (int64_t i = 0; i < b.B; ++i) {
+    if (by_seq[sz(i)] == nullptr)
+      throw InputError(fmt::format("[rl] no sampler returned rollout ({}, {})", i / c.group_size,
+                                   i % c.group_size));
+    const auto& pr = prompts[sz(i / c.group_size)];
+    b.T = std::max<int64_t>(b.T, static_cast<int64_t>(pr.size() + by_seq[sz(i)]->tokens.size()) - 1);
+  }
+  b.inputs.assign(sz(b.B * b.T), ByteTokenizer::kPad);
+  b.targets.assign(sz(b.B * b.T), -1);
+  for (int64_t i = 0; i < b.B; ++i) {
+    const Rollout& r = *by_seq[sz(i)];
+    const TaskExample& e = examples[sz(i / c.group_size)];
+    const auto& pr = prompts[sz(i / c.group_size)];
+    std::vector<int32_t> seq = pr;
+    seq.insert(seq.end(), r.tokens.begin(), r.tokens.end());
+    const size_t row = sz(i * b.T);
+    for (size_t t = 0; t + 1 < seq.size(); ++t) {
+      b.inputs[row + t] = seq[t];
+      if (t + 1 >= pr.size()) b.targets[row + t] = seq[t + 1];
+    }
+    b.first.push_back(row + pr.size() - 1);
+    b.sampler.push_back(r.logprobs);
+    b.completions.push_back(r.tokens);
+    b.rewards.push_back(task(e.task).reward(e, completion_text(r.tokens)));
+    b.tokens += static_cast<int64_t>(r.tokens.size());
+  }
+  return b;
+}
+
+double mean(std::span<const double> v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+json finite_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+class Learner {
+ public:
+  Learner(const RlConfig& c, const model::ModelConfig& mc, std::vector<std::vector<float>> start)
+      : c_(c),
+        sampler_policy_(model::PrecisionPolicy::from_name_or_file(c.sampler)),
+        learner_(mc, model::PrecisionPolicy::from_name_or_file(c.learner)),
+        served_(mc, sampler_policy_),
+        master_(std::move(start)),
+        exporter_(train::make_export_rule(c.export_rule, sampler_policy_.served_weights, c.seed)),
+        optimizer_({c.lr, 0.9, 0.999, 1e-8, c.weight_decay, c.grad_clip}),
+        meter_(sampler_policy_.served_weights),
+        publisher_(served_, sampler_policy_, c.probe) {
+    if (c.loss.kl_coef > 0) {
+      reference_ = std::make_unique<model::Model>(mc, model::PrecisionPolicy::from_name_or_file(c.learner));
+      set_model_weights(*reference_, master_);
+    }
+  }
+
+  // Export the master to the served copy for `step`, update the learner's model, measure
+  // Fair Cast; returns the payload to publish.
+  std::vector<uint8_t> sync(int64_t step, json& fair_cast) {
+    const auto& specs = served_.params();
+    for (size_t p = 0; p < specs.size(); ++p)
+      exporter_->apply(static_cast<int>(p), master_[p], served_.param(specs[p].name), rows_of(specs[p]),
+                       cols_of(specs[p]), static_cast<uint64_t>(step));
+    served_.weights_changed();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      auto src = c_.loss_on_served ? std::span<const float>(served_.param(specs[p].name))
+                                   : std::span<const float>(master_[p]);
+      auto dst = learner_.param(specs[p].name);
+      std::copy(src.begin(), src.end(), dst.begin());
+    }
+    learner_.weights_changed();
+    meter_.begin_step(static_cast<uint64_t>(step));
+    int matrix = 0;
+    for (size_t p = 0; p < specs.size(); ++p)
+      if (specs[p].is_matrix()) meter_.record(matrix++, master_[p], served_.param(specs[p].name));
+    const train::FairCastStep fc = meter_.end_step();
+    fair_cast = fc.to_json();
+    last_lag_ = fc.lag;
+    return publisher_.publish(static_cast<uint64_t>(step), fault_at(c_, step, true));
+  }
+
+  struct StepOut {
+    PolicyLossStats loss;
+    std::vector<std::vector<double>> old_logp;
+    std::vector<double> advantages;
+    double grad_norm = 0;
+  };
+
+  StepOut learn(const Batch& b, int64_t step) {
+    StepOut out;
+    out.advantages = group_advantages(b.rewards, c_.group_size);
+    const std::vector<double>& advantages = out.advantages;
+    std::vector<std::vector<double>> ref;
+    if (reference_) ref = score(*reference_, b);
+    const auto& specs = learner_.params();
+    for (int64_t epoch = 0; epoch < c_.ppo_epochs; ++epoch) {
+      auto loss_fn = [&](std::span<const double> logp, std::span<const double> entropy, std::span<double> coef) {
+        std::vector<std::vector<double>> l(sz(b.B)), h(sz(b.B)), g(sz(b.B));
+        for (size_t i = 0; i < sz(b.B); ++i) {
+          const size_t n = b.sampler[i].size();
+          l[i].assign(logp.begin() + static_cast<std::ptrdiff_t>(b.first[i]),
+                      logp.begin() + static_cast<std::ptrdiff_t>(b.first[i] + n));
+          h[i].assign(entropy.begin() + static_cast<std::ptrdiff_t>(b.first[i]),
+                      entropy.begin() + static_cast<std::ptrdiff_t>(b.first[i] + n));
+          g[i].assign(n, 0.0);
+        }
+        if (epoch == 0) out.old_logp = l;  // θ_old: the learner's log-probs before this step's update
+        std::vector<SequenceLogprobs> seqs(sz(b.B));
+        for (size_t i = 0; i < sz(b.B); ++i) {
+          seqs[i].old_logp = out.old_logp[i];
+          seqs[i].sampler_logp = b.sampler[i];
+          if (!ref.empty()) seqs[i].ref_logp = ref[i];
+          seqs[i].advantage = advantages[i];
+        }
+        const PolicyLossStats stats = policy_loss(seqs, l, h, c_.loss, g);
+        if (epoch == 0) out.loss = stats;
+        std::fill(coef.begin(), coef.end(), 0.0);
+        for (size_t i = 0; i < sz(b.B); ++i)
+          std::copy(g[i].begin(), g[i].end(), coef.begin() + static_cast<std::ptrdiff_t>(b.first[i]));
+      };
+      learner_.forward_backward_policy(b.inputs, b.targets, b.B, b.T, loss_fn,
+                                       static_cast<uint64_t>(step * c_.ppo_epochs + epoch));
+      std::vector<train::ParamView> views;
+      for (size_t p = 0; p < specs.size(); ++p)
+        views.push_back({specs[p].name, master_[p], learner_.grad(specs[p].name), specs[p].is_matrix()});
+      const double norm = optimizer_.step(views, c_.lr);
+      if (epoch == 0) out.grad_norm = norm;
+      if (epoch + 1 < c_.ppo_epochs) refresh_learner();
+    }
+    return out;
+  }
+
+  const train::LagSummary& lag() const { return last_lag_; }
+
+ private:
+  // Between PPO epochs of one step the learner's model follows the master: round to nearest
+  // into the served format when the loss is on the served copy (a stateless rule, so the export
+  // rule's state — ef's carried error — advances once per step), else the master itself.
+  void refresh_learner() {
+    const auto& specs = learner_.params();
+    auto rne = train::make_export_rule("rne", sampler_policy_.served_weights, c_.seed);
+    for (size_t p = 0; p < specs.size(); ++p) {
+      if (c_.loss_on_served)
+        rne->apply(static_cast<int>(p), master_[p], learner_.param(specs[p].name), rows_of(specs[p]),
+                   cols_of(specs[p]), 0);
+      else
+        std::copy(master_[p].begin(), master_[p].end(), learner_.param(specs[p].name).begin());
+    }
+    learner_.weights_changed();
+  }
+
+  // Log-probs of each sequence's completion tokens under `m` (the reference policy), T = 1.
+  std::vector<std::vector<double>> score(model::Model& m, const Batch& b) {
+    const int64_t V = m.config().vocab_size;
+    std::vector<float> logits(sz(b.B * b.T * V));
+    m.forward(b.inputs, b.B, b.T, logits);
+    std::vector<std::vector<double>> out(sz(b.B));
+    for (size_t i = 0; i < sz(b.B); ++i) {
+      for (size_t t = 0; t < b.sampler[i].size(); ++t) {
+        const size_t row = b.first[i] + t;
+        out[i].push_back(serve::token_logprob(
+            std::span<const float>(logits).subspan(row * sz(V), sz(V)), b.targets[row], 1.0f));
+      }
+    }
+    return out;
+  }
+
+  const RlConfig& c_;
+  model::PrecisionPolicy sampler_policy_;
+  model::Model learner_, served_;
+  std::unique_ptr<model::Model> reference_;
+  std::vector<std::vector<float>> master_;
+  std::unique_ptr<train::ExportRule> exporter_;
+  train::AdamW optimizer_;
+  train::FairCastMeter meter_;
+  WeightPublisher publisher_;
+  train::LagSummary last_lag_;
+};
+
+// The rollouts.jsonl lines of one step (RlConfig::log_rollouts).
+void append_rollouts(std::string& text, const RlConfig& c, int64_t step, const Batch& b,
+                     const Learner::StepOut& learned) {
+  for (int64_t i = 0; i < b.B; ++i) {
+    const int64_t p = i / c.group_size;
+    const TaskExample e = rl_example(c, step, p);
+    const auto& tokens = b.completions[sz(i)];
+    const json line = {{"step", step}, {"prompt", p}, {"sample", i % c.group_size},
+                       {"task", e.task}, {"prompt_text", e.prompt},
+                       {"completion", completion_text(tokens)}, {"tokens", tokens},
+                       {"reward", b.rewards[sz(i)]}, {"advantage", learned.advantages[sz(i)]},
+                       {"sampler_logprobs", b.sampler[sz(i)]},
+                       {"learner_logprobs", learned.old_logp[sz(i)]}};
+    text += line.dump() + "\n";
+  }
+}
+
+std::string write_jsonl(const std::vector<RlStepMetrics>& steps) {
+  std::string text;
+  for (const RlStepMetrics& s : steps) text += s.line.dump() + "\n";
+  return text;
+}
+
+json summarize(const RlConfig& c, const RlResult& r) {
+  json by_check = json::object();
+  json events = json::array();
+  for (const RlStepMetrics& s : r.steps) {
+    for (const json& rep : s.line.at("sync/reports")) {
+      if (!rep.at("applied").get<bool>()) {
+        const std::string check = rep.at("failed_check").get<std::string>();
+        by_check[check] = by_check.value(check, 0) + 1;
+        events.push_back({{"step", s.step}, {"rank", rep.at("rank")}, {"check", check},
+                          {"message", rep.at("failure_message")}});
+      }
+    }
+  }
+  json faults = json::array();
+  for (const FaultAt& f : c.faults) {
+    bool caught = false;
+    for (const json& e : events) caught = caught || e.at("step").get<int64_t>() == f.step;
+    faults.push_back({{"fault", std::string(fault_name(f.fault))}, {"step", f.step}, {"caught", caught}});
+  }
+  return {{"name", c.name},
+          {"sampler", c.sampler},
+          {"learner", c.learner},
+          {"export", c.export_rule},
+          {"loss_on_served", c.loss_on_served},
+          {"task", c.task},
+          {"steps", static_cast<int64_t>(r.steps.size())},
+          {"warmup_reward", r.warmup_reward},
+          {"initial_reward", r.initial_reward},
+          {"final_reward", r.final_reward},
+          {"mean_k3_kl", r.mean_mismatch_kl},
+          {"lag_median", r.lag_median},
+          {"lag_p90", r.lag_p90},
+          {"seconds", {{"warmup", r.seconds_warmup}, {"rollout", r.seconds_rollout},
+                       {"learner", r.seconds_learner}, {"sync", r.seconds_sync},
+                       {"total", r.seconds_total}}},
+          {"warmup_cached", r.warmup_cached},
+          {"sync_failures", r.sync_failures},
+          {"sync_failures_by_check", by_check},
+          {"sync_events", events},
+          {"faults", faults}};
+}
+
+}  // namespace
+
+RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
+  config.validate("the RL config");
+  const auto t_start = steady::now();
+  RlResult result;
+  const model::ModelConfig mc = config.resolved_model();
+  const int samplers = channel.samplers();
+  if (samplers < 1) throw InputError("[rl] the channel has no samplers");
+
+  // Sampler ranks: receive, check, generate, send — one round per step.
+  if (channel.rank() != 0) {
+    SamplerRole role(config, mc, channel.rank(), samplers);
+    for (int64_t step = 1; step <= config.steps; ++step) {
+      const SamplerReply reply = role.step(channel, step);
+      result.seconds_sync += reply.seconds_sync;
+      result.seconds_rollout += reply.seconds_rollout;
+      result.sync_failures += reply.applied ? 0 : 1;
+      channel.send(encode_reply(reply));
+    }
+    result.seconds_total = seconds_since(t_start);
+    return result;
+  }
+
+  // The learner (rank 0), and in process the one sampler too.
+  const bool in_process = channel.name() == "in-process";
+  if (in_process && samplers != 1) throw InputError("[rl] the in-process channel runs exactly one sampler");
+  const fs::path out = config.out;
+  fs::create_directories(out);
+  io::write_file_atomic(out / "config.json", config.to_json().dump(2) + "\n");
+
+  auto t0 = steady::now();
+  WarmupResult warm = warm_up(config, progress);
+  result.seconds_warmup = seconds_since(t0);
+  result.warmup_cached = warm.cached;
+  Learner learner(config, mc, std::move(warm.weights));
+  std::unique_ptr<SamplerRole> local;
+  if (in_process) local = std::make_unique<SamplerRole>(config, mc, 1, 1);
+
+  double k3_sum = 0;
+  std::string rollouts_log;
+  for (int64_t step = 1; step <= config.steps; ++step) {
+    const auto t_step = steady::now();
+    json fair_cast;
+    t0 = steady::now();
+    const std::vector<uint8_t> payload = learner.sync(step, fair_cast);
+    channel.publish(static_cast<uint64_t>(step), payload);
+    const double learner_sync_s = seconds_since(t0);
+
+    std::vector<SamplerReply> replies;
+    if (local) {
+      const SamplerReply reply = local->step(channel, step);
+      channel.send(encode_reply(reply));
+    }
+    t0 = steady::now();
+    const std::vector<std::vector<uint8_t>> messages = channel.gather();
+    const double wait_s = seconds_since(t0);
+    if (static_cast<int>(messages.size()) != samplers)
+      throw InputError(fmt::format("[rl] {} channel: {} replies from {} samplers", channel.name(),
+                                   messages.size(), samplers));
+    std::vector<Rollout> rollouts;
+    double sampler_sync_s = 0, rollout_s = 0;
+    json reports = json::array();
+    bool all_applied = true;
+    std::string failed;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      SamplerReply r = decode_reply(messages[i], static_cast<int>(i) + 1);
+      sampler_sync_s = std::max(sampler_sync_s, r.seconds_sync);
+      rollout_s = std::max(rollout_s, r.seconds_rollout);
+      all_applied = all_applied && r.applied;
+      if (!r.applied && failed.empty()) failed = r.failed_check;
+      reports.push_back({{"rank", r.rank}, {"serving", r.serving}, {"applied", r.applied},
+                         {"failed_check", r.failed_check}, {"failure_message", r.failure_message},
+                         {"report", r.sync}});
+      for (Rollout& x : r.rollouts) rollouts.push_back(std::move(x));
+    }
+
+    t0 = steady::now();
+    const Batch batch = build_batch(config, step, rollouts);
+    const Learner::StepOut learned = learner.learn(batch, step);
+    const double learner_s = seconds_since(t0);
+    const MismatchMetrics mm = mismatch_metrics(batch.sampler, learned.old_logp);
+    if (config.log_rollouts) append_rollouts(rollouts_log, config, step, batch, learned);
+
+    RlStepMetrics m;
+    m.step = step;
+    m.reward = mean(batch.rewards);
+    m.entropy = learned.loss.entropy;
+    json line = {{"step", step}, {"version", step}, {"reward", m.reward}, {"entropy", m.entropy},
+                 {"response_length", static_cast<double>(batch.tokens) / static_cast<double>(batch.B)},
+                 {"grad_norm", finite_or_null(learned.grad_norm)}, {"lr", config.lr}};
+    line.update(mm.to_json());
+    line.update(learned.loss.to_json());  // verl's actor/* names
+    line["fair_cast"] = fair_cast;
+    line["sync/applied"] = all_applied;
+    line["sync/failed_check"] = failed.empty() ? json(nullptr) : json(failed);
+    line["sync/reports"] = reports;
+    const double sync_s = learner_sync_s + sampler_sync_s;
+    const double step_s = seconds_since(t_step);
+    line["time/rollout_s"] = rollout_s;
+    line["time/learner_s"] = learner_s;
+    line["time/sync_s"] = sync_s;
+    line["time/wait_s"] = wait_s;
+    line["time/step_s"] = step_s;
+    m.line = std::move(line);
+    result.steps.push_back(std::move(m));
+    io::write_file_atomic(out / "metrics.jsonl", write_jsonl(result.steps));
+
+    result.seconds_rollout += rollout_s;
+    result.seconds_learner += learner_s;
+    result.seconds_sync += sync_s;
+    result.sync_failures += all_applied ? 0 : 1;
+    k3_sum += mm.k3_kl;
+    if (progress) {
+      std::fprintf(stderr, "%s: step %lld/%lld  reward %.3f  k3_kl %.2e  entropy %.3f  lag p50 %.0f  "
+                           "sync %s  %.2fs\n",
+                   config.name.c_str(), static_cast<long long>(step), static_cast<long long>(config.steps),
+                   result.steps.back().reward, mm.k3_kl, result.steps.back().entropy,
+                   learner.lag().median, all_applied ? "ok" : ("FAILED (" + failed + ")").c_str(), step_s);
+    }
+  }
+
+  const size_t n = result.steps.size();
+  const size_t tail = std::max<size_t>(1, n / 10);
+  double head_sum = 0, tail_sum = 0;
+  for (size_t i = 0; i < tail; ++i) head_sum += result.steps[i].reward;
+  for (size_t i = n - tail; i < n; ++i) tail_sum += result.steps[i].reward;
+  result.initial_reward = head_sum / static_cast<double>(tail);
+  result.final_reward = tail_sum / static_cast<double>(tail);
+  result.warmup_reward = result.steps.front().reward;
+  result.mean_mismatch_kl = k3_sum / static_cast<double>(n);
+  result.lag_median = learner.lag().median;
+  result.lag_p90 = learner.lag().p90;
+  result.seconds_total = seconds_since(t_start);
+  result.summary = summarize(config, result);
+  result.summary["lag"] = learner.lag().to_json();
+  io::write_file_atomic(out / "summary.json", result.summary.dump(2) + "\n");
+  if (config.log_rollouts) io::write_file_atomic(out / "rollouts.jsonl", rollouts_log);
+  const ReportArm arm{config.name, &config, &result};
+  write_rl_report(out / "report.html", fmt::format("concord rl: {}", config.name), {&arm, 1});
+  return result;
+}
+
+}  // namespace concord::rl

@@ -1,0 +1,124 @@
+// The RL run behind `concord rl` and the arms of `concord demo`: a short supervised warm-up on
+// task examples (so a small model starts with a non-zero reward), then GRPO steps:
+//
+//   1 sync     the learner exports its fp32 master to the served copy (Fair Cast rule), publishes
+//              it (rl/sync.h) through the channel (rl/channel.h); each sampler verifies it with
+//              the seven checks and swaps it in (a failed sync keeps the old version serving)
+//   2 rollout  each sampler generates group_size completions for its share of the step's
+//              prompts with the engine (serve/engine.h) at the sampler preset, with log-probs
+//   3 learn    the learner scores the rollouts (exact task rewards), computes its own log-probs
+//              at the learner preset (θ_old), the reference log-probs (when kl_coef > 0), and
+//              takes ppo_epochs AdamW steps on the GRPO loss (rl/grpo.h) — on the served copy
+//              when loss_on_served (straight-through to the master) or on the master
+//   4 metrics  reward, entropy, mismatch (rl/mismatch.h), Fair Cast (train/fair_cast.h), the sync
+//              report, the time split — one JSON line per step in OUT/metrics.jsonl
+// and at the end OUT/report.html (inline SVG: reward, mismatch KL, lag) and OUT/summary.json.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "concord/model/config.h"
+#include "concord/rl/channel.h"
+#include "concord/rl/grpo.h"
+#include "concord/rl/sync.h"
+
+namespace concord::rl {
+
+struct FaultAt {
+  int64_t step = 0;
+  Fault fault = Fault::none;
+};
+
+// The small model the demo and `concord rl` start from: 2 layers, d_model 64, byte vocabulary.
+model::ModelConfig default_rl_model();
+
+struct RlConfig {
+  std::string name = "rl";
+  model::ModelConfig model = default_rl_model();  // used when init_from is empty
+  std::string init_from;                // a model folder (HF layout) to start from; else random
+  // A folder caching the warmed-up model (HF layout, fp32 master + warmup.json): reused when its
+  // warmup.json matches this run's model, init and warm-up settings, else (re)written. Empty:
+  // the warm-up runs in memory every time.
+  std::string base;
+  std::string sampler = "bf16";         // precision preset (or policy JSON) of the samplers
+  std::string learner = "bf16";         // precision preset of the learner
+  std::string export_rule = "rne";      // rne | sr | ef: master → served copy
+  bool loss_on_served = true;           // learner's loss on the served copy (straight-through)
+  // task
+  std::string task = "add";
+  int difficulty = 1;
+  // warm-up (supervised on task examples: prompt + answer + eos)
+  int64_t warmup_steps = 100;
+  double warmup_lr = 3e-3;
+  int64_t warmup_batch = 32;            // examples per warm-up step
+  // GRPO
+  int64_t steps = 50;
+  int64_t prompts_per_step = 8;
+  int64_t group_size = 8;
+  int64_t max_new_tokens = 8;
+  double temperature = 1.0;
+  int64_t ppo_epochs = 1;
+  double lr = 1e-4;
+  double weight_decay = 0;
+  double grad_clip = 1.0;
+  PolicyLossConfig loss;
+  // sync
+  ProbeOptions probe;
+  std::vector<FaultAt> faults;
+  uint64_t seed = 1;
+  std::string out = "runs/rl";
+  // Also write OUT/rollouts.jsonl at the end: one line per completion (step, prompt, sample,
+  // task, prompt and completion text, tokens, reward, advantage, sampler and learner log-probs).
+  bool log_rollouts = false;
+
+  // JSON layout (docs/rl.md): {"name", "model", "init_from", "base", "sampler", "learner",
+  // "export", "loss_on_served", "task": {"name", "difficulty"}, "warmup": {"steps", "lr",
+  // "batch_size"}, "grpo": {"steps", "prompts_per_step", "group_size", "max_new_tokens",
+  // "temperature", "ppo_epochs", "lr", "weight_decay", "grad_clip"}, "loss": {"clip_low",
+  // "clip_high", "kl_coef", "is", "is_cap", "mask_lo", "mask_hi"}, "probe": {"sequences",
+  // "length", "seed", "max_k3_kl", "osc_max"}, "faults": ["NAME@STEP", ...], "seed", "out",
+  // "log_rollouts"};
+  // every key optional, unknown keys are errors. from_json validates everything (InputError
+  // naming `source` and the key).
+  static RlConfig from_json(const nlohmann::json& j, const std::string& source);
+  static RlConfig load(const std::filesystem::path& path);
+  nlohmann::json to_json() const;
+  void validate(const std::string& source) const;
+  // The model config the run uses: config.json of init_from, else `model`.
+  model::ModelConfig resolved_model() const;
+};
+
+// "NAME@STEP" (e.g. "flipped_bit@3"): InputError naming the fault list or the step.
+FaultAt parse_fault(std::string_view text);
+
+struct RlStepMetrics {
+  int64_t step = 0;
+  double reward = 0, entropy = 0;
+  nlohmann::json line;  // the full metrics.jsonl line
+};
+
+struct RlResult {
+  std::vector<RlStepMetrics> steps;
+  double warmup_reward = 0;       // mean reward after the warm-up, before the first GRPO step
+  double initial_reward = 0;      // mean reward of the first 10% of steps
+  double final_reward = 0;        // mean reward of the last 10% of steps
+  double mean_mismatch_kl = 0;    // mean rollout_corr/k3_kl over steps
+  double lag_median = 0, lag_p90 = 0;
+  double seconds_rollout = 0, seconds_learner = 0, seconds_sync = 0;
+  int64_t sync_failures = 0;      // syncs that did not apply (by check: in summary.json)
+  double seconds_warmup = 0, seconds_total = 0;
+  bool warmup_cached = false;     // the warmed-up model came from `base`
+  nlohmann::json summary;         // OUT/summary.json
+};
+
+// Runs the run on this rank of `channel` (rank 0: learner; others: samplers). Rank 0 writes
+// OUT/; sampler ranks only return their own timing. progress: a line per step on stderr.
+RlResult run_rl(const RlConfig& config, Channel& channel, bool progress = true);
+
+}  // namespace concord::rl

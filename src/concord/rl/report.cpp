@@ -1,0 +1,230 @@
+// The offline HTML report of RL runs (report.h): summary table, inline SVG plots, sync events.
+#include "concord/rl/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "concord/audit/svg.h"
+#include "concord/io/atomic_file.h"
+#include "concord/rl/loop.h"
+#include "concord/train/fair_cast.h"
+
+namespace concord::rl {
+namespace {
+
+using nlohmann::json;
+using audit::html_escape;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+constexpr const char* kStyle = R"(
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1400px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f3f3f3; }
+td.name, th.name { text-align: left; font-family: monospace; }
+td.bad { background: #fde2e2; color: #b00020; font-weight: bold; }
+figure { display: inline-block; margin: 8px 16px 8px 0; vertical-align: top; }
+figcaption { font-size: 0.85em; color: #555; max-width: 640px; }
+p.note { font-size: 0.9em; color: #555; max-width: 900px; }
+pre { font-size: 0.8em; background: #f7f7f7; padding: 8px; max-height: 300px; overflow: auto; }
+)";
+
+std::string num(double v) {
+  if (std::isnan(v)) return "-";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return fmt::format("{:.3g}", v);
+}
+
+double number_at(const json& line, const json::json_pointer& ptr) {
+  if (!line.contains(ptr)) return kNaN;
+  const json& v = line.at(ptr);
+  return v.is_number() ? v.get<double>() : kNaN;
+}
+
+// One series per arm: the value at `ptr` of every metrics line against its step; window > 1
+// draws the trailing mean over that many steps (finite values only) instead.
+std::vector<audit::Series> per_step(std::span<const ReportArm> arms, const std::string& ptr,
+                                    size_t window = 1) {
+  std::vector<audit::Series> series;
+  const json::json_pointer p(ptr);
+  for (const ReportArm& a : arms) {
+    audit::Series s;
+    s.name = a.name;
+    std::vector<double> raw;
+    for (const RlStepMetrics& m : a.result->steps) raw.push_back(number_at(m.line, p));
+    for (size_t i = 0; i < raw.size(); ++i) {
+      double sum = 0;
+      size_t n = 0;
+      for (size_t k = i + 1 - std::min(window, i + 1); k <= i; ++k) {
+        if (std::isfinite(raw[k])) {
+          sum += raw[k];
+          ++n;
+        }
+      }
+      s.x.push_back(static_cast<double>(a.result->steps[i].step));
+      s.y.push_back(n > 0 ? sum / static_cast<double>(n) : kNaN);
+    }
+    series.push_back(std::move(s));
+  }
+  return series;
+}
+
+// Steps of the longest run / 20: the smoothing window of noisy per-step plots.
+size_t smoothing_window(std::span<const ReportArm> arms) {
+  size_t steps = 0;
+  for (const ReportArm& a : arms) steps = std::max(steps, a.result->steps.size());
+  return std::max<size_t>(1, steps / 20);
+}
+
+void append_figure(std::string& out, const std::string& svg, const std::string& caption) {
+  fmt::format_to(std::back_inserter(out), "<figure>\n{}<figcaption>{}</figcaption>\n</figure>\n",
+                 svg, html_escape(caption));
+}
+
+void append_summary(std::string& out, std::span<const ReportArm> arms) {
+  out +=
+      "<h2>Summary</h2>\n<table>\n<tr><th class=\"name\">run</th><th class=\"name\">sampler</th>"
+      "<th class=\"name\">learner</th><th class=\"name\">export</th><th>lr</th><th>steps</th>"
+      "<th>reward at step 1</th><th>first 10%</th><th>last 10%</th><th>mean k3 KL</th>"
+      "<th>lag p50</th><th>lag p90</th><th>rollout s</th><th>learner s</th><th>sync s</th>"
+      "<th>sync failures</th></tr>\n";
+  for (const ReportArm& a : arms) {
+    const RlConfig& c = *a.config;
+    const RlResult& r = *a.result;
+    fmt::format_to(std::back_inserter(out),
+                   "<tr><td class=\"name\">{}</td><td class=\"name\">{}</td><td class=\"name\">{}"
+                   "</td><td class=\"name\">{}</td><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td>"
+                   "<td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td>"
+                   "<td{}>{}</td></tr>\n",
+                   html_escape(a.name), html_escape(c.sampler), html_escape(c.learner),
+                   html_escape(c.export_rule), num(c.lr), r.steps.size(), r.warmup_reward, r.initial_reward, r.final_reward,
+                   num(r.mean_mismatch_kl), num(r.lag_median), num(r.lag_p90), r.seconds_rollout,
+                   r.seconds_learner, r.seconds_sync, r.sync_failures > 0 ? " class=\"bad\"" : "",
+                   r.sync_failures);
+  }
+  out +=
+      "</table>\n<p class=\"note\">reward: mean exact-match reward of the step's sampled "
+      "completions (step 1: right after the warm-up; then the means over the first and the last "
+      "10% of steps). k3 KL: "
+      "rollout_corr/k3_kl between the sampler's and the learner's log-probs of the sampled "
+      "tokens, mean over steps. lag: Fair Cast, steps between a master weight drifting half a "
+      "served ulp and its served copy moving (median and p90 over closed events). Time: "
+      "rollout (generation), learner (scoring, loss, backward, AdamW), sync (export, publish, "
+      "transfer and the seven checks).</p>\n";
+}
+
+void append_lag_histograms(std::string& out, std::span<const ReportArm> arms) {
+  out += "<h2>Fair Cast lag</h2>\n";
+  for (const ReportArm& a : arms) {
+    const json& lag = a.result->summary.contains("lag") ? a.result->summary.at("lag") : json();
+    if (!lag.is_object()) continue;
+    std::vector<double> edges, counts;
+    for (int b = 0; b < train::LagSummary::kBins; ++b) {
+      edges.push_back(static_cast<double>(train::LagSummary::bin_lo(b)));
+      counts.push_back(lag.at("histogram").at(static_cast<size_t>(b)).at("count").get<double>());
+    }
+    edges.push_back(2.0 * static_cast<double>(train::LagSummary::bin_lo(train::LagSummary::kBins - 1)));
+    audit::PlotOptions o{fmt::format("lag: {}", a.name), "lag (steps, bin start)", "closed events",
+                         false, false, arms.size() > 1 ? 420 : 640, arms.size() > 1 ? 260 : 360};
+    append_figure(out, audit::svg_histogram(edges, counts, o),
+                  fmt::format("{}: {} closed events, {} open; median {}, p90 {} steps. Bins "
+                              "[0], [1], [2,4), [4,8), ... (the last open).",
+                              a.name, lag.at("events").get<int64_t>(), lag.at("pending").get<int64_t>(),
+                              num(lag.at("median").get<double>()), num(lag.at("p90").get<double>())));
+  }
+}
+
+void append_sync_events(std::string& out, std::span<const ReportArm> arms) {
+  out += "<h2>Weight sync</h2>\n";
+  bool any = false;
+  std::string rows;
+  for (const ReportArm& a : arms) {
+    if (!a.result->summary.contains("sync_events")) continue;
+    for (const json& e : a.result->summary.at("sync_events")) {
+      any = true;
+      fmt::format_to(std::back_inserter(rows),
+                     "<tr><td class=\"name\">{}</td><td>{}</td><td>{}</td><td class=\"name bad\">{}"
+                     "</td><td class=\"name\">{}</td></tr>\n",
+                     html_escape(a.name), e.at("step").get<int64_t>(), e.at("rank").get<int>(),
+                     html_escape(e.at("check").get<std::string>()),
+                     html_escape(e.at("message").get<std::string>()));
+    }
+  }
+  if (!any) {
+    out += "<p>Every sync passed the seven checks (version, manifest, precision plan, content, "
+           "derived state, scale sanity, behaviour probe); no alarm was raised.</p>\n";
+    return;
+  }
+  out += "<p class=\"note\">Failed syncs: the sampler kept serving the previous version.</p>\n"
+         "<table>\n<tr><th class=\"name\">run</th><th>step</th><th>sampler</th>"
+         "<th class=\"name\">check</th><th class=\"name\">message</th></tr>\n" +
+         rows + "</table>\n";
+}
+
+}  // namespace
+
+std::string rl_report_html(const std::string& title, std::span<const ReportArm> arms) {
+  std::string out;
+  fmt::format_to(std::back_inserter(out),
+                 "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{}</title>"
+                 "<style>{}</style></head><body>\n<h1>{}</h1>\n",
+                 html_escape(title), kStyle, html_escape(title));
+  append_summary(out, arms);
+
+  out += "<h2>Per step</h2>\n";
+  // Wider and taller with many runs, so that the legend fits beside the plot.
+  const int w = arms.size() > 4 ? 900 : 640;
+  const int h = std::max(360, 100 + 16 * static_cast<int>(arms.size()));
+  const size_t window = smoothing_window(arms);
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/reward", window),
+                                     {"reward", "step", "mean reward", false, false, w, h}),
+                window > 1 ? fmt::format("Mean exact-match reward of the sampled completions, "
+                                         "trailing mean over {} steps.", window)
+                           : std::string("Mean exact-match reward of the sampled completions."));
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/rollout_corr~1k3_kl"),
+                                     {"mismatch KL (rollout_corr/k3_kl)", "step", "k3 KL", false, true, w, h}),
+                "Sampler vs learner log-probs of the sampled tokens (k3 estimator, log axis; "
+                "steps with exactly 0 are not drawn).");
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/entropy", window), {"entropy", "step", "nats", false, false, w, h}),
+                fmt::format("Mean entropy of the learner's distributions over completion tokens{}.",
+                            window > 1 ? fmt::format(", trailing mean over {} steps", window) : ""));
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/fair_cast/changed_fraction"),
+                                     {"served weights changed", "step", "fraction", false, true, w, h}),
+                "Fair Cast: share of weights whose served value changed this step.");
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/fair_cast/update_realization"),
+                                     {"update realization", "step", "|Δserved| / |Δmaster|", false, false, w, h}),
+                "Fair Cast: how much of the master's update reached the served copy.");
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/fair_cast/lag/median"),
+                                     {"lag median (cumulative)", "step", "steps", false, false, w, h}),
+                "Fair Cast: median lag of the events closed so far.");
+  append_lag_histograms(out, arms);
+  append_sync_events(out, arms);
+
+  out += "<h2>Configuration</h2>\n";
+  for (const ReportArm& a : arms) {
+    fmt::format_to(std::back_inserter(out), "<details><summary>{}</summary><pre>{}</pre></details>\n",
+                   html_escape(a.name), html_escape(a.config->to_json().dump(2)));
+  }
+  out += "</body></html>\n";
+  return out;
+}
+
+void write_rl_report(const std::filesystem::path& path, const std::string& title,
+                     std::span<const ReportArm> arms) {
+  io::write_file_atomic(path, rl_report_html(title, arms));
+}
+
+}  // namespace concord::rl

@@ -1,0 +1,851 @@
+// Verified weight sync: the payload the learner publishes and the seven checks a sampler runs.
+#include "concord/rl/sync.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "concord/audit/measure.h"
+#include "concord/io/safetensors.h"
+#include "concord/numerics/block.h"
+#include "concord/numerics/check.h"
+#include "concord/numerics/convert.h"
+#include "concord/numerics/scalar.h"
+#include "concord/serve/logprob.h"
+#include "concord/tensor/qgemm.h"
+
+namespace concord::rl {
+namespace {
+
+using json = nlohmann::json;
+using numerics::Format;
+using numerics::QuantDesc;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kVersionKey = "concord.sync.version";
+constexpr const char* kManifestKey = "concord.sync.manifest";
+constexpr const char* kPlanKey = "concord.sync.plan";
+constexpr const char* kContentKey = "concord.sync.content";
+constexpr const char* kProbeKey = "concord.sync.probe";
+constexpr const char* kEmbedName = "model.embed_tokens.weight";
+constexpr const char* kLmHeadName = "lm_head.weight";
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string hex64(uint64_t h) { return fmt::format("0x{:016x}", h); }
+
+struct FaultEntry {
+  Fault fault;
+  std::string_view name;
+  bool learner;
+};
+constexpr FaultEntry kFaults[] = {
+    {Fault::none, "none", false},
+    {Fault::stale_version, "stale_version", true},
+    {Fault::dropped_tensor, "dropped_tensor", true},
+    {Fault::swapped_tensors, "swapped_tensors", true},
+    {Fault::transposed_tensor, "transposed_tensor", true},
+    {Fault::untied_lm_head, "untied_lm_head", false},
+    {Fault::stale_derived, "stale_derived", false},
+    {Fault::zeroed_scales, "zeroed_scales", false},
+    {Fault::partial_sync, "partial_sync", true},
+    {Fault::wrong_rounding, "wrong_rounding", false},
+    {Fault::flipped_bit, "flipped_bit", true},
+};
+
+// ---- payload encoding ----------------------------------------------------------------------
+
+// The payload dtype of a parameter: matrices in the served format, 1-D parameters (norms,
+// biases) in f32, as the export rule serves them.
+io::Dtype payload_dtype(Format served, const model::ParamSpec& spec) {
+  if (!spec.is_matrix()) return io::Dtype::F32;
+  switch (served) {
+    case Format::f32: return io::Dtype::F32;
+    case Format::bf16: return io::Dtype::BF16;
+    case Format::fp16: return io::Dtype::F16;
+    default:
+      throw InputError(fmt::format("[sync] served weight format {} has no safetensors dtype the "
+                                   "payload can carry (use f32, bf16 or fp16)",
+                                   numerics::traits(served).name));
+  }
+}
+
+Format dtype_format(io::Dtype d) {
+  return d == io::Dtype::BF16 ? Format::bf16 : d == io::Dtype::F16 ? Format::fp16 : Format::f32;
+}
+
+std::vector<uint8_t> encode_values(std::span<const float> values, io::Dtype dtype) {
+  const size_t element = static_cast<size_t>(io::dtype_traits(dtype).bits / 8);
+  std::vector<uint8_t> bytes(values.size() * element);
+  if (dtype == io::Dtype::F32) {
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+  } else {  // a cast with RNE: exact for values the export rule already put on the grid
+    numerics::encode_array(dtype_format(dtype), numerics::Rounding::rne, numerics::Overflow::ieee,
+                           values.data(), bytes.data(), values.size());
+  }
+  return bytes;
+}
+
+// Payload bytes of an F32 / BF16 / F16 tensor into fp32 values (any alignment).
+void decode_values(std::span<const uint8_t> bytes, io::Dtype dtype, std::span<float> out) {
+  if (dtype == io::Dtype::F32) {
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return;
+  }
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0) {
+    numerics::decode_array(dtype_format(dtype), bytes.data(), out.data(), out.size());
+    return;
+  }
+  std::vector<uint16_t> aligned(out.size());
+  std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  numerics::decode_array(dtype_format(dtype), aligned.data(), out.data(), out.size());
+}
+
+// ---- hashes ----------------------------------------------------------------------------------
+
+uint64_t hash_values(std::span<const float> v) { return XXH3_64bits(v.data(), v.size_bytes()); }
+
+// XXH3-64 of what a forward GEMM reads of a prepared weight: the codes, block scales and
+// tensor scale when it is quantized, the fp32 values otherwise.
+uint64_t hash_operand(const tensor::PreparedOperand& op) {
+  if (!op.desc) return XXH3_64bits(op.data, sizeof(float) * static_cast<size_t>(op.rows * op.cols));
+  const numerics::QuantizedTensor& q = op.quantized;
+  uint64_t h = XXH3_64bits(q.codes.data(), q.codes.size());
+  h = XXH3_64bits_withSeed(q.scales.data(), q.scales.size(), h);
+  const uint32_t scale_bits = std::bit_cast<uint32_t>(q.tensor_scale);
+  return XXH3_64bits_withSeed(&scale_bits, sizeof scale_bits, h);
+}
+
+// ---- precision plan --------------------------------------------------------------------------
+
+std::string desc_name(const std::optional<QuantDesc>& d) { return d ? d->to_string() : "f32"; }
+bool high_precision(const std::optional<QuantDesc>& d) {
+  return !d || (!d->has_scale && numerics::traits(d->element).bits >= 16);
+}
+
+struct PlanWeight {
+  std::string name, a, b;
+  bool high = false;
+};
+struct Plan {
+  std::string norms = "f32", embedding;
+  int last_layers = 0;
+  std::vector<PlanWeight> weights;
+
+  json to_json() const {
+    json w = json::array();
+    for (const PlanWeight& p : weights) w.push_back({{"name", p.name}, {"a", p.a}, {"b", p.b}, {"high", p.high}});
+    return {{"norms", norms}, {"embedding_lookup", embedding},
+            {"high_precision_last_layers", last_layers}, {"weights", std::move(w)}};
+  }
+  static Plan from_json(const json& j) {
+    Plan p;
+    p.norms = j.at("norms").get<std::string>();
+    p.embedding = j.at("embedding_lookup").get<std::string>();
+    p.last_layers = j.at("high_precision_last_layers").get<int>();
+    for (const json& w : j.at("weights"))
+      p.weights.push_back({w.at("name").get<std::string>(), w.at("a").get<std::string>(),
+                           w.at("b").get<std::string>(), w.at("high").get<bool>()});
+    return p;
+  }
+};
+
+// What a policy does to every GEMM weight's forward operands under config c.
+Plan make_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy) {
+  using model::GemmRole;
+  using model::LayerClass;
+  Plan plan;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  plan.embedding = desc_name(policy.layer_class[static_cast<int>(LayerClass::embedding)][GemmRole::forward].b);
+  plan.last_layers = policy.high_precision_last_layers;
+  auto add = [&](std::string name, const model::LayerPrecision& lp) {
+    const model::OperandPrecision& f = lp[GemmRole::forward];
+    plan.weights.push_back({std::move(name), desc_name(f.a), desc_name(f.b),
+                            high_precision(f.a) && high_precision(f.b)});
+  };
+  for (int i = 0; i < L; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    for (const char* w : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      add(p + "self_attn." + w + ".weight", policy.for_layer(LayerClass::attention, i, L));
+    for (const char* w : {"gate_proj", "up_proj", "down_proj"})
+      add(p + "mlp." + w + ".weight", policy.for_layer(LayerClass::mlp, i, L));
+  }
+  add(c.tie_word_embeddings ? kEmbedName : kLmHeadName, policy.for_layer(LayerClass::lm_head, 0, L));
+  return plan;
+}
+
+// ---- the probe -------------------------------------------------------------------------------
+
+std::vector<audit::EvalSequence> probe_sequences(std::span<const int32_t> tokens, int64_t sequences,
+                                                 int64_t length) {
+  std::vector<audit::EvalSequence> seqs(static_cast<size_t>(sequences));
+  for (int64_t s = 0; s < sequences; ++s) {
+    const auto first = tokens.begin() + s * length;
+    seqs[static_cast<size_t>(s)].tokens.assign(first, first + length);
+  }
+  return seqs;
+}
+
+// Teacher-forced log-prob rows (serve::full_logprobs, T = 1) of every position but each
+// sequence's last, through the sampler's kernel path (Model::forward_cached).
+std::vector<float> probe_logprobs(model::Model& m, std::span<const audit::EvalSequence> seqs,
+                                  std::vector<audit::RowInfo>* infos = nullptr) {
+  const auto V = static_cast<size_t>(m.config().vocab_size);
+  std::vector<float> rows;
+  audit::teacher_forced_logits(m, seqs, static_cast<int64_t>(seqs.size()),
+                               [&](const audit::RowInfo& row, std::span<const float> logits) {
+                                 const size_t at = rows.size();
+                                 rows.resize(at + V);
+                                 serve::full_logprobs(logits, 1.0f, std::span<float>(rows).subspan(at, V));
+                                 if (infos) infos->push_back(row);
+                               });
+  return rows;
+}
+
+audit::Contract default_probe_contract() {
+  audit::Contract c;
+  c.ref = "learner";
+  c.cand = "sampler";
+  c.slices.push_back({"all", 0, 0.99, 1e-4, 1e-4});
+  return c;
+}
+
+// ---- the staged model's derived copies -------------------------------------------------------
+
+struct Derived {
+  std::string name;
+  uint64_t source_hash = 0;
+  const tensor::PreparedOperand* forward = nullptr;
+};
+
+std::vector<Derived> derived_weights(model::Model& m) {
+  std::vector<Derived> out;
+  m.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
+    out.push_back({std::string(w.name), w.source_hash, w.forward});
+  });
+  return out;
+}
+
+// Whether any element code of block (gr, gc) is nonzero in magnitude.
+bool block_has_nonzero(const numerics::QuantizedTensor& q, int64_t gr, int64_t gc) {
+  const numerics::BlockShape b = numerics::effective_block(q.desc);
+  const uint32_t magnitude = (1u << (numerics::traits(q.desc.element).bits - 1)) - 1u;
+  for (int64_t r = gr * b.rows; r < std::min(q.rows, (gr + 1) * b.rows); ++r)
+    for (int64_t c = gc * b.cols; c < std::min(q.cols, (gc + 1) * b.cols); ++c)
+      if (numerics::get_code(q.desc.element, q.codes, r * q.cols + c) & magnitude) return true;
+  return false;
+}
+
+// max |x| over the values, NaN when one is NaN (numerics::amax_ref's result). On the bits:
+// for non-NaN values |x|'s bit pattern orders as |x| does, and NaNs lie above +Inf's; the
+// integer max vectorizes where a float max with NaN semantics does not.
+float amax_of(std::span<const float> values) {
+  uint32_t top = 0;
+  for (const float x : values) {
+    const uint32_t a = std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu;
+    top = a > top ? a : top;
+  }
+  return top > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(top);
+}
+
+// Check 6 for one weight: "" when its scales are sane, else the problem.
+std::string scale_problem(const tensor::PreparedOperand& op, std::span<const float> values) {
+  if (!op.desc || !op.desc->has_scale) return "";
+  const numerics::QuantizedTensor& q = op.quantized;
+  const QuantDesc& d = q.desc;
+  float largest = 0;  // NVFP4: the largest decoded block scale
+  if (d.is_mx() || d.is_nvfp4()) {
+    const int64_t grid_cols = q.block_grid_cols();
+    for (size_t i = 0; i < q.scales.size(); ++i) {
+      const uint8_t code = q.scales[i];
+      const int64_t gr = static_cast<int64_t>(i) / grid_cols, gc = static_cast<int64_t>(i) % grid_cols;
+      const bool invalid = d.is_mx() ? code == 0xFF : code >= 0x7F;  // NaN, or ue4m3's sign bit
+      if (invalid)
+        return fmt::format("block ({}, {}) has the invalid scale code 0x{:02x} (NaN)", gr, gc, code);
+      // e8m0 0x00 (2^-127) and ue4m3 0 are what an all-zero block gets; on a block with
+      // nonzero elements they are a placeholder or a wiped scale.
+      if (code == 0x00 && block_has_nonzero(q, gr, gc))
+        return fmt::format("block ({}, {}) has a {} scale but nonzero elements", gr, gc,
+                           d.is_mx() ? "placeholder 2^-127" : "zero");
+      if (d.is_nvfp4()) largest = std::max(largest, numerics::decode_ref(Format::ue4m3, code));
+    }
+    if (!d.is_nvfp4()) return "";
+  }
+  if (!std::isfinite(q.tensor_scale) || !(q.tensor_scale > 0))
+    return fmt::format("tensor scale {} is not a positive finite number", q.tensor_scale);
+  const float amax = amax_of(values);
+  float expected;
+  if (d.is_nvfp4()) {
+    const float encode = numerics::nvfp4_global_encode_scale(amax);
+    expected = 1.0f / encode;
+    const float top = numerics::decode_ref(Format::ue4m3, numerics::nvfp4_block_scale_code(amax, encode));
+    if (q.tensor_scale == expected && std::isfinite(amax) && largest != top)
+      return fmt::format("largest block scale {} does not match the tensor scale 1/S_enc = {:.9g} "
+                         "(amax {:.9g} gives {})", largest, q.tensor_scale, amax, top);
+  } else {  // per-tensor FP8
+    const auto max_elem = static_cast<float>(numerics::traits(d.element).max_finite);
+    expected = 1.0f / ((amax > 0.0f && std::isfinite(amax)) ? max_elem / amax : 1.0f);
+  }
+  if (q.tensor_scale != expected)
+    return fmt::format("tensor scale {:.9g} != {:.9g}, the one the staged values' amax {:.9g} gives",
+                       q.tensor_scale, expected, amax);
+  return "";
+}
+
+// A copy of `policy` whose weight quantizers round toward zero (Fault::wrong_rounding).
+model::PrecisionPolicy with_weight_rounding_rtz(model::PrecisionPolicy policy) {
+  auto flip = [](model::LayerPrecision& lp) {
+    for (auto& role : lp.role)
+      if (role.b && role.b->rounding == numerics::Rounding::rne) role.b->rounding = numerics::Rounding::rtz;
+  };
+  for (auto& lp : policy.layer_class) flip(lp);
+  flip(policy.high_precision);
+  return policy;
+}
+
+// Zeroes the scale of the block holding the weight's largest element, in the first quantized
+// weight with scales (Fault::zeroed_scales). Corrupts the staged copy in place, as a bad copy
+// into the sampler's scale buffer would.
+void zero_scales(model::Model& stage, const std::vector<Derived>& derived) {
+  for (const Derived& w : derived) {
+    auto& op = const_cast<tensor::PreparedOperand&>(*w.forward);
+    if (!op.desc || !op.desc->has_scale) continue;
+    numerics::QuantizedTensor& q = op.quantized;
+    if (q.scales.empty()) {  // per-tensor: the only scale there is
+      q.tensor_scale = 0.0f;
+      op.tensor_scale = 0.0f;
+      return;
+    }
+    const std::span<const float> v = stage.param(w.name);
+    const auto top = std::max_element(v.begin(), v.end(), [](float x, float y) {
+      return std::fabs(x) < std::fabs(y);
+    }) - v.begin();
+    const numerics::BlockShape b = numerics::effective_block(q.desc);
+    const int64_t r = top / q.cols, c = top % q.cols;
+    q.scales[static_cast<size_t>((r / b.rows) * q.block_grid_cols() + c / b.cols)] = 0;
+    return;
+  }
+}
+
+json metadata_json(const io::SafetensorsFile& file, const char* key) {
+  const auto it = file.metadata().find(key);
+  if (it == file.metadata().end()) throw InputError(fmt::format("the payload has no {}", key));
+  try {
+    return json::parse(it->second);
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{} is not valid JSON ({})", key, e.what()));
+  }
+}
+
+}  // namespace
+
+// ---- names -----------------------------------------------------------------------------------
+
+std::string_view sync_check_name(SyncCheck c) {
+  switch (c) {
+    case SyncCheck::version: return "version";
+    case SyncCheck::manifest: return "manifest";
+    case SyncCheck::precision_plan: return "precision_plan";
+    case SyncCheck::content: return "content";
+    case SyncCheck::derived_state: return "derived_state";
+    case SyncCheck::scale_sanity: return "scale_sanity";
+    case SyncCheck::probe: return "probe";
+  }
+  return "?";
+}
+
+std::string_view fault_name(Fault f) {
+  for (const FaultEntry& e : kFaults)
+    if (e.fault == f) return e.name;
+  return "?";
+}
+
+Fault fault_from_name(std::string_view name) {
+  for (const FaultEntry& e : kFaults)
+    if (e.name == name) return e.fault;
+  throw InputError(fmt::format("[sync] unknown fault '{}' (faults: none, {})", name,
+                               fmt::join(fault_names(), ", ")));
+}
+
+std::vector<std::string> fault_names() {
+  std::vector<std::string> names;
+  for (const FaultEntry& e : kFaults)
+    if (e.fault != Fault::none) names.emplace_back(e.name);
+  return names;
+}
+
+bool learner_side(Fault f) {
+  for (const FaultEntry& e : kFaults)
+    if (e.fault == f) return e.learner;
+  return false;
+}
+
+std::optional<CheckOutcome> SyncReport::failure() const {
+  for (const CheckOutcome& c : checks)
+    if (!c.pass) return c;
+  return std::nullopt;
+}
+
+json SyncReport::to_json() const {
+  json cs = json::array();
+  for (const CheckOutcome& c : checks)
+    cs.push_back({{"check", sync_check_name(c.check)}, {"id", static_cast<int>(c.check)},
+                  {"pass", c.pass}, {"message", c.message}, {"seconds", c.seconds}});
+  return {{"version", version}, {"serving", serving}, {"applied", applied}, {"checks", std::move(cs)},
+          {"seconds", {{"decode", seconds_decode}, {"checks", seconds_checks}, {"swap", seconds_swap}}},
+          {"payload_bytes", payload_bytes},
+          {"probe", {{"max_abs_dlogp", probe_max_abs_dlogp}, {"k3_kl", probe_k3_kl}}}};
+}
+
+// ---- learner ---------------------------------------------------------------------------------
+
+WeightPublisher::WeightPublisher(model::Model& served, model::PrecisionPolicy sampler_policy,
+                                 ProbeOptions probe)
+    : served_(served),
+      sampler_policy_(std::move(sampler_policy)),
+      probe_(std::move(probe)),
+      mirror_(served.config(), sampler_policy_) {
+  const model::ModelConfig& c = served.config();
+  if (probe_.sequences < 1 || probe_.length < 2 || probe_.length > c.max_position_embeddings)
+    throw InputError(fmt::format("[sync] probe of {} sequences x {} tokens: needs at least 1 "
+                                 "sequence of 2..{} tokens (max_position_embeddings)",
+                                 probe_.sequences, probe_.length, c.max_position_embeddings));
+  for (const model::ParamSpec& spec : served.params()) payload_dtype(sampler_policy_.served_weights, spec);
+  // Fixed probe tokens: Philox words keyed by the seed, the same on every machine.
+  const numerics::RandomStream rng{probe_.seed, 0};
+  probe_tokens_.resize(static_cast<size_t>(probe_.sequences * probe_.length));
+  for (size_t i = 0; i < probe_tokens_.size(); ++i)
+    probe_tokens_[i] = static_cast<int32_t>(rng.word(i) % static_cast<uint64_t>(c.vocab_size));
+}
+
+std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
+  const std::vector<model::ParamSpec>& specs = served_.params();
+  const Format served_format = sampler_policy_.served_weights;
+  const bool stale = fault == Fault::stale_version;
+  if (stale && !has_previous_)
+    throw InputError("[sync] fault stale_version: nothing was published before to re-send");
+  const uint64_t payload_version = stale ? previous_version_ : version;
+
+  // The payload's values: the served copy in the payload dtypes; the mirror holds exactly them.
+  // A stale re-send encodes the mirror as it is (the previous step's values).
+  auto t0 = Clock::now();
+  std::vector<std::vector<uint8_t>> bytes(specs.size());
+  std::vector<io::Dtype> dtypes(specs.size());
+  for (size_t p = 0; p < specs.size(); ++p) {
+    dtypes[p] = payload_dtype(served_format, specs[p]);
+    bytes[p] = encode_values(stale ? mirror_.param(specs[p].name) : served_.param(specs[p].name), dtypes[p]);
+    if (!stale) decode_values(bytes[p], dtypes[p], mirror_.param(specs[p].name));
+  }
+  if (!stale) mirror_.weights_changed();
+  seconds_encode = seconds_since(t0);
+
+  t0 = Clock::now();
+  json content = json::object();
+  mirror_.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
+    content[std::string(w.name)] = hex64(hash_operand(*w.forward));
+  });
+  seconds_hash = seconds_since(t0);
+
+  t0 = Clock::now();
+  const auto seqs = probe_sequences(probe_tokens_, probe_.sequences, probe_.length);
+  const std::vector<float> logprobs = probe_logprobs(mirror_, seqs);
+  seconds_probe = seconds_since(t0);
+
+  t0 = Clock::now();
+  const model::ModelConfig& c = served_.config();
+  json manifest = json::array();
+  for (size_t p = 0; p < specs.size(); ++p)
+    manifest.push_back({{"name", specs[p].name}, {"shape", specs[p].shape},
+                        {"dtype", io::dtype_name(dtypes[p])}});
+  if (c.tie_word_embeddings)
+    manifest.push_back({{"name", kLmHeadName}, {"shape", {c.vocab_size, c.hidden_size}},
+                        {"dtype", io::dtype_name(payload_dtype(served_format, specs[0]))},
+                        {"tied_to", kEmbedName}});
+  json tokens = json::array();
+  for (const auto& s : seqs) tokens.push_back(s.tokens);
+  const json probe = {{"sequences", probe_.sequences}, {"length", probe_.length},
+                      {"seed", probe_.seed}, {"tokens", std::move(tokens)},
+                      {"tensor", kProbeTensor}};
+  const std::map<std::string, std::string> metadata = {
+      {kVersionKey, std::to_string(payload_version)},
+      {kManifestKey, json{{"tensors", std::move(manifest)}}.dump()},
+      {kPlanKey, make_plan(c, sampler_policy_).to_json().dump()},
+      {kContentKey, content.dump()},
+      {kProbeKey, probe.dump()}};
+
+  // Learner-side faults on what is sent (the hashes and manifest above stay the true ones).
+  auto index_of = [&](const std::string& name) {
+    for (size_t p = 0; p < specs.size(); ++p)
+      if (specs[p].name == name) return p;
+    throw InputError(fmt::format("[sync] fault {}: the model has no {}", fault_name(fault), name));
+  };
+  size_t dropped = specs.size();
+  if (fault == Fault::dropped_tensor) dropped = index_of("model.layers.0.mlp.up_proj.weight");
+  if (fault == Fault::swapped_tensors)
+    std::swap(bytes[index_of("model.layers.0.mlp.gate_proj.weight")],
+              bytes[index_of("model.layers.0.mlp.up_proj.weight")]);
+  if (fault == Fault::transposed_tensor) {
+    const auto square = std::find_if(specs.begin(), specs.end(), [](const model::ParamSpec& s) {
+      return s.is_matrix() && s.shape[0] == s.shape[1];
+    });
+    if (square == specs.end())
+      throw InputError("[sync] fault transposed_tensor: the model has no square matrix");
+    const size_t p = static_cast<size_t>(square - specs.begin());
+    const auto n = static_cast<size_t>(square->shape[0]);
+    const size_t es = static_cast<size_t>(io::dtype_traits(dtypes[p]).bits / 8);
+    std::vector<uint8_t> t(bytes[p].size());
+    for (size_t r = 0; r < n; ++r)
+      for (size_t col = 0; col < n; ++col)
+        std::memcpy(&t[(col * n + r) * es], &bytes[p][(r * n + col) * es], es);
+    bytes[p] = std::move(t);
+  }
+  if (fault == Fault::flipped_bit) {
+    // The sign bit of the largest element: a flip every quantizer keeps (the top bit of a
+    // little-endian F32/BF16/F16 value's last byte).
+    const size_t p = index_of("model.layers.0.self_attn.v_proj.weight");
+    const std::span<const float> v = mirror_.param(specs[p].name);
+    const auto top = static_cast<size_t>(std::max_element(v.begin(), v.end(), [](float x, float y) {
+                                           return std::fabs(x) < std::fabs(y);
+                                         }) - v.begin());
+    const size_t es = static_cast<size_t>(io::dtype_traits(dtypes[p]).bits / 8);
+    bytes[p][top * es + es - 1] ^= 0x80;
+  }
+
+  std::vector<io::TensorToWrite> tensors;
+  for (size_t p = 0; p < specs.size(); ++p)
+    if (p != dropped) tensors.push_back({specs[p].name, dtypes[p], specs[p].shape, bytes[p]});
+  const auto rows = static_cast<int64_t>(logprobs.size()) / c.vocab_size;
+  tensors.push_back({std::string(kProbeTensor), io::Dtype::F32, {rows, c.vocab_size},
+                     std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(logprobs.data()),
+                                              logprobs.size() * sizeof(float))});
+  std::vector<uint8_t> payload = io::serialize_safetensors(std::move(tensors), metadata);
+  if (fault == Fault::partial_sync) payload.resize(payload.size() * 2 / 3);  // cut in transit
+  seconds_serialize = seconds_since(t0);
+  if (!stale) {
+    previous_version_ = version;
+    has_previous_ = true;
+  }
+  return payload;
+}
+
+// ---- sampler ---------------------------------------------------------------------------------
+
+WeightReceiver::WeightReceiver(model::Model& serving, ProbeOptions probe)
+    : serving_(serving), probe_(std::move(probe)) {
+  if (probe_.contract.slices.empty()) probe_.contract = default_probe_contract();
+}
+
+SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t version, Fault fault) {
+  SyncReport report;
+  report.version = version;
+  report.serving = version_;
+  report.payload_bytes = payload.size();
+  // Runs one check: fn returns "" on success or the problem; stops the sync on failure.
+  auto run = [&](SyncCheck check, const std::function<std::string()>& fn) {
+    const auto t0 = Clock::now();
+    std::string problem;
+    try {
+      problem = fn();
+    } catch (const InputError& e) {  // a malformed part of the payload
+      problem = e.what();
+    } catch (const json::exception& e) {  // metadata JSON of the wrong shape
+      problem = fmt::format("malformed sync metadata ({})", e.what());
+    }
+    CheckOutcome out{check, problem.empty(), "", seconds_since(t0)};
+    if (!problem.empty())
+      out.message = fmt::format("[sync] check {} {}: {}", static_cast<int>(check),
+                                sync_check_name(check), problem);
+    report.seconds_checks += out.seconds;
+    report.checks.push_back(std::move(out));
+    return report.checks.back().pass;
+  };
+
+  // Parse (strict reader): a payload cut short in transit fails here, as check 2.
+  auto t0 = Clock::now();
+  std::optional<io::SafetensorsFile> file;
+  std::string parse_error;
+  try {
+    file = io::SafetensorsFile::from_bytes(std::vector<uint8_t>(payload.begin(), payload.end()),
+                                           "sync payload");
+  } catch (const InputError& e) {
+    parse_error = e.what();
+  }
+  report.seconds_decode += seconds_since(t0);
+  if (!file) {
+    run(SyncCheck::manifest, [&] {
+      return fmt::format("the payload ({} bytes) is not a whole safetensors image (cut short in "
+                         "transit?): {}", payload.size(), parse_error);
+    });
+    return report;
+  }
+
+  // 1 version
+  if (!run(SyncCheck::version, [&]() -> std::string {
+        const auto it = file->metadata().find(kVersionKey);
+        if (it == file->metadata().end()) return fmt::format("the payload has no {}", kVersionKey);
+        uint64_t sent = 0;
+        const auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), sent);
+        if (ec != std::errc() || end != it->second.data() + it->second.size())
+          return fmt::format("{} '{}' is not a version number", kVersionKey, it->second);
+        if (sent != version)
+          return fmt::format("payload version {} != announced {} (stale weights)", sent, version);
+        if (has_version_ && version < version_)
+          return fmt::format("announced version {} is older than the serving version {}", version, version_);
+        return "";
+      }))
+    return report;
+
+  // The staging model: the serving model's config and policy, kept across syncs.
+  if (!staging_) staging_.emplace(serving_.config(), serving_.policy());
+  std::optional<model::Model> untied;  // Fault::untied_lm_head: the sampler holds its own lm_head
+  if (fault == Fault::untied_lm_head && serving_.config().tie_word_embeddings) {
+    model::ModelConfig c = serving_.config();
+    c.tie_word_embeddings = false;
+    untied.emplace(c, serving_.policy());
+  }
+  model::Model& stage = untied ? *untied : *staging_;
+
+  // 2 manifest
+  if (!run(SyncCheck::manifest, [&]() -> std::string {
+        const json manifest = metadata_json(*file, kManifestKey).at("tensors");
+        std::set<std::string> listed;
+        const Format served = serving_.policy().served_weights;
+        for (const json& entry : manifest) {
+          const std::string name = entry.at("name").get<std::string>();
+          const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+          const std::string dtype = entry.at("dtype").get<std::string>();
+          if (!listed.insert(name).second) return fmt::format("{} is listed twice", name);
+          const model::ParamSpec* spec = nullptr;
+          for (const model::ParamSpec& s : stage.params())
+            if (s.name == name) spec = &s;
+          if (entry.contains("tied_to")) {
+            const std::string target = entry.at("tied_to").get<std::string>();
+            if (spec)
+              return fmt::format("{}: the learner ties it to {}, the sampler holds a separate copy "
+                                 "(untied)", name, target);
+            if (name != kLmHeadName || target != kEmbedName || !stage.config().tie_word_embeddings)
+              return fmt::format("{}: tied to {}, a tie the sampler does not have", name, target);
+            continue;
+          }
+          const io::TensorInfo* sent = file->find(name);
+          if (!sent) return fmt::format("{} is in the manifest but missing from the payload", name);
+          if (io::dtype_name(sent->dtype) != dtype || sent->shape != shape)
+            return fmt::format("{}: the payload holds {} {}, the manifest says {} {}", name,
+                               io::dtype_name(sent->dtype), io::shape_text(sent->shape), dtype,
+                               io::shape_text(shape));
+          if (!spec) {
+            if (name == kLmHeadName && stage.config().tie_word_embeddings)
+              return fmt::format("{}: the learner sends its own lm_head, the sampler ties it to {}",
+                                 name, kEmbedName);
+            return fmt::format("{}: the sampler has no tensor of that name", name);
+          }
+          if (spec->shape != shape)
+            return fmt::format("{}: learner shape {} != sampler shape {}", name,
+                               io::shape_text(shape), io::shape_text(spec->shape));
+          const std::string_view want = io::dtype_name(payload_dtype(served, *spec));
+          if (dtype != want)
+            return fmt::format("{}: learner dtype {} != the sampler's served dtype {}", name, dtype, want);
+        }
+        for (const model::ParamSpec& s : stage.params())
+          if (!listed.count(s.name))
+            return fmt::format("{}: the sampler's tensor has no learner tensor", s.name);
+        for (const io::TensorInfo& t : file->tensors())
+          if (t.name != kProbeTensor && !listed.count(t.name))
+            return fmt::format("{} is in the payload but not in the manifest", t.name);
+        return "";
+      }))
+    return report;
+
+  // 3 precision plan: the learner's against the sampler's configured policy.
+  if (!run(SyncCheck::precision_plan, [&]() -> std::string {
+        const Plan learner = Plan::from_json(metadata_json(*file, kPlanKey));
+        const Plan sampler = make_plan(serving_.config(), serving_.policy());
+        if (learner.norms != sampler.norms)
+          return fmt::format("norms: learner {}, sampler {}", learner.norms, sampler.norms);
+        if (learner.embedding != sampler.embedding)
+          return fmt::format("embedding lookup: learner {}, sampler {}", learner.embedding, sampler.embedding);
+        std::map<std::string, const PlanWeight*> by_name;
+        for (const PlanWeight& w : sampler.weights) by_name[w.name] = &w;
+        for (const PlanWeight& l : learner.weights) {
+          const auto it = by_name.find(l.name);
+          if (it == by_name.end()) return fmt::format("{}: planned by the learner, not a sampler GEMM weight", l.name);
+          const PlanWeight& s = *it->second;
+          if (l.high != s.high)
+            return fmt::format("{}: the learner keeps it in {} precision (a {}, b {}), the sampler "
+                               "in {} (a {}, b {})", l.name, l.high ? "high" : "low", l.a, l.b,
+                               s.high ? "high" : "low", s.a, s.b);
+          if (l.a != s.a || l.b != s.b)
+            return fmt::format("{}: forward formats differ: learner a {}, b {}; sampler a {}, b {}",
+                               l.name, l.a, l.b, s.a, s.b);
+          by_name.erase(it);
+        }
+        if (!by_name.empty())
+          return fmt::format("{}: a sampler GEMM weight the learner's plan does not cover", by_name.begin()->first);
+        if (learner.last_layers != sampler.last_layers)
+          return fmt::format("high-precision last layers: learner {}, sampler {}", learner.last_layers,
+                             sampler.last_layers);
+        return "";
+      }))
+    return report;
+
+  // Install into the staging model and prepare its derived copies (what the kernels will read).
+  t0 = Clock::now();
+  const model::PrecisionPolicy policy =
+      fault == Fault::wrong_rounding ? with_weight_rounding_rtz(serving_.policy()) : serving_.policy();
+  if (!(stage.policy() == policy)) stage.set_policy(policy);
+  for (const model::ParamSpec& spec : stage.params()) {
+    const io::TensorInfo& t = file->get(spec.name);
+    decode_values(t.bytes, t.dtype, stage.param(spec.name));
+  }
+  if (fault != Fault::stale_derived) stage.weights_changed();
+  const std::vector<Derived> derived = derived_weights(stage);
+  if (fault == Fault::zeroed_scales) zero_scales(stage, derived);
+  report.seconds_decode += seconds_since(t0);
+
+  // Runs fn(i) for every derived weight on the OpenMP threads (hashing is memory-bound; the
+  // weights are independent), results in visit order.
+  auto per_weight = [&](const std::function<uint64_t(size_t)>& fn) {
+    std::vector<uint64_t> out(derived.size());
+    const auto n = static_cast<int64_t>(derived.size());
+    int64_t elements = 0;
+    for (const Derived& w : derived) elements += w.forward->rows * w.forward->cols;
+#pragma omp parallel for schedule(dynamic) if (elements > (int64_t{1} << 22))
+    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = fn(static_cast<size_t>(i));
+    return out;
+  };
+  std::vector<std::span<const float>> values;
+  for (const Derived& w : derived) values.push_back(std::as_const(stage).param(w.name));
+
+  // 5 derived state
+  if (!run(SyncCheck::derived_state, [&]() -> std::string {
+        const std::vector<uint64_t> now = per_weight([&](size_t i) { return hash_values(values[i]); });
+        for (size_t i = 0; i < derived.size(); ++i)
+          if (derived[i].source_hash != now[i])
+            return fmt::format("{}: the prepared copy was built from values hashing {}, the weights "
+                               "now hash {} (stale copy)", derived[i].name,
+                               hex64(derived[i].source_hash), hex64(now[i]));
+        return "";
+      }))
+    return report;
+
+  // 6 scale sanity
+  if (!run(SyncCheck::scale_sanity, [&]() -> std::string {
+        for (size_t i = 0; i < derived.size(); ++i) {
+          const std::string problem = scale_problem(*derived[i].forward, values[i]);
+          if (!problem.empty())
+            return fmt::format("{} ({}): {}", derived[i].name, derived[i].forward->desc->to_string(), problem);
+        }
+        return "";
+      }))
+    return report;
+
+  // 4 content
+  if (!run(SyncCheck::content, [&]() -> std::string {
+        const json learner = metadata_json(*file, kContentKey);
+        const std::vector<uint64_t> hashes =
+            per_weight([&](size_t i) { return hash_operand(*derived[i].forward); });
+        for (size_t i = 0; i < derived.size(); ++i) {
+          const Derived& w = derived[i];
+          if (!learner.contains(w.name)) return fmt::format("{}: the learner sent no hash for it", w.name);
+          const std::string mine = hex64(hashes[i]);
+          const std::string theirs = learner.at(w.name).get<std::string>();
+          if (mine != theirs)
+            return fmt::format("{} {} hash {} != learner {}", w.name,
+                               w.forward->desc ? "codes/scales" : "values", mine, theirs);
+        }
+        if (derived.size() != learner.size())
+          return fmt::format("the learner hashed {} weights, the sampler's kernels read {}",
+                             learner.size(), derived.size());
+        return "";
+      }))
+    return report;
+
+  // 7 probe
+  if (!run(SyncCheck::probe, [&]() -> std::string {
+        const json probe = metadata_json(*file, kProbeKey);
+        const int64_t sequences = probe.at("sequences").get<int64_t>();
+        const int64_t length = probe.at("length").get<int64_t>();
+        const auto rows_of = probe.at("tokens").get<std::vector<std::vector<int32_t>>>();
+        const int64_t V = stage.config().vocab_size;
+        if (sequences < 1 || length < 2 || static_cast<int64_t>(rows_of.size()) != sequences)
+          return fmt::format("the probe batch is not {} sequences of {} tokens", sequences, length);
+        std::vector<int32_t> tokens;
+        for (const auto& r : rows_of) {
+          if (static_cast<int64_t>(r.size()) != length)
+            return fmt::format("a probe sequence has {} tokens, not {}", r.size(), length);
+          for (int32_t t : r)
+            if (t < 0 || t >= V) return fmt::format("probe token {} outside the vocabulary", t);
+          tokens.insert(tokens.end(), r.begin(), r.end());
+        }
+        const io::TensorInfo* sent = file->find(kProbeTensor);
+        const int64_t rows = sequences * (length - 1);
+        if (!sent || sent->dtype != io::Dtype::F32 || sent->shape != std::vector<int64_t>{rows, V})
+          return fmt::format("the payload lacks {} as F32 [{}, {}]", kProbeTensor, rows, V);
+        const std::vector<float> ref = io::tensor_to_floats(*sent);
+        std::vector<audit::RowInfo> infos;
+        const auto seqs = probe_sequences(tokens, sequences, length);
+        const std::vector<float> cand = probe_logprobs(stage, seqs, &infos);
+        std::vector<audit::RowRecord> records;
+        double k3 = 0;
+        for (size_t i = 0; i < infos.size(); ++i) {
+          const auto at = i * static_cast<size_t>(V);
+          const audit::RowDivergence d = audit::row_divergence(
+              std::span<const float>(ref).subspan(at, static_cast<size_t>(V)),
+              std::span<const float>(cand).subspan(at, static_cast<size_t>(V)), infos[i].next);
+          const double r = std::clamp(d.dlogp_token, -20.0, 20.0);  // log learner/sampler
+          k3 += std::expm1(r) - r;
+          records.push_back({infos[i], d});
+        }
+        k3 /= static_cast<double>(records.size());
+        const audit::Measurement m = audit::measure(records, audit::SliceOptions{}, "learner", "sampler", V);
+        const audit::SliceStats& all = *m.find("all");
+        report.probe_max_abs_dlogp = all.max_abs_dlogp;
+        report.probe_k3_kl = k3;
+        const audit::CheckResult verdict = audit::check_contract(probe_.contract, m);
+        const std::string summary =
+            fmt::format("max |dlogp| {:.3g}, k3 KL {:.3g} over {} rows", all.max_abs_dlogp, k3, records.size());
+        if (!verdict.pass) {
+          const audit::Violation& v = verdict.violations.front();
+          const auto worst = std::max_element(records.begin(), records.end(), [](const auto& a, const auto& b) {
+            return a.div.osc < b.div.osc;
+          });
+          return fmt::format("slice {} {} {:.3g} > contract {:.3g} ({} rows over; worst: sequence {} "
+                             "position {}); {}", v.slice, v.what, v.measured, v.allowed, v.rows_over,
+                             worst->info.sequence, worst->info.position, summary);
+        }
+        if (k3 > probe_.max_k3_kl) return fmt::format("k3 KL {:.3g} > {:.3g}; {}", k3, probe_.max_k3_kl, summary);
+        return "";
+      }))
+    return report;
+
+  // Every check passed: the staged weights serve.
+  t0 = Clock::now();
+  for (const model::ParamSpec& spec : serving_.params()) {
+    const std::span<const float> from = std::as_const(stage).param(spec.name);
+    std::copy(from.begin(), from.end(), serving_.param(spec.name).begin());
+  }
+  serving_.weights_changed();
+  report.seconds_swap = seconds_since(t0);
+  version_ = version;
+  has_version_ = true;
+  report.serving = version;
+  report.applied = true;
+  return report;
+}
+
+}  // namespace concord::rl

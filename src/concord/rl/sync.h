@@ -1,0 +1,177 @@
+// Verified weight sync between the learner and the samplers (DESIGN.md seed system #1).
+//
+// The learner publishes a versioned payload: the served weights (after the export rule) as a
+// safetensors image in memory — each parameter in the dtype the sampler's policy serves it
+// (policy.served_weights: bf16 values stay bf16 bytes, f32 stays f32) — with metadata:
+//   concord.sync.version     the learner step that produced these weights
+//   concord.sync.manifest    JSON {"tensors": [{"name", "shape", "dtype"} | {"name", "shape",
+//                            "dtype", "tied_to"}]}: every learner tensor, in params() order; a
+//                            tied lm_head is listed with "tied_to" and carries no bytes
+//   concord.sync.plan        JSON: the sampler-side precision of every GEMM weight's forward
+//                            operands ({"name", "a", "b", "high"}: QuantDesc names or "f32";
+//                            high = both operands at 16 bits or more), norms ("f32"), the
+//                            embedding lookup and the last-layers override, from the policy
+//   concord.sync.content     JSON {name: "0x<16 hex>"}: per GEMM weight, XXH3-64 of the codes,
+//                            scales and tensor scale the learner's quantizer (the sampler's
+//                            descriptors) makes of it (of the fp32 values when unquantized)
+//   concord.sync.probe       JSON: the probe batch (token ids, `sequences` x `length`); the
+//                            learner's log-probs on it at the sampler's precision (check 7's
+//                            reference) are the F32 tensor kProbeTensor, one full-vocabulary
+//                            row (serve::full_logprobs) per position but each sequence's last
+// The learner makes its hashes and probe log-probs with a model at the SAMPLER's policy holding
+// exactly the payload's values, so a clean sync compares equal bit for bit.
+//
+// A sampler receives into a STAGING model (same config, its own policy), runs the seven checks
+// there, and only when all pass copies the staging weights into the model it serves (atomic: a
+// failed or partial sync leaves the previous version serving and reports the check that
+// failed):
+//   1 version         the payload's version is the one announced, not older than the serving one
+//   2 manifest        the payload parses (strict reader; a cut-short payload fails here); every
+//                     learner tensor maps to exactly one sampler tensor: name, shape, dtype;
+//                     nothing missing or extra; tied embeddings stay tied
+//   3 precision_plan  the sampler's configured plan (its policy) equals the learner's: the same
+//                     weights kept in high precision (lm_head, last layers), the same forward
+//                     formats, norms and embedding lookup
+//   4 content         XXH3-64 over what the sampler's kernels read (Model::visit_derived_weights:
+//                     codes and scales of the prepared operands) equals the learner's hashes
+//   5 derived_state   every derived copy (prepared / pre-packed weights, cached scales) was built
+//                     from the new weights (source hash = hash of the current fp32 values)
+//   6 scale_sanity    no NaN or Inf block scale, no zero or placeholder (e8m0 2^-127) scale on a
+//                     block with nonzero elements; NVFP4 and per-tensor FP8 tensor scales equal
+//                     the ones the staged values' amax gives, and an NVFP4 tensor's largest block
+//                     scale is the one its amax block gets
+//   7 probe           teacher-forced replay of the probe batch on the staged weights: the
+//                     sampler's log-probs against the learner's stay inside a kernel contract
+//                     (audit/contract.h; by default osc max 1e-4 nats and k3 KL ≤ 1e-6)
+// They run in the order 1, 2, 3, 5, 6, 4, 7 and stop at the first failure: the staged model's
+// own consistency (copies current, scales sane) comes before the comparison with the learner's
+// hashes, so a stale copy or a corrupted scale is named as such rather than as a content
+// mismatch; the probe, the costliest, runs last.
+// Each failure message names the check, the tensor (or probe row) and what differed:
+//   "[sync] check 4 content: model.layers.0.mlp.up_proj.weight codes/scales hash 0x... !=
+//    learner 0x...".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "concord/audit/contract.h"
+#include "concord/model/model.h"
+#include "concord/model/policy.h"
+
+namespace concord::rl {
+
+enum class SyncCheck : uint8_t {
+  version = 1, manifest, precision_plan, content, derived_state, scale_sanity, probe
+};
+inline constexpr int kSyncChecks = 7;
+std::string_view sync_check_name(SyncCheck c);  // "version", "manifest", ...
+
+// Injected faults (tests, `concord rl --fault`, the results table). Each happens where it
+// happens in real systems: on the learner's side (what is sent) or the sampler's (what is
+// installed). After each: the check that catches it (tests/rl/sync_test.cpp proves it per preset).
+enum class Fault : uint8_t {
+  none,
+  stale_version,     // the learner re-sends the previous step's payload (its version inside)
+                     // announced as the new version                                  → 1
+  dropped_tensor,    // one tensor (layer 0 up_proj) missing from the payload         → 2
+  swapped_tensors,   // two same-shape tensors (layer 0 gate/up_proj) exchanged        → 4
+  transposed_tensor, // a square matrix (the first: layer 0 q_proj) sent transposed    → 4
+  untied_lm_head,    // the sampler unties lm_head from the embeddings (a copy that then
+                     // drifts)                                    → 2; tied configs only
+  stale_derived,     // the sampler updates fp32 values but keeps the old prepared copies
+                     //                      → 5; from the second sync (nothing is stale before)
+  zeroed_scales,     // one block scale (per-tensor FP8: the tensor scale) of a quantized weight
+                     // zeroed on the sampler  → 6; quantized presets (bf16/fp32: no scales)
+  partial_sync,      // the payload is cut short in transit (a third dropped)         → 2
+  wrong_rounding,    // the sampler's weight quantizer rounds toward zero, not as declared
+                     //        → 4; quantized presets (a bf16 cast of bf16 values is exact)
+  flipped_bit,       // the sign bit of one weight (layer 0 v_proj's largest) flipped → 4
+};
+std::string_view fault_name(Fault f);
+Fault fault_from_name(std::string_view name);  // InputError listing the names
+std::vector<std::string> fault_names();         // without "none"
+
+// The learner makes the probe batch; a sampler reads it from the payload and uses only the
+// threshold (contract, max_k3_kl) of its own options.
+struct ProbeOptions {
+  int64_t sequences = 4, length = 32;  // the probe batch: fixed token ids (seeded Philox)
+  uint64_t seed = 7;
+  audit::Contract contract;            // threshold; empty slices: the default above
+  double max_k3_kl = 1e-6;
+};
+
+struct CheckOutcome {
+  SyncCheck check;
+  bool pass = true;
+  std::string message;  // empty when passed
+  double seconds = 0;
+};
+
+// The name of the probe's log-prob tensor inside the payload (not a model tensor).
+inline constexpr std::string_view kProbeTensor = "concord.sync.probe.logprobs";
+
+struct SyncReport {
+  uint64_t version = 0;          // the version offered
+  uint64_t serving = 0;          // the version serving after this sync
+  bool applied = false;          // the staging weights were swapped in
+  std::vector<CheckOutcome> checks;  // in the order run (see above); stops at the first failure
+  // decode: parsing the payload, installing it into the staging model and preparing its
+  // derived copies; checks: the sum of the checks' seconds; swap: copying into the serving model
+  double seconds_decode = 0, seconds_checks = 0, seconds_swap = 0;
+  size_t payload_bytes = 0;
+  double probe_max_abs_dlogp = 0, probe_k3_kl = 0;
+  std::optional<CheckOutcome> failure() const;
+  nlohmann::json to_json() const;
+};
+
+// Learner side: serializes the served weights of `served` (the learner's model after export)
+// for samplers running `sampler_policy`.
+class WeightPublisher {
+ public:
+  WeightPublisher(model::Model& served, model::PrecisionPolicy sampler_policy,
+                  ProbeOptions probe = {});
+  // The payload for `version`; `fault` applies a learner-side fault (others are ignored here).
+  std::vector<uint8_t> publish(uint64_t version, Fault fault = Fault::none);
+
+  // Time split of the last publish: encoding the weights, the learner's quantizer and hashes,
+  // the probe forward, serializing.
+  double seconds_encode = 0, seconds_hash = 0, seconds_probe = 0, seconds_serialize = 0;
+
+ private:
+  model::Model& served_;
+  model::PrecisionPolicy sampler_policy_;
+  ProbeOptions probe_;
+  model::Model mirror_;            // the payload's values at the sampler's policy
+  std::vector<int32_t> probe_tokens_;
+  uint64_t previous_version_ = 0;  // the last version published: stale_version re-sends it
+  bool has_previous_ = false;      // (the mirror still holds its values)
+};
+
+// Sampler side: owns the staging model; `serving` is the model the engine runs.
+class WeightReceiver {
+ public:
+  WeightReceiver(model::Model& serving, ProbeOptions probe = {});
+  // Verifies `payload` announced as `version` and swaps it in when every check passes.
+  // `fault` applies a sampler-side fault (others are ignored here).
+  SyncReport apply(std::span<const uint8_t> payload, uint64_t version, Fault fault = Fault::none);
+  uint64_t version() const { return version_; }
+
+ private:
+  model::Model& serving_;
+  ProbeOptions probe_;
+  std::optional<model::Model> staging_;  // kept across syncs (its prepared copies persist)
+  uint64_t version_ = 0;
+  bool has_version_ = false;
+};
+
+// Whether the fault happens on the learner's side (publish) or the sampler's (apply).
+bool learner_side(Fault f);
+
+}  // namespace concord::rl

@@ -1,0 +1,158 @@
+#!/bin/bash
+# `concord demo --quick` and `concord rl` end to end: the demo's table, combined report and per-arm
+# files; an injected fault reported while the run goes on; the shm transport (2 sampler
+# processes) and, when mpirun is installed, the MPI transport give the in-process run's results;
+# bad flags and bad configs exit 2 with one line naming the problem.
+# Usage: rl_test.sh PATH/TO/concord   (needs bash and python3, standard library only)
+set -u
+CONCORD="$1"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+FAILURES=0
+export OMP_WAIT_POLICY=passive
+
+fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+pass() { echo "ok: $*"; }
+
+# run_rc NAME EXPECTED_RC COMMAND... : runs with stdout in $WORK/out, stderr in $WORK/err.
+run_rc() {
+  local name="$1" expected="$2"; shift 2
+  "$@" >"$WORK/out" 2>"$WORK/err" </dev/null; local rc=$?
+  if [[ $rc -ne $expected ]]; then
+    fail "$name: exit status $rc, expected $expected: $(cat "$WORK/out" "$WORK/err")"
+    return 1
+  fi
+  return 0
+}
+
+# expect_error NAME FRAGMENT COMMAND... : exit 2, stderr is one line containing FRAGMENT.
+expect_error() {
+  local name="$1" fragment="$2"; shift 2
+  "$@" >"$WORK/out" 2>"$WORK/err" </dev/null; local rc=$?
+  local lines; lines=$(wc -l <"$WORK/err")
+  if [[ $rc -ne 2 ]]; then
+    fail "$name: exit status $rc, expected 2 ($(cat "$WORK/err"))"
+  elif [[ $lines -ne 1 ]]; then
+    fail "$name: stderr has $lines lines, expected 1: $(cat "$WORK/err")"
+  elif ! grep -qF -- "$fragment" "$WORK/err"; then
+    fail "$name: stderr lacks '$fragment': $(cat "$WORK/err")"
+  else
+    pass "$name"
+  fi
+}
+
+# json_check NAME FILE PYTHON_EXPR : the expression over `j` (the parsed file) is true.
+json_check() {
+  local name="$1" file="$2" expr="$3"
+  if python3 -c "import json, sys; j = json.load(open(sys.argv[1])); sys.exit(0 if ($expr) else 1)" "$file"; then
+    pass "$name"
+  else
+    fail "$name: $expr on $file"
+  fi
+}
+
+# same_steps NAME A B : two metrics.jsonl files agree on everything but timing and sync reports.
+same_steps() {
+  local name="$1" a="$2" b="$3"
+  if python3 - "$a" "$b" <<'PY'
+import json, sys
+def load(p):
+    out = []
+    for line in open(p):
+        j = json.loads(line)
+        out.append({k: v for k, v in j.items() if not k.startswith("time/") and k != "sync/reports"})
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+sys.exit(0 if a == b and len(a) > 0 else 1)
+PY
+  then pass "$name"; else fail "$name: $a and $b differ"; fi
+}
+
+# --- the demo, quick ---
+if run_rc "demo --quick" 0 "$CONCORD" demo --quick --out "$WORK/demo"; then
+  grep -q '^arm (sampler/learner export)' "$WORK/out" && grep -q '^bf16/bf16 rne ' "$WORK/out" \
+    && grep -q '^mxfp8/mxfp8 sr ' "$WORK/out" && grep -q '^nvfp4/nvfp4 ef ' "$WORK/out" \
+    && pass "demo prints the comparison table" || fail "demo table: $(cat "$WORK/out")"
+  grep -q 'step 1/3' "$WORK/err" && pass "demo shows progress on stderr" || fail "demo progress: $(cat "$WORK/err")"
+  [[ -s "$WORK/demo/report.html" && -s "$WORK/demo/base/model.safetensors" && -s "$WORK/demo/base/warmup.json" ]] \
+    && grep -q '<svg' "$WORK/demo/report.html" && ! grep -q '<script' "$WORK/demo/report.html" \
+    && pass "demo writes the combined report (inline SVG) and the cached base model" \
+    || fail "demo outputs: $(ls -R "$WORK/demo")"
+  for arm in bf16_bf16_rne mxfp8_mxfp8_sr nvfp4_nvfp4_ef; do
+    [[ -s "$WORK/demo/$arm/metrics.jsonl" && -s "$WORK/demo/$arm/report.html" && -s "$WORK/demo/$arm/config.json" ]] \
+      || fail "demo arm $arm lacks metrics.jsonl, report.html or config.json"
+  done
+  json_check "demo summary: 3 arms, no sync failure, rewards in [0, 1]" "$WORK/demo/summary.json" \
+    "len(j['arms']) == 3 and all(a['sync_failures'] == 0 and 0 <= a['final_reward'] <= 1 for a in j['arms'])"
+  json_check "matched bf16/bf16 has no mismatch" "$WORK/demo/summary.json" \
+    "[a for a in j['arms'] if a['dir'] == 'bf16_bf16_rne'][0]['mean_k3_kl'] < 1e-12"
+  run_rc "demo --quick again" 0 "$CONCORD" demo --quick --out "$WORK/demo" --arm bf16/bf16:sr \
+    && grep -q 'warmed-up model from' "$WORK/err" && pass "a second demo reuses the warmed-up model" \
+    || fail "demo rerun did not reuse base: $(cat "$WORK/err")"
+fi
+
+# --- concord rl: in process, then with a fault ---
+QUICK=(rl --quick --seed 3 --quiet)
+if run_rc "rl in-process" 0 "$CONCORD" "${QUICK[@]}" --out "$WORK/rl_a"; then
+  grep -q 'every step passed the seven checks' "$WORK/out" && pass "clean run raises no alarm" \
+    || fail "clean run output: $(cat "$WORK/out")"
+  python3 -c "
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+need = ['rollout_corr/kl', 'rollout_corr/k3_kl', 'rollout_corr/log_ppl_abs_diff', 'token_mult_prob_error',
+        'prob_diff_max', 'prob_diff_mean', 'reward', 'entropy', 'fair_cast', 'time/rollout_s',
+        'time/learner_s', 'time/sync_s']
+sys.exit(0 if len(lines) == 4 and all(k in l for l in lines for k in need) else 1)" "$WORK/rl_a/metrics.jsonl" \
+    && pass "metrics.jsonl has a line per step with the named metrics" || fail "metrics.jsonl: $(head -c 600 "$WORK/rl_a/metrics.jsonl")"
+fi
+if run_rc "rl with a fault" 0 "$CONCORD" "${QUICK[@]}" --fault flipped_bit@2 --out "$WORK/rl_fault"; then
+  grep -q 'step 2 sampler 1: ' "$WORK/out" && pass "the failed sync is reported with its check" \
+    || fail "fault output: $(cat "$WORK/out")"
+  json_check "summary: the fault was caught at step 2, the old version kept serving" "$WORK/rl_fault/summary.json" \
+    "j['faults'] == [{'fault': 'flipped_bit', 'step': 2, 'caught': True}] and j['sync_failures'] == 1"
+  python3 -c "
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+r = lines[1]['sync/reports'][0]
+sys.exit(0 if (not lines[1]['sync/applied']) and r['serving'] == 1 and lines[2]['sync/applied'] else 1)" \
+    "$WORK/rl_fault/metrics.jsonl" && pass "step 2 served version 1; step 3 synced again" \
+    || fail "fault metrics: $(sed -n 2p "$WORK/rl_fault/metrics.jsonl" | head -c 800)"
+fi
+
+# --- other transports give the same run ---
+if run_rc "rl shm, 2 samplers" 0 "$CONCORD" "${QUICK[@]}" --transport shm --samplers 2 --out "$WORK/rl_shm"; then
+  grep -q 'over shm (2 samplers)' "$WORK/out" && pass "shm run names its transport" || fail "shm output: $(cat "$WORK/out")"
+  same_steps "shm with 2 samplers = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_shm/metrics.jsonl"
+fi
+if command -v mpirun >/dev/null 2>&1; then
+  if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_rc "rl under mpirun -np 3" 0 \
+      mpirun -np 3 --oversubscribe --mca btl self,vader "$CONCORD" "${QUICK[@]}" --out "$WORK/rl_mpi"; then
+    grep -q 'over mpi (2 samplers)' "$WORK/out" && pass "mpi run names its transport" || fail "mpi output: $(cat "$WORK/out")"
+    same_steps "mpi with 2 samplers = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_mpi/metrics.jsonl"
+  fi
+else
+  echo "skip: mpirun not installed"
+fi
+
+# --- bad input: exit 2, one line ---
+expect_error "unknown transport" "unknown --transport 'tcp'" "$CONCORD" rl --quick --transport tcp --out "$WORK/x"
+expect_error "unknown fault" "melted" "$CONCORD" rl --quick --fault melted@2 --out "$WORK/x"
+expect_error "fault without a step" "NAME@STEP" "$CONCORD" rl --quick --fault flipped_bit --out "$WORK/x"
+expect_error "fault past the last step" "flipped_bit@99" "$CONCORD" rl --quick --fault flipped_bit@99 --out "$WORK/x"
+expect_error "samplers in process" "--samplers needs --transport shm" "$CONCORD" rl --quick --samplers 2 --out "$WORK/x"
+expect_error "unknown preset" "fp7" "$CONCORD" rl --quick --sampler fp7 --out "$WORK/x"
+expect_error "unknown export" "unknown export rule 'stochastic'" "$CONCORD" rl --quick --export stochastic --out "$WORK/x"
+echo '{"grpo": {"stepz": 3}}' >"$WORK/bad_key.json"
+expect_error "config with an unknown key" "unknown key 'grpo.stepz'" "$CONCORD" rl --config "$WORK/bad_key.json" --out "$WORK/x"
+echo '{"grpo": {"steps": 3' >"$WORK/bad_json.json"
+expect_error "config that is not JSON" "bad_json.json: not valid JSON" "$CONCORD" rl --config "$WORK/bad_json.json" --out "$WORK/x"
+expect_error "missing config" "cannot open the RL config" "$CONCORD" rl --config "$WORK/nope.json" --out "$WORK/x"
+expect_error "demo arm syntax" "SAMPLER/LEARNER:EXPORT" "$CONCORD" demo --quick --arm bf16-bf16 --out "$WORK/x"
+expect_error "demo arm preset" "fp7" "$CONCORD" demo --quick --arm bf16/fp7:rne --out "$WORK/x"
+[[ ! -e "$WORK/x" ]] && pass "failed commands write nothing" || fail "output written by a failed command"
+
+if [[ $FAILURES -ne 0 ]]; then
+  echo "$FAILURES failure(s)"
+  exit 1
+fi
+echo "all rl CLI tests passed"

@@ -1,0 +1,294 @@
+// The RL loop end to end on a tiny model, in process: metrics.jsonl lines carry the named metrics,
+// the report holds inline SVG, an injected fault is reported while the old version keeps
+// serving, matched bf16/bf16 has no mismatch (and a mismatched pair has some), the warm-up cache
+// is reused, and the same seed gives the same run.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "concord/numerics/check.h"
+#include "concord/rl/channel.h"
+#include "concord/rl/loop.h"
+
+namespace concord::rl {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("concord_loop_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<json> read_jsonl(const fs::path& path) {
+  std::vector<json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(json::parse(line));
+  return lines;
+}
+
+RlConfig tiny_config(const fs::path& out, const std::string& sampler = "bf16",
+                     const std::string& learner = "bf16") {
+  RlConfig c;
+  c.name = "tiny";
+  c.model = default_rl_model();
+  c.model.hidden_size = 32;
+  c.model.intermediate_size = 64;
+  c.model.num_hidden_layers = 1;
+  c.model.num_attention_heads = 1;
+  c.model.num_key_value_heads = 1;
+  c.model.head_dim = 32;
+  c.model.max_position_embeddings = 64;
+  c.sampler = sampler;
+  c.learner = learner;
+  c.task = "add";
+  c.difficulty = 1;
+  // Enough warm-up that step 1 has rewards 0 and 1 in a group (a non-zero gradient).
+  c.warmup_steps = 40;
+  c.warmup_batch = 16;
+  c.warmup_lr = 1e-2;
+  c.steps = 3;
+  c.prompts_per_step = 2;
+  c.group_size = 4;
+  c.max_new_tokens = 3;
+  c.lr = 1e-3;
+  c.probe.sequences = 2;
+  c.probe.length = 16;
+  c.seed = 5;
+  c.out = out.string();
+  return c;
+}
+
+RlResult run_in_process(const RlConfig& c) {
+  auto channel = make_in_process_channel();
+  return run_rl(c, *channel, /*progress=*/false);
+}
+
+// Drops what depends on the clock.
+json without_timing(json line) {
+  for (auto it = line.begin(); it != line.end();) {
+    if (it.key().rfind("time/", 0) == 0 || it.key() == "sync/reports") it = line.erase(it);
+    else ++it;
+  }
+  return line;
+}
+
+TEST(RlLoop, MetricsLinesCarryTheNamedMetricsAndTheReportHasSvg) {
+  const fs::path out = temp_dir("metrics");
+  const RlConfig c = tiny_config(out);
+  const RlResult r = run_in_process(c);
+  ASSERT_EQ(r.steps.size(), 3u);
+  const std::vector<json> lines = read_jsonl(out / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const json& l = lines[i];
+    EXPECT_EQ(l.at("step").get<int64_t>(), static_cast<int64_t>(i) + 1);
+    for (const char* key :
+         {"rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/log_ppl_abs_diff",
+          "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_min", "rollout_corr/rollout_is_max",
+          "rollout_corr/rollout_is_eff_sample_size", "token_mult_prob_error", "prob_diff_max",
+          "prob_diff_mean", "reward", "entropy", "time/rollout_s", "time/learner_s", "time/sync_s",
+          "actor/loss", "actor/pg_clipfrac"}) {
+      EXPECT_TRUE(l.contains(key) && l.at(key).is_number()) << "step " << i + 1 << " lacks " << key;
+    }
+    const double reward = l.at("reward").get<double>();
+    EXPECT_GE(reward, 0.0);
+    EXPECT_LE(reward, 1.0);
+    // rewards are 0/1 per completion: the step mean is a multiple of 1/8
+    EXPECT_DOUBLE_EQ(reward * 8, std::round(reward * 8));
+    EXPECT_GT(l.at("entropy").get<double>(), 0.0);
+    const json& fc = l.at("fair_cast");
+    for (const char* key : {"changed_fraction", "weights", "err_ulp", "lag"}) {
+      EXPECT_TRUE(fc.contains(key)) << "fair_cast lacks " << key;
+    }
+    EXPECT_TRUE(l.at("sync/applied").get<bool>());
+    ASSERT_EQ(l.at("sync/reports").size(), 1u);
+    EXPECT_EQ(l.at("sync/reports")[0].at("serving").get<int64_t>(), static_cast<int64_t>(i) + 1);
+  }
+  // Step 1's update (non-zero gradient) reaches the served copy exported at step 2.
+  ASSERT_GT(lines[0].at("grad_norm").get<double>(), 0.0);
+  EXPECT_GT(lines[1].at("fair_cast").at("changed_fraction").get<double>(), 0.0);
+  const std::string report = read_text(out / "report.html");
+  EXPECT_NE(report.find("<svg"), std::string::npos);
+  EXPECT_NE(report.find("rollout_corr/k3_kl"), std::string::npos);
+  EXPECT_EQ(report.find("<script"), std::string::npos);
+  const json summary = json::parse(read_text(out / "summary.json"));
+  EXPECT_EQ(summary.at("sync_failures").get<int64_t>(), 0);
+  EXPECT_EQ(json::parse(read_text(out / "config.json")), c.to_json());
+  fs::remove_all(out);
+}
+
+TEST(RlLoop, MatchedBf16HasNoMismatchAndAMismatchedPairHasSome) {
+  const fs::path out = temp_dir("matched");
+  const RlResult matched = run_in_process(tiny_config(out / "a", "bf16", "bf16"));
+  const RlResult mismatched = run_in_process(tiny_config(out / "b", "bf16", "mxfp8"));
+  for (const RlStepMetrics& s : matched.steps) {
+    EXPECT_LT(std::abs(s.line.at("rollout_corr/k3_kl").get<double>()), 1e-12) << "step " << s.step;
+    EXPECT_LT(s.line.at("prob_diff_max").get<double>(), 1e-9) << "step " << s.step;
+  }
+  EXPECT_GT(mismatched.mean_mismatch_kl, 1e-8);
+  EXPECT_GT(mismatched.mean_mismatch_kl, 1e3 * std::max(matched.mean_mismatch_kl, 1e-15));
+  fs::remove_all(out);
+}
+
+TEST(RlLoop, InjectedFaultIsReportedAndTheOldVersionKeepsServing) {
+  const fs::path out = temp_dir("fault");
+  RlConfig c = tiny_config(out);
+  c.faults = {parse_fault("flipped_bit@2")};
+  const RlResult r = run_in_process(c);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_EQ(r.sync_failures, 1);
+  const json& bad = r.steps[1].line;
+  EXPECT_FALSE(bad.at("sync/applied").get<bool>());
+  EXPECT_TRUE(bad.at("sync/failed_check").is_string());
+  const json& report = bad.at("sync/reports")[0];
+  EXPECT_EQ(report.at("serving").get<int64_t>(), 1) << "the sampler must keep serving version 1";
+  EXPECT_FALSE(report.at("failure_message").get<std::string>().empty());
+  // Clean steps raise no alarm; step 3 syncs again.
+  EXPECT_TRUE(r.steps[0].line.at("sync/applied").get<bool>());
+  EXPECT_TRUE(r.steps[2].line.at("sync/applied").get<bool>());
+  EXPECT_EQ(r.steps[2].line.at("sync/reports")[0].at("serving").get<int64_t>(), 3);
+  // Rollouts of step 2 came from version 1 while the learner is at version 2: a mismatch shows.
+  EXPECT_GT(bad.at("rollout_corr/k3_kl").get<double>(), 0.0);
+  const json summary = json::parse(read_text(out / "summary.json"));
+  ASSERT_EQ(summary.at("faults").size(), 1u);
+  EXPECT_TRUE(summary.at("faults")[0].at("caught").get<bool>());
+  EXPECT_EQ(summary.at("sync_events")[0].at("step").get<int64_t>(), 2);
+  EXPECT_NE(read_text(out / "report.html").find("Failed syncs"), std::string::npos);
+  fs::remove_all(out);
+}
+
+TEST(RlLoop, SameSeedSameRunAndTheWarmupCacheIsReused) {
+  const fs::path out = temp_dir("repro");
+  RlConfig a = tiny_config(out / "a");
+  a.export_rule = "sr";
+  a.base = (out / "base").string();
+  RlConfig b = a;
+  b.out = (out / "b").string();
+  const RlResult ra = run_in_process(a);
+  const RlResult rb = run_in_process(b);
+  EXPECT_FALSE(ra.warmup_cached);
+  EXPECT_TRUE(rb.warmup_cached);
+  EXPECT_TRUE(fs::exists(out / "base" / "model.safetensors"));
+  ASSERT_EQ(ra.steps.size(), rb.steps.size());
+  for (size_t i = 0; i < ra.steps.size(); ++i)
+    EXPECT_EQ(without_timing(ra.steps[i].line), without_timing(rb.steps[i].line)) << "step " << i + 1;
+  // Another seed gives another run (the comparison above can fail).
+  RlConfig d = a;
+  d.seed = 6;
+  d.base.clear();
+  d.out = (out / "d").string();
+  const RlResult rd = run_in_process(d);
+  EXPECT_NE(without_timing(ra.steps[0].line), without_timing(rd.steps[0].line));
+  fs::remove_all(out);
+}
+
+// Independent references over rollouts.jsonl: the reward recomputed from the completion text
+// (integer addition), GRPO advantages and the mismatch metrics recomputed in fp64 here.
+TEST(RlLoop, RewardsAdvantagesAndMismatchMatchAnIndependentReference) {
+  const fs::path out = temp_dir("reference");
+  RlConfig c = tiny_config(out, "bf16", "mxfp8");  // a mismatched pair: non-zero metrics
+  c.log_rollouts = true;
+  const RlResult r = run_in_process(c);
+  std::vector<json> rollouts = read_jsonl(out / "rollouts.jsonl");
+  ASSERT_EQ(rollouts.size(), static_cast<size_t>(c.steps * c.prompts_per_step * c.group_size));
+  int rewarded = 0;
+  for (int64_t step = 1; step <= c.steps; ++step) {
+    double s_sum = 0, k3_sum = 0, mult_sum = 0, dp_max = 0;
+    int64_t tokens = 0;
+    std::vector<double> rewards, advantages;
+    for (const json& x : rollouts) {
+      if (x.at("step").get<int64_t>() != step) continue;
+      // "Q: a+b=\nA: " -> a + b, the completion up to its first newline or special token.
+      const std::string prompt = x.at("prompt_text").get<std::string>();
+      const int a = std::stoi(prompt.substr(3, prompt.find('+') - 3));
+      const int b = std::stoi(prompt.substr(prompt.find('+') + 1, prompt.find('=') - prompt.find('+') - 1));
+      std::string answer;
+      for (int t : x.at("tokens").get<std::vector<int>>()) {
+        if (t > 255 || t == '\n') break;
+        answer.push_back(static_cast<char>(t));
+      }
+      const double reward = answer == std::to_string(a + b) ? 1.0 : 0.0;
+      EXPECT_EQ(x.at("reward").get<double>(), reward) << prompt << answer;
+      rewarded += reward > 0;
+      rewards.push_back(reward);
+      advantages.push_back(x.at("advantage").get<double>());
+      const auto s = x.at("sampler_logprobs").get<std::vector<double>>();
+      const auto l = x.at("learner_logprobs").get<std::vector<double>>();
+      ASSERT_EQ(s.size(), l.size());
+      for (size_t t = 0; t < s.size(); ++t) {
+        const double d = l[t] - s[t];
+        s_sum += s[t] - l[t];
+        k3_sum += std::exp(d) - d - 1;
+        mult_sum += std::exp(std::abs(d));
+        dp_max = std::max(dp_max, std::abs(std::exp(l[t]) - std::exp(s[t])));
+        ++tokens;
+      }
+    }
+    ASSERT_EQ(rewards.size(), static_cast<size_t>(c.prompts_per_step * c.group_size));
+    for (size_t g = 0; g < rewards.size(); g += static_cast<size_t>(c.group_size)) {
+      double mean = 0, var = 0;
+      for (int64_t j = 0; j < c.group_size; ++j) mean += rewards[g + j] / c.group_size;
+      for (int64_t j = 0; j < c.group_size; ++j) var += (rewards[g + j] - mean) * (rewards[g + j] - mean) / c.group_size;
+      for (int64_t j = 0; j < c.group_size; ++j)
+        EXPECT_NEAR(advantages[g + j], (rewards[g + j] - mean) / (std::sqrt(var) + 1e-6), 1e-12);
+    }
+    const json& line = r.steps[static_cast<size_t>(step - 1)].line;
+    const double n = static_cast<double>(tokens);
+    double mean_reward = 0;
+    for (double x : rewards) mean_reward += x / static_cast<double>(rewards.size());
+    EXPECT_NEAR(line.at("reward").get<double>(), mean_reward, 1e-12);
+    EXPECT_NEAR(line.at("rollout_corr/kl").get<double>(), s_sum / n, 1e-12);
+    EXPECT_NEAR(line.at("rollout_corr/k3_kl").get<double>(), k3_sum / n, 1e-12);
+    EXPECT_NEAR(line.at("token_mult_prob_error").get<double>(), mult_sum / n, 1e-12);
+    EXPECT_NEAR(line.at("prob_diff_max").get<double>(), dp_max, 1e-12);
+    EXPECT_GT(line.at("rollout_corr/k3_kl").get<double>(), 0.0);
+  }
+  EXPECT_GT(rewarded, 0) << "no completion was right: the reward check is not exercised";
+  fs::remove_all(out);
+}
+
+TEST(RlLoop, ConfigJsonRoundTripsAndBadConfigsNameTheKey) {
+  const RlConfig c = tiny_config("x");
+  EXPECT_EQ(RlConfig::from_json(c.to_json(), "t").to_json(), c.to_json());
+  auto message = [](const std::string& text) {
+    try {
+      RlConfig::from_json(json::parse(text), "cfg.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(R"({"grpo": {"stepz": 3}})").find("unknown key 'grpo.stepz'"), std::string::npos);
+  EXPECT_NE(message(R"({"grpo": {"group_size": 1}})").find("group_size"), std::string::npos);
+  EXPECT_NE(message(R"({"grpo": {"temperature": 0.7}})").find("temperature"), std::string::npos);
+  EXPECT_NE(message(R"({"export": "stochastic"})").find("unknown export rule 'stochastic'"), std::string::npos);
+  EXPECT_NE(message(R"({"sampler": "fp7"})").find("sampler"), std::string::npos);
+  EXPECT_NE(message(R"({"faults": ["flipped_bit@99"]})").find("flipped_bit@99"), std::string::npos);
+  EXPECT_NE(message(R"({"faults": ["melted@2"]})").find("melted"), std::string::npos);
+  EXPECT_NE(message(R"({"task": {"name": "div"}})").find("div"), std::string::npos);
+  EXPECT_NE(message(R"({"loss": {"is": "tis"}})").find("tis"), std::string::npos);
+  EXPECT_THROW(parse_fault("flipped_bit"), InputError);
+  EXPECT_THROW(parse_fault("flipped_bit@0"), InputError);
+  EXPECT_EQ(parse_fault("zeroed_scales@4").step, 4);
+}
+
+}  // namespace
+}  // namespace concord::rl

@@ -1,0 +1,531 @@
+// Weight sync (rl/sync.h): clean syncs over several steps and presets raise no alarm; every
+// injected fault is caught by its check with a specific message; a failed sync leaves the
+// serving model untouched; the payload, hashes and probe against independent recomputations.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "concord/io/safetensors.h"
+#include "concord/model/model.h"
+#include "concord/numerics/block.h"
+#include "concord/numerics/check.h"
+#include "concord/rl/sync.h"
+#include "concord/tensor/qgemm.h"
+#include "concord/train/export.h"
+
+namespace concord::rl {
+namespace {
+
+using json = nlohmann::json;
+using model::Model;
+using model::ModelConfig;
+using model::PrecisionPolicy;
+
+ModelConfig tiny_config(bool tied = true) {
+  ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;  // q_proj and o_proj are square (64 x 64)
+  c.max_position_embeddings = 64;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+ProbeOptions small_probe() {
+  ProbeOptions p;
+  p.sequences = 2;
+  p.length = 12;
+  return p;
+}
+
+// A learner (fp32 master, served copy exported with `rne`) and a sampler serving `sampler`.
+struct Rig {
+  ModelConfig config;
+  PrecisionPolicy policy;
+  std::vector<std::vector<float>> master;
+  Model served, serving;
+  std::unique_ptr<train::ExportRule> rule;
+  WeightPublisher publisher;
+  WeightReceiver receiver;
+
+  Rig(const std::string& preset, bool tied = true, ProbeOptions probe = small_probe())
+      : Rig(PrecisionPolicy::preset(preset), PrecisionPolicy::preset(preset), tied, probe) {}
+  Rig(PrecisionPolicy learner_view, PrecisionPolicy sampler, bool tied, ProbeOptions probe)
+      : config(tiny_config(tied)),
+        policy(sampler),
+        served(config, learner_view),
+        serving(config, sampler),
+        rule(train::make_export_rule("rne", learner_view.served_weights, 1)),
+        publisher(served, learner_view, probe),
+        receiver(serving, probe) {
+    Model init(config);
+    init.init_random(11, 0.08f);
+    for (const auto& spec : init.params()) {
+      const auto v = init.param(spec.name);
+      master.emplace_back(v.begin(), v.end());
+    }
+    step(0);
+  }
+
+  // One optimizer-like step: the master moves by N(0, sigma²), the served copy follows (rne).
+  void step(uint64_t k, float sigma = 2e-3f) {
+    std::mt19937_64 gen(100 + k);
+    std::normal_distribution<float> noise(0.0f, sigma);
+    const auto& specs = served.params();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      if (k > 0 && specs[p].is_matrix())
+        for (float& x : master[p]) x += noise(gen);
+      const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
+      const int64_t cols = specs[p].is_matrix() ? specs[p].shape[1] : specs[p].shape[0];
+      rule->apply(static_cast<int>(p), master[p], served.param(specs[p].name), rows, cols, k);
+    }
+    served.weights_changed();
+  }
+
+  SyncReport sync(uint64_t version, Fault fault = Fault::none) {
+    const std::vector<uint8_t> payload =
+        publisher.publish(version, learner_side(fault) ? fault : Fault::none);
+    return receiver.apply(payload, version, learner_side(fault) ? Fault::none : fault);
+  }
+};
+
+std::vector<int32_t> test_tokens(int64_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(gen() % 300);
+  return t;
+}
+
+std::vector<float> logits_of(Model& m) {
+  const std::vector<int32_t> tokens = test_tokens(2 * 10, 5);
+  std::vector<float> out(static_cast<size_t>(2 * 10 * m.config().vocab_size));
+  m.forward(tokens, 2, 10, out);
+  return out;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_all_passed(const SyncReport& r) {
+  ASSERT_EQ(r.checks.size(), 7u);
+  for (const CheckOutcome& c : r.checks) {
+    EXPECT_TRUE(c.pass) << c.message;
+    EXPECT_TRUE(c.message.empty());
+  }
+  EXPECT_FALSE(r.failure().has_value());
+  EXPECT_TRUE(r.applied);
+}
+
+// ---- clean runs --------------------------------------------------------------------------------
+
+class CleanSync : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CleanSync, SeveralStepsRaiseNoAlarmAndServeTheLearnersWeights) {
+  Rig s(GetParam());
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) s.step(v);
+    const SyncReport r = s.sync(v);
+    expect_all_passed(r);
+    EXPECT_EQ(r.serving, v);
+    EXPECT_EQ(s.receiver.version(), v);
+    // Same precision on both sides: the probe's log-probs agree exactly.
+    EXPECT_EQ(r.probe_max_abs_dlogp, 0.0);
+    EXPECT_EQ(r.probe_k3_kl, 0.0);
+    // The serving model holds the served copy bit for bit (it is on the bf16 grid already).
+    for (const auto& spec : s.served.params()) {
+      const auto a = s.served.param(spec.name), b = s.serving.param(spec.name);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size_bytes()), 0) << spec.name;
+    }
+  }
+  // And serves the learner's logits at the sampler's precision.
+  Model reference(s.config, s.policy);
+  for (const auto& spec : s.served.params()) {
+    const auto from = s.served.param(spec.name);
+    std::copy(from.begin(), from.end(), reference.param(spec.name).begin());
+  }
+  reference.weights_changed();
+  EXPECT_TRUE(bitwise_equal(logits_of(reference), logits_of(s.serving)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CleanSync,
+                         ::testing::Values("bf16", "mxfp8", "nvfp4", "fp8-tensor", "fp32"));
+
+TEST(Sync, UntiedEmbeddingsSyncCleanly) {
+  Rig s("mxfp8", /*tied=*/false);
+  expect_all_passed(s.sync(1));
+  s.step(2);
+  expect_all_passed(s.sync(2));
+}
+
+// ---- faults ------------------------------------------------------------------------------------
+
+struct FaultCase {
+  Fault fault;
+  std::string preset;
+  SyncCheck check;
+  std::string fragment;  // a piece of the message
+};
+
+std::string case_name(const ::testing::TestParamInfo<FaultCase>& p) {
+  std::string preset = p.param.preset;
+  for (char& ch : preset)
+    if (ch == '-') ch = '_';
+  return std::string(fault_name(p.param.fault)) + "_" + preset;
+}
+
+class FaultInjection : public ::testing::TestWithParam<FaultCase> {};
+
+// A clean sync first (version 1), then the faulty one (version 2, after a step): the fault is
+// caught by its check, the message names it, and version 1 keeps serving, bit for bit.
+TEST_P(FaultInjection, CaughtByItsCheckAndServingUntouched) {
+  const FaultCase& fc = GetParam();
+  Rig s(fc.preset);
+  expect_all_passed(s.sync(1));
+  const std::vector<float> before = logits_of(s.serving);
+  s.step(2);
+  const SyncReport r = s.sync(2, fc.fault);
+  const auto failure = r.failure();
+  ASSERT_TRUE(failure.has_value()) << "fault " << fault_name(fc.fault) << " was not caught";
+  EXPECT_EQ(failure->check, fc.check) << failure->message;
+  EXPECT_NE(failure->message.find(fc.fragment), std::string::npos) << failure->message;
+  const std::string prefix = "[sync] check " + std::to_string(static_cast<int>(fc.check)) + " " +
+                             std::string(sync_check_name(fc.check)) + ": ";
+  EXPECT_EQ(failure->message.rfind(prefix, 0), 0u) << failure->message;
+  // The checks run before it passed; it is the last one run.
+  EXPECT_EQ(r.checks.back().check, fc.check);
+  for (size_t i = 0; i + 1 < r.checks.size(); ++i) EXPECT_TRUE(r.checks[i].pass);
+  EXPECT_FALSE(r.applied);
+  EXPECT_EQ(r.serving, 1u);
+  EXPECT_EQ(s.receiver.version(), 1u);
+  EXPECT_TRUE(bitwise_equal(before, logits_of(s.serving)));
+  // The next clean sync goes through.
+  s.step(3);
+  expect_all_passed(s.sync(3));
+}
+
+std::vector<FaultCase> fault_cases() {
+  std::vector<FaultCase> cases;
+  // Faults every preset is exposed to.
+  for (const std::string p : {"bf16", "mxfp8", "nvfp4", "fp8-tensor"}) {
+    cases.push_back({Fault::stale_version, p, SyncCheck::version, "payload version 1 != announced 2"});
+    cases.push_back({Fault::dropped_tensor, p, SyncCheck::manifest,
+                     "model.layers.0.mlp.up_proj.weight is in the manifest but missing from the payload"});
+    cases.push_back({Fault::swapped_tensors, p, SyncCheck::content, "model.layers.0.mlp.gate_proj.weight "});
+    cases.push_back({Fault::transposed_tensor, p, SyncCheck::content, "model.layers.0.self_attn.q_proj.weight "});
+    cases.push_back({Fault::untied_lm_head, p, SyncCheck::manifest,
+                     "lm_head.weight: the learner ties it to model.embed_tokens.weight, the sampler "
+                     "holds a separate copy"});
+    cases.push_back({Fault::stale_derived, p, SyncCheck::derived_state,
+                     "model.embed_tokens.weight: the prepared copy was built from values hashing"});
+    cases.push_back({Fault::partial_sync, p, SyncCheck::manifest, "is not a whole safetensors image"});
+    cases.push_back({Fault::flipped_bit, p, SyncCheck::content, "model.layers.0.self_attn.v_proj.weight "});
+  }
+  // Faults that need a quantized sampler (bf16 has no scales, and its cast of bf16 values is
+  // exact under any rounding rule: see BF16IsImmuneToScaleAndRoundingFaults).
+  cases.push_back({Fault::zeroed_scales, "mxfp8", SyncCheck::scale_sanity,
+                   "has a placeholder 2^-127 scale but nonzero elements"});
+  cases.push_back({Fault::zeroed_scales, "nvfp4", SyncCheck::scale_sanity, "has a zero scale but nonzero elements"});
+  cases.push_back({Fault::zeroed_scales, "fp8-tensor", SyncCheck::scale_sanity,
+                   "tensor scale 0 is not a positive finite number"});
+  for (const std::string p : {"mxfp8", "nvfp4", "fp8-tensor"})
+    cases.push_back({Fault::wrong_rounding, p, SyncCheck::content,
+                     "model.layers.0.self_attn.q_proj.weight codes/scales hash"});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, FaultInjection, ::testing::ValuesIn(fault_cases()), case_name);
+
+TEST(Sync, EveryFaultHasATest) {
+  std::set<Fault> tested;
+  for (const FaultCase& c : fault_cases()) tested.insert(c.fault);
+  for (const std::string& name : fault_names()) EXPECT_TRUE(tested.count(fault_from_name(name))) << name;
+}
+
+TEST(Sync, BF16IsImmuneToScaleAndRoundingFaults) {
+  // No block or tensor scales to zero, and rounding bf16 values to bf16 is exact under any
+  // rule: what the kernels read is unchanged, so the sync rightly applies.
+  for (Fault f : {Fault::zeroed_scales, Fault::wrong_rounding}) {
+    Rig s("bf16");
+    expect_all_passed(s.sync(1));
+    s.step(2);
+    expect_all_passed(s.sync(2, f));
+  }
+}
+
+TEST(Sync, StaleDerivedOnAFreshSamplerHasNothingStale) {
+  // The first sync builds the staging model's copies from the new values: nothing to be stale.
+  Rig s("mxfp8");
+  expect_all_passed(s.sync(1, Fault::stale_derived));
+}
+
+TEST(Sync, UntiedLmHeadFaultNeedsTiedEmbeddings) {
+  Rig s("mxfp8", /*tied=*/false);
+  expect_all_passed(s.sync(1, Fault::untied_lm_head));
+}
+
+TEST(Sync, OlderVersionIsRejected) {
+  Rig s("bf16");
+  const std::vector<uint8_t> old = s.publisher.publish(1);
+  s.step(2);
+  expect_all_passed(s.receiver.apply(s.publisher.publish(2), 2));
+  const SyncReport r = s.receiver.apply(old, 1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::version);
+  EXPECT_NE(r.failure()->message.find("announced version 1 is older than the serving version 2"),
+            std::string::npos) << r.failure()->message;
+  EXPECT_EQ(s.receiver.version(), 2u);
+}
+
+TEST(Sync, StaleVersionNeedsAPreviousPublish) {
+  Rig s("bf16");
+  EXPECT_THROW(s.publisher.publish(1, Fault::stale_version), InputError);
+}
+
+// ---- check 3: precision plans ------------------------------------------------------------------
+
+TEST(Sync, PrecisionPlanCatchesADifferentLastLayerOverride) {
+  // The learner assumes NVIDIA's recipe (last layer in bf16); the sampler quantizes every layer.
+  PrecisionPolicy sampler = PrecisionPolicy::preset("nvfp4");
+  sampler.high_precision_last_layers = 0;
+  Rig s(PrecisionPolicy::preset("nvfp4"), sampler, true, small_probe());
+  const SyncReport r = s.sync(1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::precision_plan);
+  EXPECT_NE(r.failure()->message.find("model.layers.1.self_attn.q_proj.weight: the learner keeps it "
+                                      "in high precision"), std::string::npos) << r.failure()->message;
+  EXPECT_FALSE(r.applied);
+}
+
+TEST(Sync, PrecisionPlanCatchesADifferentActivationFormat) {
+  PrecisionPolicy sampler = PrecisionPolicy::preset("mxfp8");
+  for (int c = 0; c < 2; ++c)  // attention and MLP activations in E5M2 on the sampler
+    sampler.layer_class[c].role[0].a = numerics::QuantDesc::mx(numerics::Format::e5m2, numerics::ScaleRule::rceil);
+  Rig s(PrecisionPolicy::preset("mxfp8"), sampler, true, small_probe());
+  const SyncReport r = s.sync(1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::precision_plan);
+  EXPECT_NE(r.failure()->message.find("model.layers.0.self_attn.q_proj.weight: forward formats differ"),
+            std::string::npos) << r.failure()->message;
+}
+
+// ---- check 7: a stale weight set that passes checks 1-6 ----------------------------------------
+
+// A malicious (or buggy) sender: step 1's weights with their own, self-consistent manifest, plan
+// and hashes, relabelled as version 2 and carrying step 2's probe reference. Checks 1-6 see a
+// consistent payload; only the behaviour probe can tell the weights are stale.
+TEST(Sync, ProbeAloneCatchesStaleWeights) {
+  Rig s("mxfp8");
+  const std::vector<uint8_t> stale = s.publisher.publish(1);
+  s.step(2);  // one ordinary step: the weights moved by N(0, 2e-3²)
+  const std::vector<uint8_t> fresh = s.publisher.publish(2);
+  const auto a = io::SafetensorsFile::from_bytes(stale, "stale");
+  const auto b = io::SafetensorsFile::from_bytes(fresh, "fresh");
+  std::vector<io::TensorToWrite> tensors;
+  for (const io::TensorInfo& t : a.tensors()) {
+    const io::TensorInfo& src = t.name == kProbeTensor ? b.get(t.name) : t;
+    tensors.push_back({src.name, src.dtype, src.shape, src.bytes});
+  }
+  std::map<std::string, std::string> metadata = a.metadata();
+  metadata["concord.sync.version"] = "2";
+  metadata["concord.sync.probe"] = b.metadata().at("concord.sync.probe");
+  const std::vector<uint8_t> forged = io::serialize_safetensors(tensors, metadata);
+
+  const SyncReport r = s.receiver.apply(forged, 2);
+  ASSERT_EQ(r.checks.size(), 7u);
+  for (size_t i = 0; i + 1 < r.checks.size(); ++i) EXPECT_TRUE(r.checks[i].pass) << r.checks[i].message;
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::probe);
+  EXPECT_NE(r.failure()->message.find("[sync] check 7 probe: slice all osc "), std::string::npos)
+      << r.failure()->message;
+  EXPECT_GT(r.probe_max_abs_dlogp, 1e-4);
+  EXPECT_GT(r.probe_k3_kl, 0.0);
+  EXPECT_FALSE(r.applied);
+  // The genuine payload of step 2 goes through.
+  expect_all_passed(s.receiver.apply(fresh, 2));
+}
+
+// ---- the payload against independent recomputations -------------------------------------------
+
+TEST(Sync, PayloadIsASafetensorsImageWithTheManifestedTensors) {
+  Rig s("mxfp8");
+  const std::vector<uint8_t> payload = s.publisher.publish(7);
+  const auto f = io::SafetensorsFile::from_bytes(payload, "payload");
+  EXPECT_EQ(f.metadata().at("concord.sync.version"), "7");
+  // Matrices in the served format (bf16), norms in f32, lm_head tied (carried once).
+  EXPECT_EQ(f.get("model.layers.0.mlp.up_proj.weight").dtype, io::Dtype::BF16);
+  EXPECT_EQ(f.get("model.layers.0.input_layernorm.weight").dtype, io::Dtype::F32);
+  EXPECT_EQ(f.find("lm_head.weight"), nullptr);
+  const json manifest = json::parse(f.metadata().at("concord.sync.manifest")).at("tensors");
+  bool tied = false;
+  for (const json& e : manifest)
+    if (e.at("name") == "lm_head.weight") tied = e.at("tied_to") == "model.embed_tokens.weight";
+  EXPECT_TRUE(tied);
+  EXPECT_EQ(manifest.size(), s.served.params().size() + 1);
+  // The bf16 bytes are the served values (decoded independently: bf16 is the top half of fp32).
+  const io::TensorInfo& t = f.get("model.layers.1.self_attn.k_proj.weight");
+  const auto served = s.served.param(t.name);
+  for (size_t i = 0; i < served.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.bytes.data() + 2 * i, 2);
+    ASSERT_EQ(std::bit_cast<float>(static_cast<uint32_t>(h) << 16), served[i]) << i;
+  }
+}
+
+// The learner's content hash of a weight equals XXH3 over the codes, scales and tensor scale
+// that the quantizer makes of it with the sampler's descriptor (blocks along K).
+TEST(Sync, ContentHashIsTheQuantizersOutput) {
+  for (const std::string preset : {"mxfp8", "nvfp4", "fp8-tensor", "bf16"}) {
+    Rig s(preset);
+    const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+    const json content = json::parse(f.metadata().at("concord.sync.content"));
+    const std::string name = "model.layers.0.mlp.down_proj.weight";
+    const auto& spec = s.served.params()[static_cast<size_t>(
+        std::find_if(s.served.params().begin(), s.served.params().end(),
+                     [&](const auto& p) { return p.name == name; }) - s.served.params().begin())];
+    numerics::QuantDesc desc = *s.policy.layer_class[1].role[0].b;
+    if (desc.block.rows == 1) desc.axis = 1;  // along K, the reduction of X·Wᵀ
+    const auto q = numerics::quantize_ref(desc, s.served.param(name).data(), spec.shape[0], spec.shape[1]);
+    uint64_t h = XXH3_64bits(q.codes.data(), q.codes.size());
+    h = XXH3_64bits_withSeed(q.scales.data(), q.scales.size(), h);
+    const uint32_t bits = std::bit_cast<uint32_t>(q.tensor_scale);
+    h = XXH3_64bits_withSeed(&bits, 4, h);
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%016llx", static_cast<unsigned long long>(h));
+    EXPECT_EQ(content.at(name).get<std::string>(), hex) << preset;
+  }
+}
+
+TEST(Sync, DerivedWeightsRecordTheValuesTheyWereBuiltFrom) {
+  Model m(tiny_config(), PrecisionPolicy::preset("mxfp8"));
+  m.init_random(3);
+  const std::string name = "model.layers.1.mlp.gate_proj.weight";
+  auto source_of = [&] {
+    uint64_t h = 0;
+    int visited = 0;
+    m.visit_derived_weights([&](const Model::DerivedWeight& w) {
+      ++visited;
+      if (w.name == name) {
+        h = w.source_hash;
+        EXPECT_TRUE(w.forward->desc.has_value());
+        EXPECT_FALSE(w.forward->quantized.codes.empty());
+      }
+    });
+    EXPECT_EQ(visited, 2 * 7 + 1);  // 7 GEMM weights per layer and the tied lm_head
+    return h;
+  };
+  const auto v = m.param(name);
+  const uint64_t built = source_of();
+  EXPECT_EQ(built, XXH3_64bits(v.data(), v.size_bytes()));
+  v[5] += 1.0f;  // changed without weights_changed(): the copy is stale and says so
+  EXPECT_EQ(source_of(), built);
+  EXPECT_NE(built, XXH3_64bits(v.data(), v.size_bytes()));
+  m.weights_changed();  // rebuilt on the next visit, as on the next forward
+  EXPECT_EQ(source_of(), XXH3_64bits(v.data(), v.size_bytes()));
+}
+
+// The probe reference: log-softmax (fp64, written here) of Model::forward's logits at the
+// sampler's precision on the served weights, against the payload's rows.
+TEST(Sync, ProbeReferenceIsTheLearnersLogSoftmaxAtTheSamplersPrecision) {
+  Rig s("bf16");
+  const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+  const json probe = json::parse(f.metadata().at("concord.sync.probe"));
+  const auto seqs = probe.at("tokens").get<std::vector<std::vector<int32_t>>>();
+  const std::vector<float> rows = io::tensor_to_floats(f.get(kProbeTensor));
+  const int64_t V = s.config.vocab_size, T = probe.at("length").get<int64_t>();
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), static_cast<int64_t>(seqs.size()) * (T - 1) * V);
+  Model ref(s.config, s.policy);
+  for (const auto& spec : s.served.params()) {
+    const auto from = s.served.param(spec.name);
+    std::copy(from.begin(), from.end(), ref.param(spec.name).begin());
+  }
+  ref.weights_changed();
+  size_t row = 0;
+  for (const auto& seq : seqs) {
+    std::vector<float> logits(static_cast<size_t>(T * V));
+    ref.forward(seq, 1, T, logits);
+    for (int64_t t = 0; t + 1 < T; ++t, ++row) {
+      double m = -INFINITY, sum = 0;
+      for (int64_t i = 0; i < V; ++i) m = std::max(m, static_cast<double>(logits[t * V + i]));
+      for (int64_t i = 0; i < V; ++i) sum += std::exp(logits[t * V + i] - m);
+      for (int64_t i = 0; i < V; ++i) {
+        const double want = logits[t * V + i] - m - std::log(sum);
+        ASSERT_NEAR(rows[row * V + i], want, 1e-5) << "row " << row << " token " << i;
+      }
+    }
+  }
+}
+
+// A payload whose metadata has the wrong shape is reported by the check that reads it, not
+// thrown out of apply().
+TEST(Sync, MalformedMetadataFailsItsCheck) {
+  Rig s("bf16");
+  const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+  std::vector<io::TensorToWrite> tensors;
+  for (const io::TensorInfo& t : f.tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.bytes});
+  std::map<std::string, std::string> metadata = f.metadata();
+  metadata["concord.sync.manifest"] = R"({"tensors": [{"name": 3}]})";
+  const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, metadata), 1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::manifest);
+  EXPECT_NE(r.failure()->message.find("malformed sync metadata"), std::string::npos) << r.failure()->message;
+  metadata = f.metadata();
+  metadata.erase("concord.sync.version");
+  const SyncReport v = s.receiver.apply(io::serialize_safetensors(tensors, metadata), 1);
+  ASSERT_TRUE(v.failure().has_value());
+  EXPECT_EQ(v.failure()->message, "[sync] check 1 version: the payload has no concord.sync.version");
+}
+
+// ---- names and the report ----------------------------------------------------------------------
+
+TEST(Sync, FaultNamesRoundTrip) {
+  EXPECT_EQ(fault_names().size(), 10u);
+  for (const std::string& n : fault_names()) EXPECT_EQ(fault_name(fault_from_name(n)), n);
+  EXPECT_EQ(fault_from_name("none"), Fault::none);
+  try {
+    fault_from_name("bitrot");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown fault 'bitrot' (faults: none, stale_version"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(learner_side(Fault::flipped_bit));
+  EXPECT_FALSE(learner_side(Fault::stale_derived));
+  EXPECT_EQ(sync_check_name(SyncCheck::precision_plan), "precision_plan");
+}
+
+TEST(Sync, ReportJson) {
+  Rig s("bf16");
+  const SyncReport ok = s.sync(1);
+  const json j = ok.to_json();
+  EXPECT_EQ(j.at("applied"), true);
+  EXPECT_EQ(j.at("checks").size(), 7u);
+  EXPECT_EQ(j.at("checks")[0].at("check"), "version");
+  EXPECT_EQ(j.at("checks")[3].at("check"), "derived_state");  // run order 1, 2, 3, 5, 6, 4, 7
+  EXPECT_EQ(j.at("probe").at("max_abs_dlogp"), 0.0);
+  EXPECT_GT(j.at("payload_bytes").get<size_t>(), 0u);
+  s.step(2);
+  const json bad = s.sync(2, Fault::dropped_tensor).to_json();
+  EXPECT_EQ(bad.at("applied"), false);
+  EXPECT_EQ(bad.at("checks").back().at("id"), 2);
+}
+
+}  // namespace
+}  // namespace concord::rl
