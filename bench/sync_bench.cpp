@@ -106,6 +106,8 @@ void BM_sync(benchmark::State& state) {
     ms["publish_probe_ms"] += publisher.seconds_probe * 1e3;
     ms["publish_serialize_ms"] += publisher.seconds_serialize * 1e3;
     ms["decode_ms"] += r.seconds_decode * 1e3;
+    ms["decode_install_ms"] += r.seconds_install * 1e3;
+    ms["decode_prepare_ms"] += r.seconds_prepare * 1e3;
     ms["swap_ms"] += r.seconds_swap * 1e3;
     for (const rl::CheckOutcome& c : r.checks)
       ms[std::string("check") + std::to_string(static_cast<int>(c.check)) + "_" +

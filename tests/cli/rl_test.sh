@@ -124,14 +124,14 @@ if run_rc "rl shm, 2 samplers" 0 "$CONCORD" "${QUICK[@]}" --transport shm --samp
   grep -q 'over shm (2 samplers)' "$WORK/out" && pass "shm run names its transport" || fail "shm output: $(cat "$WORK/out")"
   same_steps "shm with 2 samplers = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_shm/metrics.jsonl"
 fi
-if command -v mpirun >/dev/null 2>&1; then
+if command -v mpirun >/dev/null 2>&1 && ldd "$CONCORD" 2>/dev/null | grep -q libmpi; then
   if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_rc "rl under mpirun -np 3" 0 \
       mpirun -np 3 --oversubscribe --mca btl self,vader "$CONCORD" "${QUICK[@]}" --out "$WORK/rl_mpi"; then
     grep -q 'over mpi (2 samplers)' "$WORK/out" && pass "mpi run names its transport" || fail "mpi output: $(cat "$WORK/out")"
     same_steps "mpi with 2 samplers = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_mpi/metrics.jsonl"
   fi
 else
-  echo "skip: mpirun not installed"
+  echo "skip: mpirun not installed or concord built without MPI"
 fi
 
 # --- bad input: exit 2, one line ---

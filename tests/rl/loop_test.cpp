@@ -265,6 +265,30 @@ TEST(RlLoop, RewardsAdvantagesAndMismatchMatchAnIndependentReference) {
   fs::remove_all(out);
 }
 
+// The other knobs run end to end: a KL penalty to the warmed-up model (0 at step 1, when the
+// learner still is that model), token-level TIS, two PPO epochs, the loss on the master, ef.
+TEST(RlLoop, KlPenaltyImportanceSamplingEpochsAndLossOnMaster) {
+  const fs::path out = temp_dir("options");
+  RlConfig c = tiny_config(out, "bf16", "mxfp8");
+  c.loss.kl_coef = 0.1;
+  c.loss.is = IsMode::token_tis;
+  c.ppo_epochs = 2;
+  c.loss_on_served = false;
+  c.export_rule = "ef";
+  const RlResult r = run_in_process(c);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_NEAR(r.steps[0].line.at("actor/kl_loss").get<double>(), 0.0, 1e-12);
+  EXPECT_GT(r.steps[2].line.at("actor/kl_loss").get<double>(), 0.0);
+  for (const RlStepMetrics& s : r.steps) {
+    // token TIS weights min(exp(o - s), 2): a mismatched pair gives weights around 1, never above 2
+    const double w = s.line.at("actor/is_weight_mean").get<double>();
+    EXPECT_GT(w, 0.5);
+    EXPECT_LE(w, 2.0);
+    EXPECT_TRUE(s.line.at("sync/applied").get<bool>());
+  }
+  fs::remove_all(out);
+}
+
 TEST(RlLoop, ConfigJsonRoundTripsAndBadConfigsNameTheKey) {
   const RlConfig c = tiny_config("x");
   EXPECT_EQ(RlConfig::from_json(c.to_json(), "t").to_json(), c.to_json());

@@ -2,6 +2,7 @@
 // injected fault is caught by its check with a specific message; a failed sync leaves the
 // serving model untouched; the payload, hashes and probe against independent recomputations.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -297,6 +298,97 @@ TEST(Sync, OlderVersionIsRejected) {
 TEST(Sync, StaleVersionNeedsAPreviousPublish) {
   Rig s("bf16");
   EXPECT_THROW(s.publisher.publish(1, Fault::stale_version), InputError);
+}
+
+// ---- the fast paths' fallbacks -----------------------------------------------------------------
+
+// Blocks whose elements are all zero rightly get a zero (ue4m3) or 2^-127 (e8m0) scale, and an
+// all-zero weight a per-tensor scale of 1: check 6's min/max scan sees the zero codes, walks the
+// blocks, and raises no alarm.
+TEST(Sync, AllZeroBlocksAndWeightsPassScaleSanity) {
+  for (const std::string preset : {"mxfp8", "nvfp4", "fp8-tensor"}) {
+    Rig s(preset);
+    const auto& specs = s.served.params();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      if (specs[p].name == "model.layers.0.mlp.up_proj.weight")  // rows 0-15: whole blocks (1x32,
+        std::fill_n(s.master[p].begin(), 16 * specs[p].shape[1], 0.0f);  // 1x16 or 16x16) of zeros
+      if (specs[p].name == "model.layers.0.self_attn.k_proj.weight")  // the whole weight
+        std::fill(s.master[p].begin(), s.master[p].end(), 0.0f);
+    }
+    s.step(0);  // re-export without noise
+    int zero_scales = 0;
+    s.served.visit_derived_weights([&](const Model::DerivedWeight& w) {
+      const auto& q = w.forward->quantized;
+      if (w.name == "model.layers.0.mlp.up_proj.weight" && !q.scales.empty()) zero_scales += q.scales[0] == 0;
+      if (w.name == "model.layers.0.self_attn.k_proj.weight") {
+        EXPECT_EQ(q.tensor_scale, 1.0f) << preset;
+      }
+    });
+    if (preset != "fp8-tensor") {
+      EXPECT_EQ(zero_scales, 1) << preset << ": the test needs a zero block scale";
+    }
+    expect_all_passed(s.sync(1));
+  }
+}
+
+// The metadata in another JSON layout (indented, manifest entries reversed): the texts differ
+// from the ones the sampler expects, so checks 2, 3 and 4 parse them, and pass; a wrong hash
+// in that layout is still named.
+TEST(Sync, MetadataInAnotherLayoutIsParsedAndChecked) {
+  Rig s("nvfp4");
+  const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+  std::vector<io::TensorToWrite> tensors;
+  for (const io::TensorInfo& t : f.tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.bytes});
+  std::map<std::string, std::string> metadata = f.metadata();
+  json manifest = json::parse(metadata.at("concord.sync.manifest"));
+  std::reverse(manifest.at("tensors").begin(), manifest.at("tensors").end());
+  metadata["concord.sync.manifest"] = manifest.dump(2);
+  metadata["concord.sync.plan"] = json::parse(metadata.at("concord.sync.plan")).dump(2);
+  json content = json::parse(metadata.at("concord.sync.content"));
+  metadata["concord.sync.content"] = content.dump(2);
+  expect_all_passed(s.receiver.apply(io::serialize_safetensors(tensors, metadata), 1));
+
+  const std::string name = "model.layers.0.mlp.gate_proj.weight";
+  content[name] = "0x0123456789abcdef";
+  metadata["concord.sync.version"] = "2";
+  metadata["concord.sync.content"] = content.dump(2);
+  const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, metadata), 2);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::content);
+  EXPECT_NE(r.failure()->message.find(name + " codes/scales hash 0x"), std::string::npos) << r.failure()->message;
+  EXPECT_NE(r.failure()->message.find("!= learner 0x0123456789abcdef"), std::string::npos) << r.failure()->message;
+}
+
+// Above 2^20 elements the payload is installed on the OpenMP threads, a tensor per thread; each
+// tensor's hash runs in order, so check 5 compares equal hashes for any thread count.
+TEST(Sync, InstallHashesDoNotDependOnTheThreadCount) {
+  ModelConfig c = tiny_config();
+  c.hidden_size = 128;
+  c.intermediate_size = 512;
+  c.head_dim = 32;
+  c.vocab_size = 6000;  // 6000 x 128 + 2 layers x 256K: 1.28M elements
+  Model served(c, PrecisionPolicy::preset("mxfp8")), serving(c, PrecisionPolicy::preset("mxfp8"));
+  auto export_bf16 = [&](uint64_t seed) {
+    served.init_random(seed, 0.05f);
+    for (const auto& spec : served.params())
+      for (float& x : served.param(spec.name)) x = std::bit_cast<float>(std::bit_cast<uint32_t>(x) & 0xFFFF0000u);
+    served.weights_changed();
+  };
+  WeightPublisher publisher(served, PrecisionPolicy::preset("mxfp8"), small_probe());
+  WeightReceiver receiver(serving, small_probe());
+  const int saved = omp_get_max_threads();
+  uint64_t version = 0;
+  for (const int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    export_bf16(static_cast<uint64_t>(threads));
+    ++version;
+    expect_all_passed(receiver.apply(publisher.publish(version), version));
+    export_bf16(10 + static_cast<uint64_t>(threads));  // new values, kept copies: caught by check 5
+    const SyncReport stale = receiver.apply(publisher.publish(version + 1), version + 1, Fault::stale_derived);
+    ASSERT_TRUE(stale.failure().has_value());
+    EXPECT_EQ(stale.failure()->check, SyncCheck::derived_state) << stale.failure()->message;
+  }
+  omp_set_num_threads(saved);
 }
 
 // ---- check 3: precision plans ------------------------------------------------------------------

@@ -91,7 +91,7 @@ rl::RlConfig demo_config(const DemoOptions& o) {
   c.prompts_per_step = o.quick ? 4 : 16;
   c.group_size = o.quick ? 4 : 8;
   c.max_new_tokens = 4;
-  c.lr = 2e-4;
+  c.lr = 5e-4;
   c.grad_clip = 1.0;
   if (o.steps >= 0) c.steps = o.steps;
   return c;
@@ -181,7 +181,7 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--out", opts->out, "Output folder (default: demo-out)");
   demo->add_option("--seed", opts->seed, "Seed for the model, prompts and sampling");
   demo->add_option("--steps", opts->steps, "GRPO steps per arm (default 200; --quick 3)");
-  demo->add_option("--arm", opts->arms, "Run this arm instead of the defaults: SAMPLER/LEARNER:EXPORT (repeatable)");
+  demo->add_option("--arm", opts->arms, "Run this arm instead of the defaults: SAMPLER/LEARNER:EXPORT[@LR] (repeatable)");
   demo->add_flag("--quick", opts->quick, "Three small arms of three steps, for CI");
   demo->add_flag("--quiet", opts->quiet, "No progress on stderr");
   demo->add_flag("--numerics", opts->numerics,

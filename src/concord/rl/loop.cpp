@@ -301,6 +301,7 @@ class Learner {
   // Export the master to the served copy for `step`, update the learner's model, measure
   // Fair Cast; returns the payload to publish.
   std::vector<uint8_t> sync(int64_t step, json& fair_cast) {
+    const auto t0 = steady::now();
     const auto& specs = served_.params();
     for (size_t p = 0; p < specs.size(); ++p)
       exporter_->apply(static_cast<int>(p), master_[p], served_.param(specs[p].name), rows_of(specs[p]),
@@ -320,8 +321,15 @@ class Learner {
     const train::FairCastStep fc = meter_.end_step();
     fair_cast = fc.to_json();
     last_lag_ = fc.lag;
-    return publisher_.publish(static_cast<uint64_t>(step), fault_at(c_, step, true));
+    seconds_export_ = seconds_since(t0);
+    const auto t1 = steady::now();
+    std::vector<uint8_t> payload = publisher_.publish(static_cast<uint64_t>(step), fault_at(c_, step, true));
+    seconds_publish_ = seconds_since(t1);
+    return payload;
   }
+  // The last sync's export (+ Fair Cast meter) and publish (payload, hashes, probe) seconds.
+  double seconds_export() const { return seconds_export_; }
+  double seconds_publish() const { return seconds_publish_; }
 
   struct StepOut {
     PolicyLossStats loss;
@@ -419,6 +427,7 @@ class Learner {
   train::FairCastMeter meter_;
   WeightPublisher publisher_;
   train::LagSummary last_lag_;
+  double seconds_export_ = 0, seconds_publish_ = 0;
 };
 
 // The rollouts.jsonl lines of one step (RlConfig::log_rollouts).
@@ -535,7 +544,6 @@ RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
     channel.publish(static_cast<uint64_t>(step), payload);
     const double learner_sync_s = seconds_since(t0);
 
-    std::vector<SamplerReply> replies;
     if (local) {
       const SamplerReply reply = local->step(channel, step);
       channel.send(encode_reply(reply));
@@ -588,6 +596,9 @@ RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
     line["time/rollout_s"] = rollout_s;
     line["time/learner_s"] = learner_s;
     line["time/sync_s"] = sync_s;
+    line["time/export_s"] = learner.seconds_export();
+    line["time/publish_s"] = learner.seconds_publish();
+    line["time/sampler_sync_s"] = sampler_sync_s;
     line["time/wait_s"] = wait_s;
     line["time/step_s"] = step_s;
     m.line = std::move(line);

@@ -54,17 +54,17 @@ struct RlConfig {
   std::string task = "add";
   int difficulty = 1;
   // warm-up (supervised on task examples: prompt + answer + eos)
-  int64_t warmup_steps = 100;
+  int64_t warmup_steps = 200;
   double warmup_lr = 3e-3;
   int64_t warmup_batch = 32;            // examples per warm-up step
   // GRPO
   int64_t steps = 50;
-  int64_t prompts_per_step = 8;
+  int64_t prompts_per_step = 16;
   int64_t group_size = 8;
   int64_t max_new_tokens = 8;
   double temperature = 1.0;
   int64_t ppo_epochs = 1;
-  double lr = 1e-4;
+  double lr = 5e-4;
   double weight_decay = 0;
   double grad_clip = 1.0;
   PolicyLossConfig loss;

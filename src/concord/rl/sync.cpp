@@ -12,7 +12,9 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -116,19 +118,103 @@ void decode_values(std::span<const uint8_t> bytes, io::Dtype dtype, std::span<fl
   numerics::decode_array(dtype_format(dtype), aligned.data(), out.data(), out.size());
 }
 
+// What installing one tensor saw: the XXH3-64 and max |x| of the fp32 values written.
+struct Installed {
+  uint64_t hash = 0;
+  float amax = 0;
+};
+
+// max |x| over the values, NaN when one is NaN (numerics::amax_ref's result). On the bits:
+// for non-NaN values |x|'s bit pattern orders as |x| does, and NaNs lie above +Inf's; the
+// integer max vectorizes where a float max with NaN semantics does not.
+uint32_t amax_bits(std::span<const float> values, uint32_t top = 0) {
+  for (const float x : values) {
+    const uint32_t a = std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu;
+    top = a > top ? a : top;
+  }
+  return top;
+}
+float amax_from_bits(uint32_t top) {
+  return top > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(top);
+}
+
+// decode_values in chunks small enough to stay in L1/L2, each hashed (XXH3 streaming: the same
+// hash as one call over the whole tensor) and scanned for its amax right after it is written:
+// checks 5 and 6 then need no pass of their own over the fp32 values.
+Installed install_values(std::span<const uint8_t> bytes, io::Dtype dtype, std::span<float> out) {
+  constexpr size_t kChunk = 4096;
+  const size_t element = static_cast<size_t>(io::dtype_traits(dtype).bits / 8);
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  CONCORD_CHECK(state && XXH3_64bits_reset(state.get()) == XXH_OK, "XXH3 state");
+  uint32_t top = 0;
+  for (size_t at = 0; at < out.size(); at += kChunk) {
+    const size_t n = std::min(kChunk, out.size() - at);
+    const std::span<float> chunk = out.subspan(at, n);
+    decode_values(bytes.subspan(at * element, n * element), dtype, chunk);
+    XXH3_64bits_update(state.get(), chunk.data(), chunk.size_bytes());
+    top = amax_bits(chunk, top);
+  }
+  return {XXH3_64bits_digest(state.get()), amax_from_bits(top)};
+}
+
 // ---- hashes ----------------------------------------------------------------------------------
 
-uint64_t hash_values(std::span<const float> v) { return XXH3_64bits(v.data(), v.size_bytes()); }
-
-// XXH3-64 of what a forward GEMM reads of a prepared weight: the codes, block scales and
-// tensor scale when it is quantized, the fp32 values otherwise.
-uint64_t hash_operand(const tensor::PreparedOperand& op) {
-  if (!op.desc) return XXH3_64bits(op.data, sizeof(float) * static_cast<size_t>(op.rows * op.cols));
+// What a forward GEMM reads of a prepared weight: the codes, block scales and tensor scale when
+// it is quantized, the fp32 values otherwise. Its content hash (the payload's, check 4) is
+// XXH3-64 over the codes (values), continued (as seed) over the scales, then the tensor scale's
+// bits; split so that check 4 can take the codes' part from when the copy was built.
+std::span<const uint8_t> operand_codes(const tensor::PreparedOperand& op) {
+  if (!op.desc)
+    return {reinterpret_cast<const uint8_t*>(op.data), sizeof(float) * static_cast<size_t>(op.rows * op.cols)};
+  return op.quantized.codes;
+}
+uint64_t content_hash(const tensor::PreparedOperand& op, uint64_t codes_hash) {
+  if (!op.desc) return codes_hash;
   const numerics::QuantizedTensor& q = op.quantized;
-  uint64_t h = XXH3_64bits(q.codes.data(), q.codes.size());
-  h = XXH3_64bits_withSeed(q.scales.data(), q.scales.size(), h);
+  const uint64_t h = XXH3_64bits_withSeed(q.scales.data(), q.scales.size(), codes_hash);
   const uint32_t scale_bits = std::bit_cast<uint32_t>(q.tensor_scale);
   return XXH3_64bits_withSeed(&scale_bits, sizeof scale_bits, h);
+}
+uint64_t hash_operand(const tensor::PreparedOperand& op) {
+  const std::span<const uint8_t> codes = operand_codes(op);
+  return content_hash(op, XXH3_64bits(codes.data(), codes.size()));
+}
+
+// concord.sync.content's text, {"<name>":"0x<16 hex>",...} in name order (what json::dump
+// makes of the object): the learner writes it, and a sampler whose own hashes give the same
+// text passes check 4 without parsing the learner's.
+std::string content_text(std::vector<std::pair<std::string_view, uint64_t>> hashes) {
+  std::sort(hashes.begin(), hashes.end());
+  std::string text = "{";
+  for (const auto& [name, hash] : hashes) {
+    if (text.size() > 1) text += ',';
+    const bool plain = std::all_of(name.begin(), name.end(), [](char ch) {
+      return static_cast<unsigned char>(ch) >= 0x20 && ch != '"' && ch != '\\';
+    });
+    if (plain) {
+      fmt::format_to(std::back_inserter(text), "\"{}\"", name);
+    } else {
+      text += json(name).dump();
+    }
+    fmt::format_to(std::back_inserter(text), ":\"0x{:016x}\"", hash);
+  }
+  return text + "}";
+}
+
+// XXH3-64 of a sparse sample of the codes: one 64-byte line every 64 KiB, and the last line.
+// Check 4 re-takes it to see that the codes hashed when the copy was built are still the ones
+// in place (a buffer wiped, swapped or overwritten after the build) at ~1/1000 of a full pass.
+// The lines are gathered first (independent loads the core overlaps), then hashed at once.
+uint64_t sample_hash(std::span<const uint8_t> codes) {
+  constexpr size_t kStride = 65536, kLine = 64;
+  if (codes.size() <= 2 * kLine) return XXH3_64bits(codes.data(), codes.size());
+  std::vector<uint8_t> lines;
+  lines.reserve((codes.size() / kStride + 2) * kLine);
+  for (size_t at = 0; at + kLine <= codes.size(); at += kStride)
+    lines.insert(lines.end(), codes.begin() + static_cast<std::ptrdiff_t>(at),
+                 codes.begin() + static_cast<std::ptrdiff_t>(at + kLine));
+  lines.insert(lines.end(), codes.end() - kLine, codes.end());
+  return XXH3_64bits(lines.data(), lines.size());
 }
 
 // ---- precision plan --------------------------------------------------------------------------
@@ -189,6 +275,23 @@ Plan make_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy
   return plan;
 }
 
+// ---- manifest ----------------------------------------------------------------------------
+
+// The manifest (concord.sync.manifest) of a model's tensors served in `served`: what the
+// learner sends, and what a sampler of the same config and served format expects byte for byte.
+std::string manifest_text(const model::ModelConfig& c, const std::vector<model::ParamSpec>& specs,
+                          Format served) {
+  json manifest = json::array();
+  for (const model::ParamSpec& spec : specs)
+    manifest.push_back({{"name", spec.name}, {"shape", spec.shape},
+                        {"dtype", io::dtype_name(payload_dtype(served, spec))}});
+  if (c.tie_word_embeddings)
+    manifest.push_back({{"name", kLmHeadName}, {"shape", {c.vocab_size, c.hidden_size}},
+                        {"dtype", io::dtype_name(payload_dtype(served, specs[0]))},
+                        {"tied_to", kEmbedName}});
+  return json{{"tensors", std::move(manifest)}}.dump();
+}
+
 // ---- the probe -------------------------------------------------------------------------------
 
 std::vector<audit::EvalSequence> probe_sequences(std::span<const int32_t> tokens, int64_t sequences,
@@ -231,12 +334,17 @@ struct Derived {
   std::string name;
   uint64_t source_hash = 0;
   const tensor::PreparedOperand* forward = nullptr;
+  uint64_t codes_hash = 0, codes_sample = 0;  // taken as the copy was built (check 4)
 };
 
+// The staged model's GEMM weights, each hashed in the visit that builds its copy (visit_derived_
+// weights prepares a weight just before handing it over): the codes are still in cache.
 std::vector<Derived> derived_weights(model::Model& m) {
   std::vector<Derived> out;
   m.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
-    out.push_back({std::string(w.name), w.source_hash, w.forward});
+    const std::span<const uint8_t> codes = operand_codes(*w.forward);
+    out.push_back({std::string(w.name), w.source_hash, w.forward, XXH3_64bits(codes.data(), codes.size()),
+                   sample_hash(codes)});
   });
   return out;
 }
@@ -251,44 +359,52 @@ bool block_has_nonzero(const numerics::QuantizedTensor& q, int64_t gr, int64_t g
   return false;
 }
 
-// max |x| over the values, NaN when one is NaN (numerics::amax_ref's result). On the bits:
-// for non-NaN values |x|'s bit pattern orders as |x| does, and NaNs lie above +Inf's; the
-// integer max vectorizes where a float max with NaN semantics does not.
-float amax_of(std::span<const float> values) {
-  uint32_t top = 0;
-  for (const float x : values) {
-    const uint32_t a = std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu;
-    top = a > top ? a : top;
+// The block-scale scan of check 6: the first NaN code (e8m0 0xFF; ue4m3 0x7F, or the sign bit
+// ue4m3 lacks) and the first zero / placeholder code (e8m0 0x00 = 2^-127, ue4m3 0) on a block with
+// nonzero elements, "" when none. Both suspects lie at the ends of the code range, so a
+// branch-free min/max pass (it vectorizes; the max also orders ue4m3 values, as codes below
+// 0x7F do) clears the common case at memory speed; the per-block walk runs only when the
+// smallest code is 0 or the largest invalid (an all-zero block rightly has a zero scale).
+std::string block_scale_problem(const numerics::QuantizedTensor& q, uint8_t& largest_code) {
+  const bool mx = q.desc.is_mx();
+  const uint8_t invalid_from = mx ? 0xFF : 0x7F;
+  const uint8_t* codes = q.scales.data();
+  uint8_t low = 0xFF, top = 0;
+  for (size_t i = 0; i < q.scales.size(); ++i) {
+    low = codes[i] < low ? codes[i] : low;
+    top = codes[i] > top ? codes[i] : top;
   }
-  return top > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(top);
+  largest_code = top;
+  if (low != 0 && top < invalid_from) return "";
+  const int64_t grid_cols = q.block_grid_cols();
+  for (size_t i = 0; i < q.scales.size(); ++i) {
+    const uint8_t code = q.scales[i];
+    const int64_t gr = static_cast<int64_t>(i) / grid_cols, gc = static_cast<int64_t>(i) % grid_cols;
+    if (code >= invalid_from)
+      return fmt::format("block ({}, {}) has the invalid scale code 0x{:02x} (NaN)", gr, gc, code);
+    if (code == 0x00 && block_has_nonzero(q, gr, gc))
+      return fmt::format("block ({}, {}) has a {} scale but nonzero elements", gr, gc,
+                         mx ? "placeholder 2^-127" : "zero");
+  }
+  return "";
 }
 
-// Check 6 for one weight: "" when its scales are sane, else the problem.
-std::string scale_problem(const tensor::PreparedOperand& op, std::span<const float> values) {
+// Check 6 for one weight: "" when its scales are sane, else the problem. amax: max |x| of the
+// staged values the copy was built from (taken when they were installed; check 5 has proved
+// the copy was built from them).
+std::string scale_problem(const tensor::PreparedOperand& op, float amax) {
   if (!op.desc || !op.desc->has_scale) return "";
   const numerics::QuantizedTensor& q = op.quantized;
   const QuantDesc& d = q.desc;
   float largest = 0;  // NVFP4: the largest decoded block scale
   if (d.is_mx() || d.is_nvfp4()) {
-    const int64_t grid_cols = q.block_grid_cols();
-    for (size_t i = 0; i < q.scales.size(); ++i) {
-      const uint8_t code = q.scales[i];
-      const int64_t gr = static_cast<int64_t>(i) / grid_cols, gc = static_cast<int64_t>(i) % grid_cols;
-      const bool invalid = d.is_mx() ? code == 0xFF : code >= 0x7F;  // NaN, or ue4m3's sign bit
-      if (invalid)
-        return fmt::format("block ({}, {}) has the invalid scale code 0x{:02x} (NaN)", gr, gc, code);
-      // e8m0 0x00 (2^-127) and ue4m3 0 are what an all-zero block gets; on a block with
-      // nonzero elements they are a placeholder or a wiped scale.
-      if (code == 0x00 && block_has_nonzero(q, gr, gc))
-        return fmt::format("block ({}, {}) has a {} scale but nonzero elements", gr, gc,
-                           d.is_mx() ? "placeholder 2^-127" : "zero");
-      if (d.is_nvfp4()) largest = std::max(largest, numerics::decode_ref(Format::ue4m3, code));
-    }
+    uint8_t largest_code = 0;
+    if (std::string problem = block_scale_problem(q, largest_code); !problem.empty()) return problem;
     if (!d.is_nvfp4()) return "";
+    largest = numerics::decode_ref(Format::ue4m3, largest_code);
   }
   if (!std::isfinite(q.tensor_scale) || !(q.tensor_scale > 0))
     return fmt::format("tensor scale {} is not a positive finite number", q.tensor_scale);
-  const float amax = amax_of(values);
   float expected;
   if (d.is_nvfp4()) {
     const float encode = numerics::nvfp4_global_encode_scale(amax);
@@ -407,7 +523,8 @@ json SyncReport::to_json() const {
     cs.push_back({{"check", sync_check_name(c.check)}, {"id", static_cast<int>(c.check)},
                   {"pass", c.pass}, {"message", c.message}, {"seconds", c.seconds}});
   return {{"version", version}, {"serving", serving}, {"applied", applied}, {"checks", std::move(cs)},
-          {"seconds", {{"decode", seconds_decode}, {"checks", seconds_checks}, {"swap", seconds_swap}}},
+          {"seconds", {{"decode", seconds_decode}, {"install", seconds_install},
+                       {"prepare", seconds_prepare}, {"checks", seconds_checks}, {"swap", seconds_swap}}},
           {"payload_bytes", payload_bytes},
           {"probe", {{"max_abs_dlogp", probe_max_abs_dlogp}, {"k3_kl", probe_k3_kl}}}};
 }
@@ -455,9 +572,9 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   seconds_encode = seconds_since(t0);
 
   t0 = Clock::now();
-  json content = json::object();
+  std::vector<std::pair<std::string_view, uint64_t>> content;
   mirror_.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
-    content[std::string(w.name)] = hex64(hash_operand(*w.forward));
+    content.emplace_back(w.name, hash_operand(*w.forward));
   });
   seconds_hash = seconds_since(t0);
 
@@ -468,14 +585,6 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
 
   t0 = Clock::now();
   const model::ModelConfig& c = served_.config();
-  json manifest = json::array();
-  for (size_t p = 0; p < specs.size(); ++p)
-    manifest.push_back({{"name", specs[p].name}, {"shape", specs[p].shape},
-                        {"dtype", io::dtype_name(dtypes[p])}});
-  if (c.tie_word_embeddings)
-    manifest.push_back({{"name", kLmHeadName}, {"shape", {c.vocab_size, c.hidden_size}},
-                        {"dtype", io::dtype_name(payload_dtype(served_format, specs[0]))},
-                        {"tied_to", kEmbedName}});
   json tokens = json::array();
   for (const auto& s : seqs) tokens.push_back(s.tokens);
   const json probe = {{"sequences", probe_.sequences}, {"length", probe_.length},
@@ -483,9 +592,9 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
                       {"tensor", kProbeTensor}};
   const std::map<std::string, std::string> metadata = {
       {kVersionKey, std::to_string(payload_version)},
-      {kManifestKey, json{{"tensors", std::move(manifest)}}.dump()},
+      {kManifestKey, manifest_text(c, specs, served_format)},
       {kPlanKey, make_plan(c, sampler_policy_).to_json().dump()},
-      {kContentKey, content.dump()},
+      {kContentKey, content_text(std::move(content))},
       {kProbeKey, probe.dump()}};
 
   // Learner-side faults on what is sent (the hashes and manifest above stay the true ones).
@@ -548,6 +657,18 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
 WeightReceiver::WeightReceiver(model::Model& serving, ProbeOptions probe)
     : serving_(serving), probe_(std::move(probe)) {
   if (probe_.contract.slices.empty()) probe_.contract = default_probe_contract();
+  try {
+    refresh_expected();
+  } catch (const InputError&) {  // a served format no payload can carry: check 2 will say so
+  }
+}
+
+void WeightReceiver::refresh_expected() {
+  if (expected_for_ && *expected_for_ == serving_.policy()) return;
+  expected_for_.reset();
+  expected_manifest_ = manifest_text(serving_.config(), serving_.params(), serving_.policy().served_weights);
+  expected_plan_ = make_plan(serving_.config(), serving_.policy()).to_json().dump();
+  expected_for_ = serving_.policy();
 }
 
 SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t version, Fault fault) {
@@ -620,19 +741,37 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   }
   model::Model& stage = untied ? *untied : *staging_;
 
-  // 2 manifest
+  // The payload's tensors and the staged model's parameters by name.
+  std::unordered_map<std::string_view, const io::TensorInfo*> in_payload;
+  std::unordered_map<std::string_view, const model::ParamSpec*> in_stage;
+  const Format served = serving_.policy().served_weights;
+
+  // 2 manifest. The common case, the learner's manifest byte for byte the one this sampler
+  // expects and the payload's tensors as it lists them, passes without parsing; otherwise the
+  // manifest is parsed and checked entry by entry to name what differs.
   if (!run(SyncCheck::manifest, [&]() -> std::string {
+        for (const io::TensorInfo& t : file->tensors()) in_payload.emplace(t.name, &t);
+        for (const model::ParamSpec& s : stage.params()) in_stage.emplace(s.name, &s);
+        refresh_expected();
+        const auto sent_manifest = file->metadata().find(kManifestKey);
+        if (!untied && sent_manifest != file->metadata().end() && sent_manifest->second == expected_manifest_) {
+          bool same = in_payload.size() == stage.params().size() + in_payload.count(kProbeTensor);
+          for (const model::ParamSpec& spec : stage.params()) {
+            const auto it = in_payload.find(spec.name);
+            same = same && it != in_payload.end() && it->second->dtype == payload_dtype(served, spec) &&
+                   it->second->shape == spec.shape;
+          }
+          if (same) return "";
+        }
         const json manifest = metadata_json(*file, kManifestKey).at("tensors");
         std::set<std::string> listed;
-        const Format served = serving_.policy().served_weights;
         for (const json& entry : manifest) {
           const std::string name = entry.at("name").get<std::string>();
           const auto shape = entry.at("shape").get<std::vector<int64_t>>();
           const std::string dtype = entry.at("dtype").get<std::string>();
           if (!listed.insert(name).second) return fmt::format("{} is listed twice", name);
-          const model::ParamSpec* spec = nullptr;
-          for (const model::ParamSpec& s : stage.params())
-            if (s.name == name) spec = &s;
+          const auto in_stage_it = in_stage.find(name);
+          const model::ParamSpec* spec = in_stage_it == in_stage.end() ? nullptr : in_stage_it->second;
           if (entry.contains("tied_to")) {
             const std::string target = entry.at("tied_to").get<std::string>();
             if (spec)
@@ -642,7 +781,8 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
               return fmt::format("{}: tied to {}, a tie the sampler does not have", name, target);
             continue;
           }
-          const io::TensorInfo* sent = file->find(name);
+          const auto in_payload_it = in_payload.find(name);
+          const io::TensorInfo* sent = in_payload_it == in_payload.end() ? nullptr : in_payload_it->second;
           if (!sent) return fmt::format("{} is in the manifest but missing from the payload", name);
           if (io::dtype_name(sent->dtype) != dtype || sent->shape != shape)
             return fmt::format("{}: the payload holds {} {}, the manifest says {} {}", name,
@@ -671,8 +811,11 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
       }))
     return report;
 
-  // 3 precision plan: the learner's against the sampler's configured policy.
+  // 3 precision plan: the learner's against the sampler's configured policy (byte-equal text:
+  // equal plans; else parsed to name the difference).
   if (!run(SyncCheck::precision_plan, [&]() -> std::string {
+        const auto sent_plan = file->metadata().find(kPlanKey);
+        if (sent_plan != file->metadata().end() && sent_plan->second == expected_plan_) return "";
         const Plan learner = Plan::from_json(metadata_json(*file, kPlanKey));
         const Plan sampler = make_plan(serving_.config(), serving_.policy());
         if (learner.norms != sampler.norms)
@@ -703,70 +846,85 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
       }))
     return report;
 
-  // Install into the staging model and prepare its derived copies (what the kernels will read).
+  // Install into the staging model (hashing and scanning each tensor as it is written) and
+  // prepare its derived copies (hashing their codes as they are built): what the kernels read.
   t0 = Clock::now();
   const model::PrecisionPolicy policy =
       fault == Fault::wrong_rounding ? with_weight_rounding_rtz(serving_.policy()) : serving_.policy();
   if (!(stage.policy() == policy)) stage.set_policy(policy);
-  for (const model::ParamSpec& spec : stage.params()) {
-    const io::TensorInfo& t = file->get(spec.name);
-    decode_values(t.bytes, t.dtype, stage.param(spec.name));
+  const std::vector<model::ParamSpec>& specs = stage.params();
+  std::vector<const io::TensorInfo*> sources(specs.size());
+  std::vector<std::span<float>> targets(specs.size());
+  std::unordered_map<std::string_view, size_t> param_index;
+  int64_t elements = 0;
+  for (size_t p = 0; p < specs.size(); ++p) {
+    sources[p] = in_payload.at(specs[p].name);
+    targets[p] = stage.param(specs[p].name);
+    param_index[specs[p].name] = p;
+    elements += specs[p].numel();
   }
+  // Tensors in parallel (each one's hash runs in order, so the hashes do not depend on the
+  // thread count); only where there is enough to share.
+  std::vector<Installed> installed(specs.size());
+  const auto n_params = static_cast<int64_t>(specs.size());
+#pragma omp parallel for schedule(dynamic) if (elements > (int64_t{1} << 20))
+  for (int64_t p = 0; p < n_params; ++p) {
+    const auto i = static_cast<size_t>(p);
+    installed[i] = install_values(sources[i]->bytes, sources[i]->dtype, targets[i]);
+  }
+  report.seconds_install = seconds_since(t0);
+  const auto t_prepare = Clock::now();
   if (fault != Fault::stale_derived) stage.weights_changed();
   const std::vector<Derived> derived = derived_weights(stage);
+  report.seconds_prepare = seconds_since(t_prepare);
   if (fault == Fault::zeroed_scales) zero_scales(stage, derived);
   report.seconds_decode += seconds_since(t0);
-
-  // Runs fn(i) for every derived weight on the OpenMP threads (hashing is memory-bound; the
-  // weights are independent), results in visit order.
-  auto per_weight = [&](const std::function<uint64_t(size_t)>& fn) {
-    std::vector<uint64_t> out(derived.size());
-    const auto n = static_cast<int64_t>(derived.size());
-    int64_t elements = 0;
-    for (const Derived& w : derived) elements += w.forward->rows * w.forward->cols;
-#pragma omp parallel for schedule(dynamic) if (elements > (int64_t{1} << 22))
-    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = fn(static_cast<size_t>(i));
-    return out;
+  auto installed_of = [&](const Derived& w) -> const Installed& {
+    return installed[param_index.at(w.name)];
   };
-  std::vector<std::span<const float>> values;
-  for (const Derived& w : derived) values.push_back(std::as_const(stage).param(w.name));
 
   // 5 derived state
   if (!run(SyncCheck::derived_state, [&]() -> std::string {
-        const std::vector<uint64_t> now = per_weight([&](size_t i) { return hash_values(values[i]); });
-        for (size_t i = 0; i < derived.size(); ++i)
-          if (derived[i].source_hash != now[i])
+        for (const Derived& w : derived)
+          if (w.source_hash != installed_of(w).hash)
             return fmt::format("{}: the prepared copy was built from values hashing {}, the weights "
-                               "now hash {} (stale copy)", derived[i].name,
-                               hex64(derived[i].source_hash), hex64(now[i]));
+                               "installed hash {} (stale copy)", w.name, hex64(w.source_hash),
+                               hex64(installed_of(w).hash));
         return "";
       }))
     return report;
 
   // 6 scale sanity
   if (!run(SyncCheck::scale_sanity, [&]() -> std::string {
-        for (size_t i = 0; i < derived.size(); ++i) {
-          const std::string problem = scale_problem(*derived[i].forward, values[i]);
-          if (!problem.empty())
-            return fmt::format("{} ({}): {}", derived[i].name, derived[i].forward->desc->to_string(), problem);
+        for (const Derived& w : derived) {
+          const std::string problem = scale_problem(*w.forward, installed_of(w).amax);
+          if (!problem.empty()) return fmt::format("{} ({}): {}", w.name, w.forward->desc->to_string(), problem);
         }
         return "";
       }))
     return report;
 
-  // 4 content
+  // 4 content: the codes' hash from the build, re-sampled; scales and tensor scale re-hashed.
   if (!run(SyncCheck::content, [&]() -> std::string {
+        std::vector<std::pair<std::string_view, uint64_t>> mine;
+        for (const Derived& w : derived) {
+          const uint64_t sample = sample_hash(operand_codes(*w.forward));
+          if (sample != w.codes_sample)
+            return fmt::format("{}: the {} changed after the copy was built (sampled hash {}, {} when "
+                               "built)", w.name, w.forward->desc ? "codes" : "values", hex64(sample),
+                               hex64(w.codes_sample));
+          mine.emplace_back(w.name, content_hash(*w.forward, w.codes_hash));
+        }
+        const auto sent = file->metadata().find(kContentKey);
+        if (sent != file->metadata().end() && sent->second == content_text(mine)) return "";
         const json learner = metadata_json(*file, kContentKey);
-        const std::vector<uint64_t> hashes =
-            per_weight([&](size_t i) { return hash_operand(*derived[i].forward); });
         for (size_t i = 0; i < derived.size(); ++i) {
           const Derived& w = derived[i];
           if (!learner.contains(w.name)) return fmt::format("{}: the learner sent no hash for it", w.name);
-          const std::string mine = hex64(hashes[i]);
           const std::string theirs = learner.at(w.name).get<std::string>();
-          if (mine != theirs)
+          if (hex64(mine[i].second) != theirs)
             return fmt::format("{} {} hash {} != learner {}", w.name,
-                               w.forward->desc ? "codes/scales" : "values", mine, theirs);
+                               w.forward->desc ? "codes/scales" : "values", hex64(mine[i].second), theirs);
         }
         if (derived.size() != learner.size())
           return fmt::format("the learner hashed {} weights, the sampler's kernels read {}",

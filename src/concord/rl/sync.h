@@ -35,7 +35,8 @@
 //   4 content         XXH3-64 over what the sampler's kernels read (Model::visit_derived_weights:
 //                     codes and scales of the prepared operands) equals the learner's hashes
 //   5 derived_state   every derived copy (prepared / pre-packed weights, cached scales) was built
-//                     from the new weights (source hash = hash of the current fp32 values)
+//                     from the new weights (its source hash = the hash of the fp32 values
+//                     installed)
 //   6 scale_sanity    no NaN or Inf block scale, no zero or placeholder (e8m0 2^-127) scale on a
 //                     block with nonzero elements; NVFP4 and per-tensor FP8 tensor scales equal
 //                     the ones the staged values' amax gives, and an NVFP4 tensor's largest block
@@ -47,6 +48,29 @@
 // own consistency (copies current, scales sane) comes before the comparison with the learner's
 // hashes, so a stale copy or a corrupted scale is named as such rather than as a content
 // mismatch; the probe, the costliest, runs last.
+// Cost (bench/README.md, "Weight sync": checks 1-6 against a memcpy of the weights). A check
+// that re-read the weights would cost more than the copy (XXH3 runs at about half memcpy's
+// speed here), so each full pass over the weights happens where the bytes are written anyway,
+// in cache, and the checks compare what those passes recorded:
+//   5, 6  installing the payload decodes each tensor in L1-sized chunks and hashes (XXH3
+//         streaming, the same hash as one call) and scans (amax) every chunk right after writing
+//         it; check 5 compares that hash with each copy's source hash (Model::Impl::weight takes
+//         it when it builds the copy), check 6 derives the expected tensor scale from that amax:
+//         both O(tensors). Check 6 still reads every block scale (1/16 or 1/32 of the codes),
+//         in a branch-free min/max pass, walking blocks only where a code is 0 or NaN.
+//   4     the codes are hashed in the visit that builds each copy (visit_derived_weights hands
+//         a weight over right after preparing it, its codes a few MB back in the caches); at check time the scales and tensor scale are re-hashed in
+//         full and the codes re-sampled (one 64-byte line per 64 KiB against the same sample
+//         taken at build time). What that gives up: a few changed code bytes in the staging copy
+//         after it was built (not a whole buffer) would go unseen by check 4. Those copies never
+//         serve: the serving model rebuilds its own from the verified fp32 values after the
+//         swap, and the probe (check 7) runs on them. Scales, where one bad byte hurts most,
+//         are re-verified in full (and named by check 6 first).
+//   2, 3, 4  the sampler makes the manifest, plan and content texts it expects with the
+//         learner's own code; byte-equal metadata passes without parsing, any other text is
+//         parsed and checked entry by entry (same verdict, and the entry that differs named).
+// The payload's values can still change between install and swap unseen (as between check 5
+// and the swap before): nothing in this process writes them there.
 // Each failure message names the check, the tensor (or probe row) and what differed:
 //   "[sync] check 4 content: model.layers.0.mlp.up_proj.weight codes/scales hash 0x... !=
 //    learner 0x...".
@@ -125,6 +149,9 @@ struct SyncReport {
   // decode: parsing the payload, installing it into the staging model and preparing its
   // derived copies; checks: the sum of the checks' seconds; swap: copying into the serving model
   double seconds_decode = 0, seconds_checks = 0, seconds_swap = 0;
+  // Parts of decode: install (payload bytes to fp32 values, hashed and scanned for the amax as
+  // they are written) and prepare (the derived copies, their codes hashed as they are built).
+  double seconds_install = 0, seconds_prepare = 0;
   size_t payload_bytes = 0;
   double probe_max_abs_dlogp = 0, probe_k3_kl = 0;
   std::optional<CheckOutcome> failure() const;
@@ -169,6 +196,12 @@ class WeightReceiver {
   std::optional<model::Model> staging_;  // kept across syncs (its prepared copies persist)
   uint64_t version_ = 0;
   bool has_version_ = false;
+  // The manifest and plan texts this sampler expects (the learner makes them with the same
+  // code), for the policy they were made for: a payload carrying them passes checks 2-3 unparsed.
+  // Made when constructed, remade when the serving policy has changed.
+  void refresh_expected();
+  std::optional<model::PrecisionPolicy> expected_for_;
+  std::string expected_manifest_, expected_plan_;
 };
 
 // Whether the fault happens on the learner's side (publish) or the sampler's (apply).
