@@ -271,10 +271,15 @@ TEST(Sync, BF16IsImmuneToScaleAndRoundingFaults) {
   }
 }
 
-TEST(Sync, StaleDerivedOnAFreshSamplerHasNothingStale) {
-  // The first sync builds the staging model's copies from the new values: nothing to be stale.
+TEST(Sync, StaleDerivedOnAFreshSamplerIsCaughtToo) {
+  // A fresh staging model's copies come from its initial values; keeping them for version 1 is
+  // as stale as keeping version 0's, and the next clean sync repairs it.
   Rig s("mxfp8");
-  expect_all_passed(s.sync(1, Fault::stale_derived));
+  const SyncReport r = s.sync(1, Fault::stale_derived);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::derived_state) << r.failure()->message;
+  EXPECT_FALSE(r.applied);
+  expect_all_passed(s.sync(1));
 }
 
 TEST(Sync, UntiedLmHeadFaultNeedsTiedEmbeddings) {

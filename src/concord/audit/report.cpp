@@ -20,21 +20,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr size_t kCdfPoints = 256;  // points per CDF line; enough for a 640 px plot
 constexpr size_t kMaxSeries = 12;   // lines per plot whose legend fits its height
 
-constexpr const char* kStyle = R"(
-body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1200px; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f3f3f3; }
-td.name, th.name { text-align: left; font-family: monospace; }
-td.bad { background: #fde2e2; color: #b00020; font-weight: bold; }
-.verdict { font-size: 1.3em; font-weight: bold; }
-.pass { color: #1b7f3b; } .fail { color: #b00020; }
-figure { display: inline-block; margin: 8px 16px 8px 0; vertical-align: top; }
-figcaption { font-size: 0.85em; color: #555; max-width: 640px; }
-p.note { font-size: 0.9em; color: #555; max-width: 900px; }
-)";
-
 std::string num(double v) {
   if (std::isnan(v)) return "-";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -285,7 +270,7 @@ void write_contract_report(const std::string& path, const Measurement& m, const 
                  "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                  "<title>Kernel contract: {} vs {}</title>\n<style>{}</style>\n</head>\n<body>\n"
                  "<h1>Kernel contract: <code>{}</code> vs <code>{}</code></h1>\n",
-                 html_escape(m.ref), html_escape(m.cand), kStyle, html_escape(m.ref),
+                 html_escape(m.ref), html_escape(m.cand), report_style(), html_escape(m.ref),
                  html_escape(m.cand));
   append_meta(out, m);
   if (check != nullptr) append_check(out, *check);

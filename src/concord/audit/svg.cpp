@@ -393,4 +393,22 @@ std::string svg_histogram(std::span<const double> edges, std::span<const double>
   return canvas.end();
 }
 
+std::string_view report_style() {
+  return R"(
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1400px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f3f3f3; }
+td.name, th.name { text-align: left; font-family: monospace; }
+td.bad { background: #fde2e2; color: #b00020; font-weight: bold; }
+.verdict { font-size: 1.3em; font-weight: bold; }
+.pass { color: #1b7f3b; } .fail { color: #b00020; }
+figure { display: inline-block; margin: 8px 16px 8px 0; vertical-align: top; }
+figcaption { font-size: 0.85em; color: #555; max-width: 640px; }
+p.note { font-size: 0.9em; color: #555; max-width: 900px; }
+pre { font-size: 0.8em; background: #f7f7f7; padding: 8px; max-height: 300px; overflow: auto; }
+)";
+}
+
 }  // namespace concord::audit

@@ -26,5 +26,8 @@ std::string svg_line_plot(std::span<const Series> series, const PlotOptions& opt
 std::string svg_histogram(std::span<const double> edges, std::span<const double> counts,
                           const PlotOptions& options);
 std::string html_escape(std::string_view text);
+// The stylesheet every concord HTML report shares (tables, figures, verdicts, notes, <pre>), for
+// a <style> element: the contract report (report.h) and the RL report (rl/report.h).
+std::string_view report_style();
 
 }  // namespace concord::audit

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -60,6 +61,9 @@ struct ExportOptions {
   std::optional<io::Tokenizer> tokenizer;
   std::string chat_template;
   std::vector<int32_t> stop_token_ids;
+  // safetensors: entries added to the file's __metadata__ beside {"format": "pt"} (e.g. the
+  // trainer's step and export rule).
+  std::map<std::string, std::string> metadata;
 };
 // safetensors: `out` is a folder (config.json, model.safetensors, tokenizer.json,
 // tokenizer_config.json, generation_config.json); gguf: `out` is a file. Written atomically.

@@ -273,7 +273,9 @@ void write_hf_folder(const Model& model, const fs::path& out, const ExportOption
     buffers.push_back(encode_values(model.param(spec.name), dtype, spec.name, out));
     tensors.push_back({spec.name, dtype, spec.shape, buffers.back()});
   }
-  io::write_safetensors(out / "model.safetensors", std::move(tensors), {{"format", "pt"}});
+  std::map<std::string, std::string> metadata = options.metadata;
+  metadata["format"] = "pt";
+  io::write_safetensors(out / "model.safetensors", std::move(tensors), metadata);
 
   json config = c.to_json();
   config["torch_dtype"] = torch_dtype;

@@ -22,20 +22,6 @@ using audit::html_escape;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-constexpr const char* kStyle = R"(
-body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1400px; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f3f3f3; }
-td.name, th.name { text-align: left; font-family: monospace; }
-td.bad { background: #fde2e2; color: #b00020; font-weight: bold; }
-figure { display: inline-block; margin: 8px 16px 8px 0; vertical-align: top; }
-figcaption { font-size: 0.85em; color: #555; max-width: 640px; }
-p.note { font-size: 0.9em; color: #555; max-width: 900px; }
-pre { font-size: 0.8em; background: #f7f7f7; padding: 8px; max-height: 300px; overflow: auto; }
-)";
-
 std::string num(double v) {
   if (std::isnan(v)) return "-";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -175,7 +161,7 @@ std::string rl_report_html(const std::string& title, std::span<const ReportArm> 
   fmt::format_to(std::back_inserter(out),
                  "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{}</title>"
                  "<style>{}</style></head><body>\n<h1>{}</h1>\n",
-                 html_escape(title), kStyle, html_escape(title));
+                 html_escape(title), audit::report_style(), html_escape(title));
   append_summary(out, arms);
 
   out += "<h2>Per step</h2>\n";

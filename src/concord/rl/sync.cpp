@@ -103,10 +103,20 @@ std::vector<uint8_t> encode_values(std::span<const float> values, io::Dtype dtyp
   return bytes;
 }
 
-// Payload bytes of an F32 / BF16 / F16 tensor into fp32 values (any alignment).
+// Payload bytes of an F32 / BF16 / F16 tensor into fp32 values (any alignment). BF16 widens by
+// a shift (the top half of the fp32 bits, exact), a loop the compiler vectorizes; per 4K-element
+// chunk (install_values) it runs about 4x faster here than numerics::decode_array.
 void decode_values(std::span<const uint8_t> bytes, io::Dtype dtype, std::span<float> out) {
   if (dtype == io::Dtype::F32) {
     std::memcpy(out.data(), bytes.data(), bytes.size());
+    return;
+  }
+  if (dtype == io::Dtype::BF16) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      uint16_t half;
+      std::memcpy(&half, bytes.data() + 2 * i, sizeof half);
+      out[i] = std::bit_cast<float>(static_cast<uint32_t>(half) << 16);
+    }
     return;
   }
   if (reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0) {
@@ -741,9 +751,8 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   }
   model::Model& stage = untied ? *untied : *staging_;
 
-  // The payload's tensors and the staged model's parameters by name.
+  // The payload's tensors by name (filled by check 2).
   std::unordered_map<std::string_view, const io::TensorInfo*> in_payload;
-  std::unordered_map<std::string_view, const model::ParamSpec*> in_stage;
   const Format served = serving_.policy().served_weights;
 
   // 2 manifest. The common case, the learner's manifest byte for byte the one this sampler
@@ -751,7 +760,6 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   // manifest is parsed and checked entry by entry to name what differs.
   if (!run(SyncCheck::manifest, [&]() -> std::string {
         for (const io::TensorInfo& t : file->tensors()) in_payload.emplace(t.name, &t);
-        for (const model::ParamSpec& s : stage.params()) in_stage.emplace(s.name, &s);
         refresh_expected();
         const auto sent_manifest = file->metadata().find(kManifestKey);
         if (!untied && sent_manifest != file->metadata().end() && sent_manifest->second == expected_manifest_) {
@@ -763,6 +771,8 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
           }
           if (same) return "";
         }
+        std::unordered_map<std::string_view, const model::ParamSpec*> in_stage;
+        for (const model::ParamSpec& s : stage.params()) in_stage.emplace(s.name, &s);
         const json manifest = metadata_json(*file, kManifestKey).at("tensors");
         std::set<std::string> listed;
         for (const json& entry : manifest) {
@@ -852,6 +862,9 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   const model::PrecisionPolicy policy =
       fault == Fault::wrong_rounding ? with_weight_rounding_rtz(serving_.policy()) : serving_.policy();
   if (!(stage.policy() == policy)) stage.set_policy(policy);
+  // Fault::stale_derived keeps the derived copies the staging model holds from its last version
+  // (built now if that version never ran: the state a sampler that skips the rebuild is in).
+  if (fault == Fault::stale_derived) stage.visit_derived_weights([](const model::Model::DerivedWeight&) {});
   const std::vector<model::ParamSpec>& specs = stage.params();
   std::vector<const io::TensorInfo*> sources(specs.size());
   std::vector<std::span<float>> targets(specs.size());
@@ -991,13 +1004,21 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
       }))
     return report;
 
-  // Every check passed: the staged weights serve.
+  // Every check passed: the staged model serves — its weights AND the very derived copies the
+  // checks verified (Model's move swaps its state; O(1)). The previous version's state becomes
+  // the staging model, which the next install overwrites. Where the staging model is not the
+  // serving model's twin (a fault changed its policy or ties), the values are copied instead
+  // and the serving model rebuilds its copies from them.
   t0 = Clock::now();
-  for (const model::ParamSpec& spec : serving_.params()) {
-    const std::span<const float> from = std::as_const(stage).param(spec.name);
-    std::copy(from.begin(), from.end(), serving_.param(spec.name).begin());
+  if (&stage == &*staging_ && stage.policy() == serving_.policy()) {
+    std::swap(serving_, *staging_);
+  } else {
+    for (const model::ParamSpec& spec : serving_.params()) {
+      const std::span<const float> from = std::as_const(stage).param(spec.name);
+      std::copy(from.begin(), from.end(), serving_.param(spec.name).begin());
+    }
+    serving_.weights_changed();
   }
-  serving_.weights_changed();
   report.seconds_swap = seconds_since(t0);
   version_ = version;
   has_version_ = true;

@@ -61,11 +61,11 @@
 //   4     the codes are hashed in the visit that builds each copy (visit_derived_weights hands
 //         a weight over right after preparing it, its codes a few MB back in the caches); at check time the scales and tensor scale are re-hashed in
 //         full and the codes re-sampled (one 64-byte line per 64 KiB against the same sample
-//         taken at build time). What that gives up: a few changed code bytes in the staging copy
-//         after it was built (not a whole buffer) would go unseen by check 4. Those copies never
-//         serve: the serving model rebuilds its own from the verified fp32 values after the
-//         swap, and the probe (check 7) runs on them. Scales, where one bad byte hurts most,
-//         are re-verified in full (and named by check 6 first).
+//         taken at build time). What that gives up: a few code bytes changed in the staging copy
+//         after it was built and hashed (not a whole buffer) would go unseen by check 4; nothing
+//         in concord writes there between the build and the swap, and the probe (check 7) runs
+//         on those very copies afterwards. Scales, where one bad byte hurts most, are
+//         re-verified in full (and named by check 6 first).
 //   2, 3, 4  the sampler makes the manifest, plan and content texts it expects with the
 //         learner's own code; byte-equal metadata passes without parsing, any other text is
 //         parsed and checked entry by entry (same verdict, and the entry that differs named).
@@ -181,7 +181,11 @@ class WeightPublisher {
   bool has_previous_ = false;      // (the mirror still holds its values)
 };
 
-// Sampler side: owns the staging model; `serving` is the model the engine runs.
+// Sampler side: owns the staging model; `serving` is the model the engine runs. A sync that
+// passes swaps the staging model's state (weights, policy, the derived copies the checks
+// verified) into `serving` — the Model object stays the same, so an Engine holding it serves the
+// new version from its next step; hooks set on `serving` (set_gemm_observer,
+// set_forward_gemm_kernel) do not survive a sync: set them again after one.
 class WeightReceiver {
  public:
   WeightReceiver(model::Model& serving, ProbeOptions probe = {});

@@ -106,19 +106,10 @@ json warmup_stamp(const RlConfig& c) {
 }
 
 void write_base(const fs::path& dir, model::Model& m, const json& stamp, double final_loss) {
-  fs::create_directories(dir);
-  std::vector<io::TensorToWrite> tensors;
-  for (const model::ParamSpec& p : m.params()) {
-    auto v = m.param(p.name);
-    tensors.push_back({p.name, io::Dtype::F32, p.shape,
-                       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
-                                                v.size() * sizeof(float))});
-  }
-  io::write_safetensors(dir / "model.safetensors", std::move(tensors),
-                        {{"format", "pt"}, {"concord.rl.warmup_loss", fmt::format("{}", final_loss)}});
-  io::write_file_atomic(dir / "config.json", m.config().to_json().dump(2) + "\n");
-  io::write_file_atomic(dir / "tokenizer.json",
-                        io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"}).to_json());
+  model::ExportOptions options;
+  options.tokenizer = io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
+  options.metadata = {{"concord.rl.warmup_loss", fmt::format("{}", final_loss)}};
+  model::export_model(m, dir, options);
   // Last: a folder without a matching warmup.json is never trusted.
   io::write_file_atomic(dir / "warmup.json", stamp.dump(2) + "\n");
 }

@@ -30,12 +30,16 @@ bool same_bits(float a, float b) {
   return x == y;
 }
 
-// Nearest-rank quantile of sorted values.
-double quantile(const std::vector<int64_t>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const auto n = static_cast<double>(sorted.size());
-  const auto rank = static_cast<size_t>(std::max(1.0, std::ceil(q * n)));
-  return static_cast<double>(sorted[std::min(rank, sorted.size()) - 1]);
+// Nearest-rank quantile of the values counted in counts (counts[v] occurrences of v, n in all).
+double quantile(const std::vector<int64_t>& counts, int64_t n, double q) {
+  if (n == 0) return 0;
+  const auto rank = static_cast<int64_t>(std::max(1.0, std::ceil(q * static_cast<double>(n))));
+  int64_t seen = 0;
+  for (size_t v = 0; v < counts.size(); ++v) {
+    seen += counts[v];
+    if (seen >= rank) return static_cast<double>(v);
+  }
+  return static_cast<double>(counts.size() - 1);
 }
 
 }  // namespace
@@ -122,7 +126,10 @@ void FairCastMeter::record(int tensor, std::span<const float> master, std::span<
     if (!same_bits(served[i], t.served[i])) {
       ++changed_;
       if (t.opened[i] >= 0) {
-        lags_.push_back(step - t.opened[i]);
+        const auto lag = static_cast<size_t>(step - t.opened[i]);
+        if (lag >= lag_counts_.size()) lag_counts_.resize(lag + 1, 0);
+        ++lag_counts_[lag];
+        ++lag_events_;
         ++closed_;
       }
       t.opened[i] = -1;
@@ -136,14 +143,13 @@ void FairCastMeter::record(int tensor, std::span<const float> master, std::span<
 
 LagSummary FairCastMeter::lag() const {
   LagSummary s;
-  for (int64_t l : lags_) ++s.histogram[static_cast<size_t>(lag_bin(l))];
-  s.events = static_cast<int64_t>(lags_.size());
+  for (size_t l = 0; l < lag_counts_.size(); ++l)
+    s.histogram[static_cast<size_t>(lag_bin(static_cast<int64_t>(l)))] += lag_counts_[l];
+  s.events = lag_events_;
   for (const Tensor& t : tensors_)
     s.pending += std::count_if(t.opened.begin(), t.opened.end(), [](int64_t o) { return o >= 0; });
-  std::vector<int64_t> sorted = lags_;
-  std::sort(sorted.begin(), sorted.end());
-  s.median = quantile(sorted, 0.5);
-  s.p90 = quantile(sorted, 0.9);
+  s.median = quantile(lag_counts_, lag_events_, 0.5);
+  s.p90 = quantile(lag_counts_, lag_events_, 0.9);
   return s;
 }
 

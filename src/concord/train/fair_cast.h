@@ -80,7 +80,10 @@ class FairCastMeter {
   };
   numerics::Format format_;
   std::vector<Tensor> tensors_;
-  std::vector<int64_t> lags_;  // closed events
+  // Closed events by lag: lag_counts_[l] events closed after l steps (lags are bounded by the
+  // steps run, so this stays small while events number in the millions).
+  std::vector<int64_t> lag_counts_;
+  int64_t lag_events_ = 0;
   // accumulators of the current step
   uint64_t current_step_ = 0;
   bool step_open_ = false;

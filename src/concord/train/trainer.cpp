@@ -14,6 +14,7 @@
 #include "concord/io/atomic_file.h"
 #include "concord/io/safetensors.h"
 #include "concord/io/tokenizer.h"
+#include "concord/model/files.h"
 #include "concord/model/model.h"
 #include "concord/model/ops.h"
 #include "concord/numerics/check.h"
@@ -56,24 +57,16 @@ double validation_loss(model::Model& m, const std::vector<Batch>& batches) {
   return count > 0 ? sum / static_cast<double>(count) : 0.0;
 }
 
+// final/: an HF-layout model folder of the served weights (fp32 values), with the byte
+// tokenizer as a tokenizer.json, so that `concord generate --model run/final` and HF tools read
+// it as they read any model folder.
 void write_served_model(const fs::path& dir, model::Model& m, const TrainConfig& config, int64_t step) {
-  fs::create_directories(dir);
-  std::vector<io::TensorToWrite> tensors;
-  for (const model::ParamSpec& p : m.params()) {
-    auto v = m.param(p.name);
-    tensors.push_back({p.name, io::Dtype::F32, p.shape,
-                       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
-                                                v.size() * sizeof(float))});
-  }
-  io::write_safetensors(dir / "model.safetensors", std::move(tensors),
-                        {{"format", "pt"}, {"concord.step", std::to_string(step)},
-                         {"concord.policy", config.policy.name},
-                         {"concord.export", config.export_rule}});
-  io::write_file_atomic(dir / "config.json", config.model.to_json().dump(2) + "\n");
-  // The byte tokenizer as a tokenizer.json, so that `concord generate --model run/final` and HF
-  // tools read the folder as they read any model folder.
-  io::write_file_atomic(dir / "tokenizer.json",
-                        io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"}).to_json());
+  model::ExportOptions options;
+  options.tokenizer = io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
+  options.metadata = {{"concord.step", std::to_string(step)},
+                      {"concord.policy", config.policy.name},
+                      {"concord.export", config.export_rule}};
+  model::export_model(m, dir, options);
 }
 
 }  // namespace
