@@ -1,8 +1,10 @@
 // The RL loop end to end on a tiny model, in process: metrics.jsonl lines carry the named metrics,
 // the report holds inline SVG, an injected fault is reported while the old version keeps
 // serving, matched bf16/bf16 has no mismatch (and a mismatched pair has some), the warm-up cache
-// is reused, and the same seed gives the same run.
+// is reused, the same seed gives the same run, and a stopped run resumes from its last
+// checkpoint bit-identically.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,6 +17,7 @@
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
 #include "concord/rl/loop.h"
+#include "concord/train/checkpoint.h"
 
 namespace concord::rl {
 namespace {
@@ -312,6 +315,118 @@ TEST(RlLoop, ConfigJsonRoundTripsAndBadConfigsNameTheKey) {
   EXPECT_THROW(parse_fault("flipped_bit"), InputError);
   EXPECT_THROW(parse_fault("flipped_bit@0"), InputError);
   EXPECT_EQ(parse_fault("zeroed_scales@4").step, 4);
+}
+
+// Killed after step 3 with checkpoints every 2 steps, the run resumes from step 2 (step 3 runs
+// again) and ends where an uninterrupted run ends: the same metrics lines (clock fields aside),
+// rollouts and final master weights, bit for bit. ef (carried error), kl_coef > 0 (the
+// reference policy) and two PPO epochs make every piece of state count.
+TEST(RlLoop, AStoppedRunResumesFromItsLastCheckpointBitIdentically) {
+  const fs::path out = temp_dir("resume");
+  RlConfig c = tiny_config(out / "whole");
+  c.steps = 5;
+  c.export_rule = "ef";
+  c.loss.kl_coef = 0.05;
+  c.ppo_epochs = 2;
+  c.log_rollouts = true;
+  c.checkpoint_every = 2;
+  const RlResult whole = run_in_process(c);
+
+  RlConfig s = c;
+  s.out = (out / "split").string();
+  auto channel = make_in_process_channel();
+  RlOptions stop;
+  stop.progress = false;
+  stop.stop_after = 3;
+  const RlResult first = run_rl(s, *channel, stop);
+  EXPECT_TRUE(first.stopped);
+  ASSERT_EQ(first.steps.size(), 3u);
+  EXPECT_FALSE(fs::exists(out / "split" / "summary.json"));
+  ASSERT_TRUE(train::latest_checkpoint(out / "split").has_value());
+  EXPECT_EQ(train::latest_checkpoint(out / "split")->filename(), "step-00000002");
+
+  auto channel2 = make_in_process_channel();
+  RlOptions resume;
+  resume.progress = false;
+  const RlResult second = run_rl(s, *channel2, resume);
+  EXPECT_EQ(second.start_step, 2);
+  EXPECT_FALSE(second.stopped);
+  ASSERT_EQ(second.steps.size(), whole.steps.size());
+
+  const std::vector<json> a = read_jsonl(out / "whole" / "metrics.jsonl");
+  const std::vector<json> b = read_jsonl(out / "split" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(without_timing(a[i]), without_timing(b[i])) << "step " << i + 1;
+    EXPECT_EQ(a[i].at("sync/applied"), b[i].at("sync/applied")) << "step " << i + 1;
+  }
+  // The first sync after the resume applied on the fresh sampler.
+  EXPECT_TRUE(b[2].at("sync/applied").get<bool>());
+  EXPECT_EQ(read_text(out / "whole" / "rollouts.jsonl"), read_text(out / "split" / "rollouts.jsonl"));
+  EXPECT_EQ(whole.final_reward, second.final_reward);
+  EXPECT_EQ(whole.mean_mismatch_kl, second.mean_mismatch_kl);
+  EXPECT_EQ(whole.lag_median, second.lag_median);
+
+  const train::LoadedCheckpoint wa = train::load_checkpoint(*train::latest_checkpoint(out / "whole"));
+  const train::LoadedCheckpoint wb = train::load_checkpoint(*train::latest_checkpoint(out / "split"));
+  EXPECT_EQ(wa.step, 5);
+  EXPECT_EQ(wb.step, 5);
+  ASSERT_EQ(wa.model.size(), wb.model.size());
+  bool any_ef_state = false;
+  for (size_t i = 0; i < wa.model.size(); ++i) {
+    ASSERT_EQ(wa.model[i].name, wb.model[i].name);
+    any_ef_state = any_ef_state || wa.model[i].name.rfind("state.export.", 0) == 0;
+    ASSERT_EQ(wa.model[i].values.size(), wb.model[i].values.size());
+    EXPECT_EQ(0, std::memcmp(wa.model[i].values.data(), wb.model[i].values.data(),
+                             wa.model[i].values.size() * sizeof(float)))
+        << wa.model[i].name;
+  }
+  EXPECT_TRUE(any_ef_state);
+  ASSERT_EQ(wa.optimizer.size(), wb.optimizer.size());
+  for (size_t i = 0; i < wa.optimizer.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(wa.optimizer[i].values.data(), wb.optimizer[i].values.data(),
+                             wa.optimizer[i].values.size() * sizeof(float)))
+        << wa.optimizer[i].name;
+  }
+  // A finished run resumed again only rewrites its summary and report.
+  auto channel3 = make_in_process_channel();
+  const RlResult again = run_rl(s, *channel3, resume);
+  EXPECT_EQ(again.start_step, 5);
+  EXPECT_EQ(read_jsonl(out / "split" / "metrics.jsonl"), b);
+  fs::remove_all(out);
+}
+
+TEST(RlLoop, ResumingUnderAChangedConfigNamesTheKeyAndNoResumeStartsOver) {
+  const fs::path out = temp_dir("resume_key");
+  RlConfig c = tiny_config(out / "run");
+  c.steps = 2;
+  c.checkpoint_every = 1;
+  RlOptions stop;
+  stop.progress = false;
+  stop.stop_after = 1;
+  auto channel = make_in_process_channel();
+  EXPECT_TRUE(run_rl(c, *channel, stop).stopped);
+
+  RlConfig changed = c;
+  changed.lr = 2e-3;
+  RlOptions resume;
+  resume.progress = false;
+  auto channel2 = make_in_process_channel();
+  try {
+    run_rl(changed, *channel2, resume);
+    ADD_FAILURE() << "resumed under a changed config";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'grpo'"), std::string::npos) << e.what();
+  }
+  // --no-resume: starts over (a full run of the changed config, its own checkpoints).
+  resume.resume = false;
+  auto channel3 = make_in_process_channel();
+  const RlResult fresh = run_rl(changed, *channel3, resume);
+  EXPECT_EQ(fresh.start_step, 0);
+  EXPECT_EQ(fresh.steps.size(), 2u);
+  EXPECT_EQ(train::list_checkpoints(out / "run").size(), 2u);
+  fs::remove_all(out);
 }
 
 }  // namespace

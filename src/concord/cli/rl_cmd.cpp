@@ -29,6 +29,8 @@ struct RlArgs {
   int64_t seed = -1, samplers = 1, rank = 0;
   double lr = -1, kl_coef = -1;
   bool loss_on_master = false, quick = false, quiet = false, log_rollouts = false;
+  bool no_resume = false;
+  int64_t checkpoint_every = -1;
 };
 
 // --quick: a run that shows every part in seconds (CI).
@@ -38,6 +40,13 @@ void make_quick(rl::RlConfig& c) {
   c.prompts_per_step = std::min<int64_t>(c.prompts_per_step, 4);
   c.group_size = std::min<int64_t>(c.group_size, 4);
   c.max_new_tokens = std::min<int64_t>(c.max_new_tokens, 4);
+}
+
+rl::RlOptions options(const RlArgs& a, bool learner) {
+  rl::RlOptions o;
+  o.progress = !a.quiet && learner;
+  o.resume = !a.no_resume;
+  return o;
 }
 
 rl::RlConfig resolve(const RlArgs& a) {
@@ -63,6 +72,7 @@ rl::RlConfig resolve(const RlArgs& a) {
   if (a.seed >= 0) c.seed = static_cast<uint64_t>(a.seed);
   if (a.lr >= 0) c.lr = a.lr;
   if (a.kl_coef >= 0) c.loss.kl_coef = a.kl_coef;
+  if (a.checkpoint_every >= 0) c.checkpoint_every = a.checkpoint_every;
   for (const std::string& f : a.faults) c.faults.push_back(rl::parse_fault(f));
   if (!a.out.empty()) c.out = a.out;
   // Re-validate what the flags touched, naming them as the source.
@@ -124,7 +134,7 @@ void run(const RlArgs& a) {
     try {
       const rl::RlConfig c = resolve(a);
       auto channel = rl::make_mpi_channel();
-      const rl::RlResult r = rl::run_rl(c, *channel, !a.quiet && channel->rank() == 0);
+      const rl::RlResult r = rl::run_rl(c, *channel, options(a, channel->rank() == 0));
       if (channel->rank() == 0) print_result(c, r, "mpi", channel->samplers());
     } catch (const InputError& e) {
       std::fprintf(stderr, "concord: %s\n", e.what());
@@ -139,7 +149,7 @@ void run(const RlArgs& a) {
   const rl::RlConfig c = resolve(a);
   if (transport == "in-process") {
     auto channel = rl::make_in_process_channel();
-    const rl::RlResult r = rl::run_rl(c, *channel, !a.quiet);
+    const rl::RlResult r = rl::run_rl(c, *channel, options(a, true));
     print_result(c, r, "in-process", 1);
     return;
   }
@@ -169,7 +179,7 @@ void run(const RlArgs& a) {
       {"concord", "rl", "--config", config_path, "--transport", "shm", "--role", "sampler",
        "--samplers", std::to_string(samplers), "--shm-name", name, "--quiet"},
       samplers);
-  const rl::RlResult r = rl::run_rl(c, *channel, !a.quiet);
+  const rl::RlResult r = rl::run_rl(c, *channel, options(a, true));
   children.wait();
   print_result(c, r, "shm", samplers);
 }
@@ -182,7 +192,9 @@ void add_rl_command(CLI::App& app) {
       "rl",
       "One sampler-learner RL run (GRPO on a verifiable task): warm-up, then per step export "
       "the fp32 master (rne/sr/ef), sync it to the samplers with seven checks, roll out with the "
-      "engine, learn. Writes config.json, metrics.jsonl, summary.json and report.html under --out.");
+      "engine, learn. Writes config.json, metrics.jsonl, summary.json and report.html under --out, "
+      "and checkpoints under --out/checkpoints: running the same command on the same --out resumes "
+      "a killed run from its last checkpoint, bit-identically (--no-resume starts over).");
   cmd->add_option("--config", a->config, "RL config (JSON, docs/rl.md); flags override it");
   cmd->add_option("--out", a->out, "run directory (default: the config's \"out\", runs/rl)");
   cmd->add_option("--name", a->name, "run name (reports, progress)");
@@ -209,6 +221,10 @@ void add_rl_command(CLI::App& app) {
                   "in-process (default), shm (sampler processes on this machine), mpi (under mpirun)");
   cmd->add_option("--samplers", a->samplers, "sampler processes with --transport shm (default 1)");
   cmd->add_flag("--log-rollouts", a->log_rollouts, "also write rollouts.jsonl (every completion, reward, log-probs)");
+  cmd->add_option("--checkpoint-every", a->checkpoint_every,
+                  "write a checkpoint every N steps (default 25; 0: only after the last step)");
+  cmd->add_flag("--no-resume", a->no_resume,
+                "start over even when --out holds a checkpoint (default: resume from it)");
   cmd->add_flag("--quick", a->quick, "a few small steps (CI)");
   cmd->add_flag("--quiet", a->quiet, "no progress on stderr");
   cmd->add_option("--role", a->role, "internal: learner or sampler (processes --transport shm starts)")

@@ -56,6 +56,9 @@
 
 namespace concord::rl {
 
+// A weight message: the learner step that made the payload. The RL loop (loop.cpp) uses version
+// 0 with an empty payload to tell samplers that no step follows (a resumed run that had already
+// finished); transports carry it like any other message.
 struct WeightMessage {
   uint64_t version = 0;
   std::vector<uint8_t> payload;

@@ -24,6 +24,7 @@
 #include "concord/rl/warmup.h"
 #include "concord/serve/engine.h"
 #include "concord/serve/logprob.h"
+#include "concord/train/checkpoint.h"
 #include "concord/train/data.h"
 #include "concord/train/export.h"
 #include "concord/train/fair_cast.h"
@@ -87,6 +88,7 @@ struct Rollout {
 
 struct SamplerReply {
   int rank = 0;
+  int64_t step = 0;  // the step announced (not sent: the learner knows it)
   uint64_t serving = 0;
   json sync;  // SyncReport::to_json
   bool applied = false;
@@ -135,6 +137,9 @@ SamplerReply decode_reply(std::span<const uint8_t> bytes, int from) {
 
 // ---- the sampler role -------------------------------------------------------------------------
 
+// Version 0 with no payload: the learner resumed a run that had finished, so no step follows.
+constexpr uint64_t kFinished = 0;
+
 int64_t longest_prompt(const RlConfig& c) {
   int64_t longest = 0;
   for (int64_t s = 1; s <= c.steps; ++s)
@@ -151,12 +156,21 @@ class SamplerRole {
         receiver_(model_, c.probe),
         engine_(model_, engine_options(c, mc, samplers)) {}
 
-  SamplerReply step(Channel& channel, int64_t step) {
+  // One round: the step is the version the learner announces (so a sampler follows a learner
+  // that resumed from a checkpoint).
+  SamplerReply step(Channel& channel) {
+    const auto t0 = steady::now();
+    return step(channel.receive(), t0);
+  }
+  SamplerReply step(WeightMessage message, steady::time_point t0) {
     SamplerReply reply;
     reply.rank = rank_;
-    auto t0 = steady::now();
-    WeightMessage message = channel.receive();
+    if (message.version < 1 || message.version > static_cast<uint64_t>(c_.steps))
+      throw InputError(fmt::format("[rl] sampler {}: the learner announced step {} outside [1, {}]", rank_,
+                                   message.version, c_.steps));
+    const auto step = static_cast<int64_t>(message.version);
     const SyncReport report = receiver_.apply(message.payload, message.version, fault_at(c_, step, false));
+    reply.step = step;
     reply.seconds_sync = seconds_since(t0);
     reply.serving = receiver_.version();
     reply.sync = report.to_json();
@@ -384,7 +398,79 @@ class Learner {
 
   const train::LagSummary& lag() const { return last_lag_; }
 
+  // ---- checkpoints ----
+  // The master weights (HF names) as checkpoint views.
+  std::vector<train::TensorView> master_views() const {
+    std::vector<train::TensorView> out;
+    const auto& specs = served_.params();
+    for (size_t p = 0; p < specs.size(); ++p) out.push_back({specs[p].name, specs[p].shape, master_[p]});
+    return out;
+  }
+  const train::AdamW& optimizer() const { return optimizer_; }
+  // Everything else a resumed learner needs, as tensors stored beside the master: the export
+  // rule's state ("state.export.<param>"), the Fair Cast meter ("state.fair_cast.<i>.*") and the
+  // reference policy ("state.reference.<name>", kl_coef > 0).
+  std::vector<train::NamedTensor> state_tensors() const {
+    std::vector<train::NamedTensor> out = meter_.state_tensors(kFairCastPrefix);
+    const auto& specs = served_.params();
+    for (auto& [param, values] : exporter_->state()) {
+      const model::ParamSpec& spec = specs.at(static_cast<size_t>(param));
+      out.push_back({fmt::format("state.export.{}", param), {rows_of(spec), cols_of(spec)}, std::move(values)});
+    }
+    if (reference_) {
+      for (const model::ParamSpec& spec : specs) {
+        auto v = reference_->param(spec.name);
+        out.push_back({"state.reference." + spec.name, spec.shape, std::vector<float>(v.begin(), v.end())});
+      }
+    }
+    return out;
+  }
+  json state_json() const {
+    return {{"optimizer_steps", optimizer_.steps_taken()}, {"fair_cast", meter_.state_json()}};
+  }
+  void restore(const train::LoadedCheckpoint& ckpt) {
+    const fs::path file = ckpt.dir / "model.safetensors";
+    const auto& specs = served_.params();
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const train::NamedTensor* t = train::find_tensor(ckpt.model, specs[p].name);
+      if (t == nullptr || t->values.size() != master_[p].size())
+        throw InputError(fmt::format("[rl] {}: tensor '{}' is missing or has the wrong size", file.string(),
+                                     specs[p].name));
+      master_[p] = t->values;
+      if (reference_) {
+        const train::NamedTensor* r = train::find_tensor(ckpt.model, "state.reference." + specs[p].name);
+        if (r == nullptr || r->values.size() != master_[p].size())
+          throw InputError(fmt::format("[rl] {}: tensor 'state.reference.{}' is missing or has the wrong size",
+                                       file.string(), specs[p].name));
+        std::copy(r->values.begin(), r->values.end(), reference_->param(specs[p].name).begin());
+      }
+    }
+    if (reference_) reference_->weights_changed();
+    for (const train::NamedTensor& t : ckpt.model) {
+      constexpr std::string_view kExport = "state.export.";
+      if (!t.name.starts_with(kExport)) continue;
+      const std::string index = t.name.substr(kExport.size());
+      size_t param = specs.size();
+      try {
+        param = std::stoul(index);
+      } catch (const std::exception&) {
+      }
+      if (param >= specs.size() || std::to_string(param) != index)
+        throw InputError(fmt::format("[rl] {}: '{}' names no parameter", file.string(), t.name));
+      exporter_->restore_state(static_cast<int>(param), t.values, rows_of(specs[param]), cols_of(specs[param]));
+    }
+    try {
+      restore_adamw_state(optimizer_, ckpt.optimizer, ckpt.state.at("optimizer_steps").get<int64_t>());
+      meter_.restore(ckpt.model, kFairCastPrefix, ckpt.state.at("fair_cast"));
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("[rl] {}: {}", (ckpt.dir / "state.json").string(), e.what()));
+    }
+    last_lag_ = meter_.lag();
+  }
+
  private:
+  static constexpr std::string_view kFairCastPrefix = "state.fair_cast";
+
   // Between PPO epochs of one step the learner's model follows the master: round to nearest
   // into the served format when the loss is on the served copy (a stateless rule, so the export
   // rule's state — ef's carried error — advances once per step), else the master itself.
@@ -443,7 +529,9 @@ void append_rollouts(std::string& text, const RlConfig& c, int64_t step, const B
                        {"reward", b.rewards[sz(i)]}, {"advantage", learned.advantages[sz(i)]},
                        {"sampler_logprobs", b.sampler[sz(i)]},
                        {"learner_logprobs", learned.old_logp[sz(i)]}};
-    text += line.dump() + "\n";
+    // A completion is bytes, not always UTF-8: invalid bytes show as U+FFFD in "completion"
+    // ("tokens" keeps them exactly).
+    text += line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   }
 }
 
@@ -498,7 +586,16 @@ json summarize(const RlConfig& c, const RlResult& r) {
 }  // namespace
 
 RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
+  RlOptions options;
+  options.progress = progress;
+  options.resume = false;
+  return run_rl(config, channel, options);
+}
+
+RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& options) {
+  const bool progress = options.progress;
   config.validate("the RL config");
+  if (options.stop_after && *options.stop_after < 1) throw InputError("[rl] stop_after must be at least 1");
   const auto t_start = steady::now();
   RlResult result;
   const model::ModelConfig mc = config.resolved_model();
@@ -508,8 +605,12 @@ RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
   // Sampler ranks: receive, check, generate, send — one round per step.
   if (channel.rank() != 0) {
     SamplerRole role(config, mc, channel.rank(), samplers);
-    for (int64_t step = 1; step <= config.steps; ++step) {
-      const SamplerReply reply = role.step(channel, step);
+    for (int64_t step = 0; step < config.steps;) {
+      const auto t0 = steady::now();
+      WeightMessage message = channel.receive();
+      if (message.version == kFinished && message.payload.empty()) break;  // a finished run resumed
+      const SamplerReply reply = role.step(std::move(message), t0);
+      step = reply.step;
       result.seconds_sync += reply.seconds_sync;
       result.seconds_rollout += reply.seconds_rollout;
       result.sync_failures += reply.applied ? 0 : 1;
@@ -522,21 +623,114 @@ RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
   // The learner (rank 0), and in process the one sampler too.
   const bool in_process = channel.name() == "in-process";
   if (in_process && samplers != 1) throw InputError("[rl] the in-process channel runs exactly one sampler");
+  if (options.stop_after && !in_process)
+    throw InputError("[rl] stop_after needs the in-process channel (sampler ranks would wait for the next step)");
   const fs::path out = config.out;
   fs::create_directories(out);
-  io::write_file_atomic(out / "config.json", config.to_json().dump(2) + "\n");
+
+  // A run directory belongs to one configuration: resuming under another would mix two runs.
+  const json config_json = config.to_json();
+  const fs::path config_path = out / "config.json";
+  const std::optional<fs::path> checkpoint = options.resume ? train::latest_checkpoint(out) : std::nullopt;
+  if (checkpoint) {
+    std::ifstream in(config_path);
+    const json saved = in ? json::parse(in, nullptr, false) : json();
+    if (!saved.is_object())
+      throw InputError(fmt::format("[rl] {}: missing or not a JSON object, so the checkpoint in {} cannot "
+                                   "be resumed; start afresh (--no-resume or another --out)",
+                                   config_path.string(), out.string()));
+    for (const auto& [key, value] : config_json.items()) {
+      // out and checkpoint_every do not change what the run computes.
+      if (key != "out" && key != "checkpoint_every" && (!saved.contains(key) || saved.at(key) != value))
+        throw InputError(fmt::format("[rl] {} was run with a different '{}'; resume it with the same "
+                                     "config, or start afresh (--no-resume or another --out)",
+                                     out.string(), key));
+    }
+  }
+  io::write_file_atomic(config_path, config_json.dump(2) + "\n");
 
   auto t0 = steady::now();
-  WarmupResult warm = warm_up(config, progress);
-  result.seconds_warmup = seconds_since(t0);
-  result.warmup_cached = warm.cached;
-  Learner learner(config, mc, std::move(warm.weights));
+  double k3_sum = 0;
+  std::string rollouts_log;
+  std::unique_ptr<Learner> learner_ptr;
+  int64_t first_step = 1;
+  if (checkpoint) {
+    // The checkpoint replaces the warm-up: the learner starts from its master and state.
+    const train::LoadedCheckpoint ckpt = train::load_checkpoint(*checkpoint);
+    if (ckpt.step < 1 || ckpt.step > config.steps)
+      throw InputError(fmt::format("[rl] {}: step {} outside [1, {}] (grpo.steps)", ckpt.dir.string(),
+                                   ckpt.step, config.steps));
+    std::vector<std::vector<float>> start;
+    for (const model::ParamSpec& spec : model::parameter_specs(mc))
+      start.emplace_back(sz(spec.numel()), 0.0f);
+    learner_ptr = std::make_unique<Learner>(config, mc, std::move(start));
+    learner_ptr->restore(ckpt);
+    try {
+      const json& st = ckpt.state;
+      for (const json& line : st.at("metrics")) {
+        RlStepMetrics m;
+        m.step = line.at("step").get<int64_t>();
+        m.reward = line.at("reward").get<double>();
+        m.entropy = line.at("entropy").get<double>();
+        m.line = line;
+        result.steps.push_back(std::move(m));
+      }
+      if (static_cast<int64_t>(result.steps.size()) != ckpt.step)
+        throw InputError(fmt::format("[rl] {}: {} metrics lines for step {}", (ckpt.dir / "state.json").string(),
+                                     result.steps.size(), ckpt.step));
+      const json& acc = st.at("result");
+      result.seconds_warmup = acc.at("seconds_warmup").get<double>();
+      result.warmup_cached = acc.at("warmup_cached").get<bool>();
+      result.seconds_rollout = acc.at("seconds_rollout").get<double>();
+      result.seconds_learner = acc.at("seconds_learner").get<double>();
+      result.seconds_sync = acc.at("seconds_sync").get<double>();
+      result.sync_failures = acc.at("sync_failures").get<int64_t>();
+      k3_sum = acc.at("k3_sum").get<double>();
+      rollouts_log = acc.at("rollouts").get<std::string>();
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("[rl] {}: {}", (ckpt.dir / "state.json").string(), e.what()));
+    }
+    result.start_step = ckpt.step;
+    first_step = ckpt.step + 1;
+    io::write_file_atomic(out / "metrics.jsonl", write_jsonl(result.steps));
+    if (progress)
+      std::fprintf(stderr, "%s: resumed from %s (step %lld/%lld)\n", config.name.c_str(), ckpt.dir.string().c_str(),
+                   static_cast<long long>(ckpt.step), static_cast<long long>(config.steps));
+  } else {
+    // A fresh run starts fresh metrics and checkpoints (an older run's later steps would
+    // otherwise outrank this run's).
+    std::error_code ignored;
+    fs::remove(out / "metrics.jsonl", ignored);
+    fs::remove_all(out / "checkpoints", ignored);
+    WarmupResult warm = warm_up(config, progress);
+    result.seconds_warmup = seconds_since(t0);
+    result.warmup_cached = warm.cached;
+    learner_ptr = std::make_unique<Learner>(config, mc, std::move(warm.weights));
+  }
+  Learner& learner = *learner_ptr;
   std::unique_ptr<SamplerRole> local;
   if (in_process) local = std::make_unique<SamplerRole>(config, mc, 1, 1);
 
-  double k3_sum = 0;
-  std::string rollouts_log;
-  for (int64_t step = 1; step <= config.steps; ++step) {
+  auto save = [&](int64_t at_step) {
+    const std::vector<train::NamedTensor> extra = learner.state_tensors();
+    std::vector<train::TensorView> model_views = learner.master_views();
+    const std::vector<train::TensorView> optimizer_views = train::adamw_state_views(learner.optimizer(), model_views);
+    for (const train::NamedTensor& t : extra) model_views.push_back({t.name, t.shape, t.values});
+    json lines = json::array();
+    for (const RlStepMetrics& m : result.steps) lines.push_back(m.line);
+    json state = learner.state_json();
+    state["step"] = at_step;
+    state["seed"] = config.seed;
+    state["metrics"] = std::move(lines);
+    state["result"] = {{"seconds_warmup", result.seconds_warmup}, {"warmup_cached", result.warmup_cached},
+                       {"seconds_rollout", result.seconds_rollout}, {"seconds_learner", result.seconds_learner},
+                       {"seconds_sync", result.seconds_sync}, {"sync_failures", result.sync_failures},
+                       {"k3_sum", k3_sum}, {"rollouts", rollouts_log}};
+    train::save_checkpoint(out, at_step, model_views, optimizer_views, state, /*keep=*/2);
+  };
+
+  int64_t steps_here = 0;
+  for (int64_t step = first_step; step <= config.steps; ++step) {
     const auto t_step = steady::now();
     json fair_cast;
     t0 = steady::now();
@@ -545,7 +739,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
     const double learner_sync_s = seconds_since(t0);
 
     if (local) {
-      const SamplerReply reply = local->step(channel, step);
+      const SamplerReply reply = local->step(channel);
       channel.send(encode_reply(reply));
     }
     t0 = steady::now();
@@ -617,8 +811,15 @@ RlResult run_rl(const RlConfig& config, Channel& channel, bool progress) {
                    result.steps.back().reward, mm.k3_kl, result.steps.back().entropy,
                    learner.lag().median, all_applied ? "ok" : ("FAILED (" + failed + ")").c_str(), step_s);
     }
+    if ((config.checkpoint_every > 0 && step % config.checkpoint_every == 0) || step == config.steps) save(step);
+    if (options.stop_after && ++steps_here >= *options.stop_after && step < config.steps) {
+      result.stopped = true;
+      result.seconds_total = seconds_since(t_start);
+      return result;
+    }
   }
 
+  if (first_step > config.steps && !in_process) channel.publish(kFinished, {});
   const size_t n = result.steps.size();
   const size_t tail = std::max<size_t>(1, n / 10);
   double head_sum = 0, tail_sum = 0;

@@ -13,6 +13,16 @@
 //   4 metrics  reward, entropy, mismatch (rl/mismatch.h), Fair Cast (train/fair_cast.h), the sync
 //              report, the time split — one JSON line per step in OUT/metrics.jsonl
 // and at the end OUT/report.html (inline SVG: reward, mismatch KL, lag) and OUT/summary.json.
+//
+// Checkpoints (OUT/checkpoints, train/checkpoint.h) every checkpoint_every steps and at the end
+// hold what the next step needs to continue bit-identically: the fp32 master, the AdamW moments
+// and step count, the export rule's state (ef's carried error), the Fair Cast meter, the
+// reference weights (kl_coef > 0), the metrics lines and running totals. Running the same config
+// on the same OUT resumes from OUT/checkpoints/latest (the warm-up is skipped); a config that
+// differs in anything but `out` and `checkpoint_every` is an InputError naming the key.
+// Samplers keep nothing across steps but their serving version, which a fresh sampler lacks:
+// the first sync after a resume applies as any first sync does. Faults that depend on the previous sync (stale_version,
+// stale_derived) at the first step after a resume see no previous sync.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +86,8 @@ struct RlConfig {
   // Also write OUT/rollouts.jsonl at the end: one line per completion (step, prompt, sample,
   // task, prompt and completion text, tokens, reward, advantage, sampler and learner log-probs).
   bool log_rollouts = false;
+  // Write a checkpoint every this many steps (and after the last); 0: only after the last.
+  int64_t checkpoint_every = 25;
 
   // JSON layout (docs/rl.md): {"name", "model", "init_from", "base", "sampler", "learner",
   // "export", "loss_on_served", "task": {"name", "difficulty"}, "warmup": {"steps", "lr",
@@ -83,7 +95,7 @@ struct RlConfig {
   // "temperature", "ppo_epochs", "lr", "weight_decay", "grad_clip"}, "loss": {"clip_low",
   // "clip_high", "kl_coef", "is", "is_cap", "mask_lo", "mask_hi"}, "probe": {"sequences",
   // "length", "seed", "max_k3_kl", "osc_max"}, "faults": ["NAME@STEP", ...], "seed", "out",
-  // "log_rollouts"};
+  // "log_rollouts", "checkpoint_every"};
   // every key optional, unknown keys are errors. from_json validates everything (InputError
   // naming `source` and the key).
   static RlConfig from_json(const nlohmann::json& j, const std::string& source);
@@ -114,11 +126,23 @@ struct RlResult {
   int64_t sync_failures = 0;      // syncs that did not apply (by check: in summary.json)
   double seconds_warmup = 0, seconds_total = 0;
   bool warmup_cached = false;     // the warmed-up model came from `base`
+  int64_t start_step = 0;         // 0, or the checkpoint step a resumed run continued from
+  bool stopped = false;           // RlOptions::stop_after ended the run early (no summary/report)
   nlohmann::json summary;         // OUT/summary.json
+};
+
+struct RlOptions {
+  bool progress = true;              // a line per step on stderr
+  bool resume = true;                // continue from OUT/checkpoints/latest when there is one
+  // Stop (as if killed, after that step's checkpoint when one is due) after this many steps run
+  // here; tests of resume. In process only (sampler ranks would wait for the next step).
+  std::optional<int64_t> stop_after;
 };
 
 // Runs the run on this rank of `channel` (rank 0: learner; others: samplers). Rank 0 writes
 // OUT/; sampler ranks only return their own timing. progress: a line per step on stderr.
+RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& options);
+// A fresh run (resume = false), as `concord demo` runs its arms.
 RlResult run_rl(const RlConfig& config, Channel& channel, bool progress = true);
 
 }  // namespace concord::rl

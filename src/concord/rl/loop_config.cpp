@@ -121,6 +121,7 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
     else if (key == "seed") c.seed = static_cast<uint64_t>(r.integer());
     else if (key == "out") c.out = r.string();
     else if (key == "log_rollouts") c.log_rollouts = r.boolean();
+    else if (key == "checkpoint_every") c.checkpoint_every = r.integer();
     else if (key == "task") {
       each_key(source, key, value, [&](const std::string& k, const Reader& kr) {
         if (k == "name") c.task = kr.string();
@@ -193,7 +194,8 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
     } else {
       config_error(source, fmt::format("unknown key '{}' (name, model, init_from, base, sampler, "
                                        "learner, export, loss_on_served, task, warmup, grpo, loss, "
-                                       "probe, faults, seed, out, log_rollouts)", key));
+                                       "probe, faults, seed, out, log_rollouts, "
+                                       "checkpoint_every)", key));
     }
   }
   c.validate(source);
@@ -219,6 +221,8 @@ void RlConfig::validate(const std::string& source) const {
     }
   }
   if (steps < 1) config_error(source, "grpo.steps must be at least 1");
+  if (steps >= 100000000) config_error(source, "grpo.steps must be below 10^8 (checkpoint names)");
+  if (checkpoint_every < 0) config_error(source, "checkpoint_every must be >= 0 (0: only after the last step)");
   if (prompts_per_step < 1 || group_size < 2)
     config_error(source, "grpo.prompts_per_step must be >= 1 and grpo.group_size >= 2 (GRPO "
                          "compares completions within a group)");
@@ -290,7 +294,8 @@ json RlConfig::to_json() const {
           {"faults", faults_json},
           {"seed", seed},
           {"out", out},
-          {"log_rollouts", log_rollouts}};
+          {"log_rollouts", log_rollouts},
+          {"checkpoint_every", checkpoint_every}};
 }
 
 }  // namespace concord::rl

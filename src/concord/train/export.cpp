@@ -58,6 +58,21 @@ class ErrorFeedbackExport final : public ExportRule {
       it = quantizers_.emplace(param, numerics::ErrorFeedbackQuantizer(desc_, rows, cols)).first;
     it->second.step(master, served);
   }
+  std::vector<std::pair<int, std::vector<float>>> state() const override {
+    std::vector<std::pair<int, std::vector<float>>> out;
+    for (const auto& [param, q] : quantizers_) out.emplace_back(param, std::vector<float>(q.error().begin(), q.error().end()));
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return out;
+  }
+  void restore_state(int param, std::span<const float> values, int64_t rows, int64_t cols) override {
+    if (rows < 1 || cols < 1 || values.size() != static_cast<size_t>(rows * cols))
+      throw InputError(fmt::format("[export] ef: restored error of parameter {} has {} values, "
+                                   "expected {} x {}", param, values.size(), rows, cols));
+    auto it = quantizers_.find(param);
+    if (it == quantizers_.end())
+      it = quantizers_.emplace(param, numerics::ErrorFeedbackQuantizer(desc_, rows, cols)).first;
+    it->second.set_error(values);
+  }
 
  private:
   QuantDesc desc_;
@@ -65,6 +80,14 @@ class ErrorFeedbackExport final : public ExportRule {
 };
 
 }  // namespace
+
+void ExportRule::restore_state(int param, std::span<const float> values, int64_t rows, int64_t cols) {
+  (void)values;
+  (void)rows;
+  (void)cols;
+  throw InputError(fmt::format("[export] {}: keeps no state, yet a checkpoint holds state for parameter {}",
+                               name(), param));
+}
 
 std::vector<std::string> export_rule_names() { return {"rne", "sr", "ef"}; }
 

@@ -4,8 +4,8 @@
 //   sr   stochastic rounding, random bits keyed by (seed, step, parameter): unbiased
 //   ef   error feedback: the rounding error of each step is carried into the next
 // Norm weights (1-D) are served in fp32 whatever the format (the policy keeps norms in fp32).
-// ef keeps state (the carried error) that checkpoints do not hold yet, so the trainer refuses to
-// resume an ef run.
+// ef keeps state (the carried error): state()/restore_state() hand it to checkpoints (the RL loop
+// saves it; the trainer does not yet, so it refuses to resume an ef run).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "concord/numerics/format.h"
@@ -26,6 +27,12 @@ class ExportRule {
   // Write the served copy of parameter `param` (rows x cols; rows = 1 for 1-D) for `step`.
   virtual void apply(int param, std::span<const float> master, std::span<float> served,
                      int64_t rows, int64_t cols, uint64_t step) = 0;
+
+  // The state a checkpoint must hold to continue bit-identically: (parameter, values) for each
+  // parameter with state (ef: its carried error, rows x cols); empty for stateless rules.
+  virtual std::vector<std::pair<int, std::vector<float>>> state() const { return {}; }
+  // Puts back one entry of state(); InputError for a rule without state or a size mismatch.
+  virtual void restore_state(int param, std::span<const float> values, int64_t rows, int64_t cols);
 };
 
 // rne | sr | ef into `served`; f32 makes every rule a copy. seed keys sr's random bits.

@@ -173,4 +173,83 @@ FairCastStep FairCastMeter::end_step() {
   return r;
 }
 
+std::vector<NamedTensor> FairCastMeter::state_tensors(std::string_view prefix) const {
+  CONCORD_CHECK(!step_open_, "fair cast: state_tensors inside a step");
+  std::vector<NamedTensor> out;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
+    const auto n = static_cast<int64_t>(t.master.size());
+    const std::string base = fmt::format("{}.{}.", prefix, i);
+    out.push_back({base + "master", {n}, t.master});
+    out.push_back({base + "served", {n}, t.served});
+    out.push_back({base + "anchor", {n}, t.anchor});
+    std::vector<float> opened(t.opened.size());
+    for (size_t k = 0; k < opened.size(); ++k) {
+      // Steps are exact in a float below 2^24 (checkpoints name steps below 10^8; RL runs are far shorter).
+      CONCORD_CHECK(t.opened[k] < (int64_t{1} << 24), "fair cast: step too large to checkpoint");
+      opened[k] = static_cast<float>(t.opened[k]);
+    }
+    out.push_back({base + "opened", {n}, std::move(opened)});
+  }
+  return out;
+}
+
+nlohmann::json FairCastMeter::state_json() const {
+  return {{"step", current_step_}, {"tensors", tensors_.size()}, {"lag_events", lag_events_},
+          {"lag_counts", lag_counts_}};
+}
+
+void FairCastMeter::restore(std::span<const NamedTensor> tensors, std::string_view prefix,
+                            const nlohmann::json& state) {
+  CONCORD_CHECK(!step_open_, "fair cast: restore inside a step");
+  std::vector<Tensor> restored;
+  std::vector<int64_t> counts;
+  int64_t events = 0;
+  uint64_t step = 0;
+  try {
+    step = state.at("step").get<uint64_t>();
+    restored.resize(state.at("tensors").get<size_t>());
+    events = state.at("lag_events").get<int64_t>();
+    counts = state.at("lag_counts").get<std::vector<int64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("[train] fair cast state: {}", e.what()));
+  }
+  int64_t counted = 0;
+  for (int64_t c : counts) {
+    if (c < 0) throw InputError("[train] fair cast state: a negative lag count");
+    counted += c;
+  }
+  if (counted != events)
+    throw InputError(fmt::format("[train] fair cast state: lag counts add up to {}, not lag_events {}",
+                                 counted, events));
+  for (size_t i = 0; i < restored.size(); ++i) {
+    const std::string base = fmt::format("{}.{}.", prefix, i);
+    auto get = [&](const char* what) -> const std::vector<float>& {
+      const NamedTensor* t = find_tensor(tensors, base + what);
+      if (t == nullptr) throw InputError(fmt::format("[train] fair cast state: tensor '{}{}' is missing", base, what));
+      return t->values;
+    };
+    Tensor& t = restored[i];
+    t.master = get("master");
+    t.served = get("served");
+    t.anchor = get("anchor");
+    const std::vector<float>& opened = get("opened");
+    const size_t n = t.master.size();
+    if (t.served.size() != n || t.anchor.size() != n || opened.size() != n)
+      throw InputError(fmt::format("[train] fair cast state: the tensors '{}*' differ in size", base));
+    t.opened.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      const float o = opened[k];
+      if (!(o == -1.0f || (o >= 0 && o <= static_cast<float>(step) && o == std::floor(o))))
+        throw InputError(fmt::format("[train] fair cast state: '{}opened' holds {}, not a step in [0, {}] or -1",
+                                     base, o, step));
+      t.opened[k] = static_cast<int64_t>(o);
+    }
+  }
+  tensors_ = std::move(restored);
+  lag_counts_ = std::move(counts);
+  lag_events_ = events;
+  current_step_ = step;
+}
+
 }  // namespace concord::train

@@ -23,11 +23,13 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "concord/numerics/format.h"
+#include "concord/train/checkpoint.h"
 
 namespace concord::train {
 
@@ -72,6 +74,15 @@ class FairCastMeter {
   void record(int tensor, std::span<const float> master, std::span<const float> served);
   FairCastStep end_step();
   LagSummary lag() const;
+
+  // Checkpoints. state_tensors: per recorded tensor i, "<prefix>.<i>.master", ".served",
+  // ".anchor" and ".opened" (the step an open event started, as a float; -1: none); state_json:
+  // the step, the closed-event count and the lag counts. restore() replaces the meter's state
+  // with them (between steps), so that the next step measures as if the meter had never stopped;
+  // InputError naming the tensor when they do not fit together.
+  std::vector<NamedTensor> state_tensors(std::string_view prefix) const;
+  nlohmann::json state_json() const;
+  void restore(std::span<const NamedTensor> tensors, std::string_view prefix, const nlohmann::json& state);
 
  private:
   struct Tensor {
