@@ -372,17 +372,25 @@ TEST(RlLoop, AStoppedRunResumesFromItsLastCheckpointBitIdentically) {
   const train::LoadedCheckpoint wb = train::load_checkpoint(*train::latest_checkpoint(out / "split"));
   EXPECT_EQ(wa.step, 5);
   EXPECT_EQ(wb.step, 5);
-  ASSERT_EQ(wa.model.size(), wb.model.size());
-  bool any_ef_state = false;
-  for (size_t i = 0; i < wa.model.size(); ++i) {
-    ASSERT_EQ(wa.model[i].name, wb.model[i].name);
-    any_ef_state = any_ef_state || wa.model[i].name.rfind("state.export.", 0) == 0;
-    ASSERT_EQ(wa.model[i].values.size(), wb.model[i].values.size());
-    EXPECT_EQ(0, std::memcmp(wa.model[i].values.data(), wb.model[i].values.data(),
-                             wa.model[i].values.size() * sizeof(float)))
-        << wa.model[i].name;
+  bool any_ef_state = false, any_reference = false, any_fair_cast = false;
+  for (const auto& [ta, tb] : {std::pair{&wa.model, &wb.model}, std::pair{&wa.state_tensors, &wb.state_tensors}}) {
+    ASSERT_EQ(ta->size(), tb->size());
+    for (size_t i = 0; i < ta->size(); ++i) {
+      const train::NamedTensor &a_i = (*ta)[i], &b_i = (*tb)[i];
+      ASSERT_EQ(a_i.name, b_i.name);
+      any_ef_state = any_ef_state || a_i.name.starts_with("export.");
+      any_reference = any_reference || a_i.name.starts_with("reference.");
+      any_fair_cast = any_fair_cast || a_i.name.starts_with("fair_cast.");
+      ASSERT_EQ(a_i.values.size(), b_i.values.size());
+      EXPECT_EQ(0, std::memcmp(a_i.values.data(), b_i.values.data(), a_i.values.size() * sizeof(float)))
+          << a_i.name;
+    }
   }
   EXPECT_TRUE(any_ef_state);
+  EXPECT_TRUE(any_reference);
+  EXPECT_TRUE(any_fair_cast);
+  // model.safetensors holds the master and nothing else.
+  for (const train::NamedTensor& t : wa.model) EXPECT_FALSE(t.name.starts_with("export.") || t.name.starts_with("state.")) << t.name;
   ASSERT_EQ(wa.optimizer.size(), wb.optimizer.size());
   for (size_t i = 0; i < wa.optimizer.size(); ++i) {
     EXPECT_EQ(0, std::memcmp(wa.optimizer[i].values.data(), wb.optimizer[i].values.data(),

@@ -238,6 +238,7 @@ std::vector<FaultCase> fault_cases() {
                      "model.embed_tokens.weight: the prepared copy was built from values hashing"});
     cases.push_back({Fault::partial_sync, p, SyncCheck::manifest, "is not a whole safetensors image"});
     cases.push_back({Fault::flipped_bit, p, SyncCheck::content, "model.layers.0.self_attn.v_proj.weight "});
+    cases.push_back({Fault::stale_weights, p, SyncCheck::probe, "slice all osc "});
   }
   // Faults that need a quantized sampler (bf16 has no scales, and its cast of bf16 values is
   // exact under any rounding rule: see BF16IsImmuneToScaleAndRoundingFaults).
@@ -300,9 +301,10 @@ TEST(Sync, OlderVersionIsRejected) {
   EXPECT_EQ(s.receiver.version(), 2u);
 }
 
-TEST(Sync, StaleVersionNeedsAPreviousPublish) {
+TEST(Sync, StaleFaultsNeedAPreviousPublish) {
   Rig s("bf16");
   EXPECT_THROW(s.publisher.publish(1, Fault::stale_version), InputError);
+  EXPECT_THROW(s.publisher.publish(1, Fault::stale_weights), InputError);
 }
 
 // ---- the fast paths' fallbacks -----------------------------------------------------------------
@@ -427,7 +429,9 @@ TEST(Sync, PrecisionPlanCatchesADifferentActivationFormat) {
 
 // A malicious (or buggy) sender: step 1's weights with their own, self-consistent manifest, plan
 // and hashes, relabelled as version 2 and carrying step 2's probe reference. Checks 1-6 see a
-// consistent payload; only the behaviour probe can tell the weights are stale.
+// consistent payload; only the behaviour probe can tell the weights are stale. (The
+// stale_weights fault does the same inside the publisher; this forges it from two genuine
+// payloads, sharing none of that code.)
 TEST(Sync, ProbeAloneCatchesStaleWeights) {
   Rig s("mxfp8");
   const std::vector<uint8_t> stale = s.publisher.publish(1);
@@ -593,7 +597,7 @@ TEST(Sync, MalformedMetadataFailsItsCheck) {
 // ---- names and the report ----------------------------------------------------------------------
 
 TEST(Sync, FaultNamesRoundTrip) {
-  EXPECT_EQ(fault_names().size(), 10u);
+  EXPECT_EQ(fault_names().size(), 11u);  // the ten and stale_weights (check 7's)
   for (const std::string& n : fault_names()) EXPECT_EQ(fault_name(fault_from_name(n)), n);
   EXPECT_EQ(fault_from_name("none"), Fault::none);
   try {
@@ -605,6 +609,7 @@ TEST(Sync, FaultNamesRoundTrip) {
   }
   EXPECT_TRUE(learner_side(Fault::flipped_bit));
   EXPECT_FALSE(learner_side(Fault::stale_derived));
+  EXPECT_TRUE(learner_side(Fault::stale_weights));
   EXPECT_EQ(sync_check_name(SyncCheck::precision_plan), "precision_plan");
 }
 

@@ -320,6 +320,71 @@ TEST(Checkpoint, AdamWStateSurvivesACheckpoint) {
   EXPECT_THROW(restore_adamw_state(restored, lonely, 1), InputError);
 }
 
+// The ef rule's carried error through state.safetensors: the restored rule serves the next step
+// bit for bit as the original does; model.safetensors keeps only the master; bad state is named.
+TEST(Checkpoint, ExportStateRoundTripsThroughStateSafetensors) {
+  const TempDir tmp;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(24 * 40), n(40), served_w(w.size()), served_n(n.size());
+  for (float& x : w) x = normal(gen);
+  for (float& x : n) x = 1.0f + normal(gen);
+  const std::vector<TensorView> model = {{"w", {24, 40}, w}, {"n", {40}, n}};
+  auto export_step = [&](ExportRule& rule, std::vector<float>& sw, std::vector<float>& sn, uint64_t step) {
+    rule.apply(0, w, sw, 24, 40, step);
+    rule.apply(1, n, sn, 1, 40, step);
+  };
+  const auto ef = make_export_rule("ef", numerics::Format::bf16, 1);
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (float& x : w) x += 1e-5f * normal(gen);  // updates below half a bf16 ulp: error carries
+    export_step(*ef, served_w, served_n, step);
+  }
+  const std::vector<NamedTensor> state = export_state_tensors(*ef, model);
+  ASSERT_FALSE(state.empty());
+  EXPECT_EQ(state[0].name, "export.w");
+  EXPECT_EQ(state[0].shape, (std::vector<int64_t>{24, 40}));
+  std::vector<TensorView> state_views;
+  for (const NamedTensor& t : state) state_views.push_back({t.name, t.shape, t.values});
+  save_checkpoint(tmp.path, 3, model, {}, nlohmann::json::object(), 1, state_views);
+
+  const LoadedCheckpoint loaded = load_checkpoint(*latest_checkpoint(tmp.path));
+  for (const NamedTensor& t : loaded.model) EXPECT_FALSE(t.name.starts_with("export.")) << t.name;
+  expect_same_bits(loaded.state_tensors, state);
+  const auto restored = make_export_rule("ef", numerics::Format::bf16, 1);
+  const fs::path file = loaded.dir / "state.safetensors";
+  restore_export_state(*restored, loaded.state_tensors, model, file);
+  std::vector<float> rw(w.size()), rn(n.size());
+  export_step(*ef, served_w, served_n, 3);
+  export_step(*restored, rw, rn, 3);
+  EXPECT_EQ(0, std::memcmp(served_w.data(), rw.data(), rw.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(served_n.data(), rn.data(), rn.size() * sizeof(float)));
+  // Without the restored error the served copy differs (the test can fail).
+  const auto unrestored = make_export_rule("ef", numerics::Format::bf16, 1);
+  std::vector<float> uw(w.size()), un(n.size());
+  export_step(*unrestored, uw, un, 3);
+  EXPECT_NE(0, std::memcmp(served_w.data(), uw.data(), uw.size() * sizeof(float)));
+
+  // Errors name the file and the tensor.
+  auto expect_error = [&](ExportRule& rule, const std::vector<NamedTensor>& tensors, const std::string& fragment) {
+    try {
+      restore_export_state(rule, tensors, model, file);
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  const auto fresh = make_export_rule("ef", numerics::Format::bf16, 1);
+  expect_error(*fresh, {{"export.v", {24, 40}, state[0].values}}, "'export.v' names no parameter");
+  expect_error(*fresh, {{"export.w", {40, 24}, state[0].values}}, "'export.w' has shape [40, 24], the parameter [24, 40]");
+  const auto rne = make_export_rule("rne", numerics::Format::bf16, 1);
+  expect_error(*rne, state, "keeps no state");
+  // A checkpoint without state tensors has no state.safetensors, and loads with none.
+  save_checkpoint(tmp.path, 4, model, {}, nlohmann::json::object(), 1);
+  EXPECT_FALSE(fs::exists(tmp.path / "checkpoints" / "step-00000004" / "state.safetensors"));
+  EXPECT_TRUE(load_checkpoint(tmp.path / "checkpoints" / "step-00000004").state_tensors.empty());
+}
+
 // --- progress and metrics -------------------------------------------------------------------
 
 TEST(Progress, FormatsDurationsAndRates) {

@@ -13,6 +13,7 @@
 
 #include "concord/model/model.h"
 #include "concord/numerics/check.h"
+#include "concord/train/checkpoint.h"
 #include "concord/train/optimizer.h"
 #include "concord/train/trainer.h"
 #include "temp_dir.h"
@@ -95,12 +96,16 @@ TEST(Trainer, SameSeedSameLossesForOneAndTwoThreads) {
 
 TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
   const TempDir tmp;
-  for (const char* policy : {"fp32", "nvfp4"}) {
-    const fs::path dir = tmp.path / policy;
+  // sr: stateless but random, the resumed run must draw the same bits; ef: its carried error
+  // must come back from the checkpoint.
+  for (const auto& [policy, rule] : {std::pair{"fp32", "sr"}, std::pair{"nvfp4", "sr"},
+                                     std::pair{"bf16", "ef"}, std::pair{"nvfp4", "ef"}}) {
+    const std::string name = std::string(policy) + "-" + rule;
+    const fs::path dir = tmp.path / name;
     fs::create_directories(dir);
     TrainConfig c = tiny_config(dir);
     c.policy = model::PrecisionPolicy::preset(policy);
-    c.export_rule = "sr";  // stateless but random: the resumed run must draw the same bits
+    c.export_rule = rule;
     TrainOptions o;
     o.progress = false;
     o.out = dir / "whole";
@@ -115,9 +120,13 @@ TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
     const TrainResult resumed = train(c, o);
     EXPECT_EQ(resumed.start_step, 4);
     std::vector<float> tail(whole.losses.begin() + 4, whole.losses.end());
-    EXPECT_TRUE(same_bits(resumed.losses, tail)) << policy;
+    EXPECT_TRUE(same_bits(resumed.losses, tail)) << name;
     EXPECT_EQ(read_file(dir / "whole/final/model.safetensors"),
-              read_file(dir / "killed/final/model.safetensors")) << policy;
+              read_file(dir / "killed/final/model.safetensors")) << name;
+    // ef's carried error is in the checkpoint (and only there: model.safetensors is the master).
+    const LoadedCheckpoint ckpt = load_checkpoint(*latest_checkpoint(dir / "killed"));
+    EXPECT_EQ(ckpt.state_tensors.empty(), std::string(rule) != "ef") << name;
+    for (const NamedTensor& t : ckpt.model) EXPECT_FALSE(t.name.starts_with("export.")) << t.name;
     // The metrics file holds each step once, as if never interrupted.
     std::ifstream metrics(dir / "killed/metrics.jsonl");
     std::string line;

@@ -119,12 +119,24 @@ const PreparedWeight& Model::Impl::weight(int param) {
   // Packed once into the kernels' panels (bf16 when the values are): the forward GEMMs stream
   // them instead of re-packing W per call — decode's M = 1..8 GEMMs are bound by that stream.
   tensor::prepack_b(w.forward, Trans::yes);
-  tensor::prepare_operand(w.dgrad, prec[GemmRole::dgrad].b, Operand::b, Trans::no, W, N, K);
   // A snapshot of what the copies were built from: a copy that outlives a change of the values
   // (a missed weights_changed) is detectable later (rl/sync.h's derived-state check).
   w.source_hash = XXH3_64bits(W, sizeof(float) * static_cast<size_t>(N * K));
   w.valid = true;
+  w.dgrad_valid = false;
   return w;
+}
+
+const tensor::PreparedOperand& Model::Impl::dgrad_weight(int param) {
+  PreparedWeight& w = prepared[param];
+  weight(param);
+  if (!w.dgrad_valid) {
+    const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
+    tensor::prepare_operand(w.dgrad, precision_of(*this, param)[GemmRole::dgrad].b, Operand::b, Trans::no,
+                            values[param].data(), N, K);
+    w.dgrad_valid = true;
+  }
+  return w.dgrad;
 }
 
 const float* Model::Impl::embedding_table() {

@@ -70,14 +70,14 @@ void Model::Impl::linear_backward(const LayerPrecision& prec, int param, const f
                                   float* dw, bool accumulate_dw, uint64_t step, uint32_t gemm_id) {
   const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
   const uint64_t seed = step_seed(step);
-  const PreparedWeight& w = weight(param);
   if (dx != nullptr) {
     // dX (T, K) = dY (T, N) · W (N, K): reduction over N.
+    const tensor::PreparedOperand& w = dgrad_weight(param);
     const OperandPrecision& r = prec[GemmRole::dgrad];
     tensor::prepare_operand(scratch_a, r.a, Operand::a, Trans::no, dy, T, N,
                             numerics::RandomStream{seed, gemm_id * 4 + 0});
-    observe(GemmRole::dgrad, param, scratch_a, w.dgrad, r);
-    tensor::gemm_prepared(Trans::no, Trans::no, T, K, N, scratch_a, w.dgrad, dx, K, accumulate_dx);
+    observe(GemmRole::dgrad, param, scratch_a, w, r);
+    tensor::gemm_prepared(Trans::no, Trans::no, T, K, N, scratch_a, w, dx, K, accumulate_dx);
   }
   // dW (N, K) = dYᵀ (N, T) · X (T, K): reduction over the tokens T.
   const OperandPrecision& r = prec[GemmRole::wgrad];

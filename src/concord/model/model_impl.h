@@ -22,9 +22,11 @@ struct LayerParams {
 // A weight on the grids its GEMM roles need, rebuilt when the weights change.
 struct PreparedWeight {
   tensor::PreparedOperand forward;  // b of Y = X·Wᵀ
-  tensor::PreparedOperand dgrad;    // b of dX = dY·W
-  uint64_t source_hash = 0;         // XXH3-64 of the fp32 values both copies were built from
-  bool valid = false;
+  tensor::PreparedOperand dgrad;    // b of dX = dY·W: built on the first backward that needs it
+                                    // (a model that only serves never builds it)
+  uint64_t source_hash = 0;         // XXH3-64 of the fp32 values the copies were built from
+  bool valid = false;               // forward and source_hash current
+  bool dgrad_valid = false;         // dgrad current (never without valid)
 };
 
 // Activations of one decoder layer saved by the forward pass for the backward pass; all point
@@ -88,6 +90,8 @@ struct Model::Impl {
 
   Impl(ModelConfig c, PrecisionPolicy p);
   const PreparedWeight& weight(int param);
+  // The dgrad copy of a weight (built on first use after each change of the values).
+  const tensor::PreparedOperand& dgrad_weight(int param);
   const float* embedding_table();
   // Y (T, N) = X (T, K) · Wᵀ (+ bias, when the weight has one) on the policy's forward grid.
   // pos: the rows' positions (for a forward GEMM kernel; may be null when none is set).

@@ -407,20 +407,16 @@ class Learner {
     return out;
   }
   const train::AdamW& optimizer() const { return optimizer_; }
-  // Everything else a resumed learner needs, as tensors stored beside the master: the export
-  // rule's state ("state.export.<param>"), the Fair Cast meter ("state.fair_cast.<i>.*") and the
-  // reference policy ("state.reference.<name>", kl_coef > 0).
+  // Everything else a resumed learner needs, as the checkpoint's state tensors: the export
+  // rule's state ("export.<name>"), the Fair Cast meter ("fair_cast.<i>.*") and the reference
+  // policy ("reference.<name>", kl_coef > 0).
   std::vector<train::NamedTensor> state_tensors() const {
     std::vector<train::NamedTensor> out = meter_.state_tensors(kFairCastPrefix);
-    const auto& specs = served_.params();
-    for (auto& [param, values] : exporter_->state()) {
-      const model::ParamSpec& spec = specs.at(static_cast<size_t>(param));
-      out.push_back({fmt::format("state.export.{}", param), {rows_of(spec), cols_of(spec)}, std::move(values)});
-    }
+    for (train::NamedTensor& t : train::export_state_tensors(*exporter_, master_views())) out.push_back(std::move(t));
     if (reference_) {
-      for (const model::ParamSpec& spec : specs) {
+      for (const model::ParamSpec& spec : served_.params()) {
         auto v = reference_->param(spec.name);
-        out.push_back({"state.reference." + spec.name, spec.shape, std::vector<float>(v.begin(), v.end())});
+        out.push_back({"reference." + spec.name, spec.shape, std::vector<float>(v.begin(), v.end())});
       }
     }
     return out;
@@ -430,6 +426,7 @@ class Learner {
   }
   void restore(const train::LoadedCheckpoint& ckpt) {
     const fs::path file = ckpt.dir / "model.safetensors";
+    const fs::path state_file = ckpt.dir / "state.safetensors";
     const auto& specs = served_.params();
     for (size_t p = 0; p < specs.size(); ++p) {
       const train::NamedTensor* t = train::find_tensor(ckpt.model, specs[p].name);
@@ -438,30 +435,18 @@ class Learner {
                                      specs[p].name));
       master_[p] = t->values;
       if (reference_) {
-        const train::NamedTensor* r = train::find_tensor(ckpt.model, "state.reference." + specs[p].name);
+        const train::NamedTensor* r = train::find_tensor(ckpt.state_tensors, "reference." + specs[p].name);
         if (r == nullptr || r->values.size() != master_[p].size())
-          throw InputError(fmt::format("[rl] {}: tensor 'state.reference.{}' is missing or has the wrong size",
-                                       file.string(), specs[p].name));
+          throw InputError(fmt::format("[rl] {}: tensor 'reference.{}' is missing or has the wrong size",
+                                       state_file.string(), specs[p].name));
         std::copy(r->values.begin(), r->values.end(), reference_->param(specs[p].name).begin());
       }
     }
     if (reference_) reference_->weights_changed();
-    for (const train::NamedTensor& t : ckpt.model) {
-      constexpr std::string_view kExport = "state.export.";
-      if (!t.name.starts_with(kExport)) continue;
-      const std::string index = t.name.substr(kExport.size());
-      size_t param = specs.size();
-      try {
-        param = std::stoul(index);
-      } catch (const std::exception&) {
-      }
-      if (param >= specs.size() || std::to_string(param) != index)
-        throw InputError(fmt::format("[rl] {}: '{}' names no parameter", file.string(), t.name));
-      exporter_->restore_state(static_cast<int>(param), t.values, rows_of(specs[param]), cols_of(specs[param]));
-    }
+    train::restore_export_state(*exporter_, ckpt.state_tensors, master_views(), state_file);
     try {
       restore_adamw_state(optimizer_, ckpt.optimizer, ckpt.state.at("optimizer_steps").get<int64_t>());
-      meter_.restore(ckpt.model, kFairCastPrefix, ckpt.state.at("fair_cast"));
+      meter_.restore(ckpt.state_tensors, kFairCastPrefix, ckpt.state.at("fair_cast"));
     } catch (const json::exception& e) {
       throw InputError(fmt::format("[rl] {}: {}", (ckpt.dir / "state.json").string(), e.what()));
     }
@@ -469,7 +454,7 @@ class Learner {
   }
 
  private:
-  static constexpr std::string_view kFairCastPrefix = "state.fair_cast";
+  static constexpr std::string_view kFairCastPrefix = "fair_cast";
 
   // Between PPO epochs of one step the learner's model follows the master: round to nearest
   // into the served format when the loss is on the served copy (a stateless rule, so the export
@@ -713,9 +698,10 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
 
   auto save = [&](int64_t at_step) {
     const std::vector<train::NamedTensor> extra = learner.state_tensors();
-    std::vector<train::TensorView> model_views = learner.master_views();
+    const std::vector<train::TensorView> model_views = learner.master_views();
     const std::vector<train::TensorView> optimizer_views = train::adamw_state_views(learner.optimizer(), model_views);
-    for (const train::NamedTensor& t : extra) model_views.push_back({t.name, t.shape, t.values});
+    std::vector<train::TensorView> state_views;
+    for (const train::NamedTensor& t : extra) state_views.push_back({t.name, t.shape, t.values});
     json lines = json::array();
     for (const RlStepMetrics& m : result.steps) lines.push_back(m.line);
     json state = learner.state_json();
@@ -726,7 +712,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
                        {"seconds_rollout", result.seconds_rollout}, {"seconds_learner", result.seconds_learner},
                        {"seconds_sync", result.seconds_sync}, {"sync_failures", result.sync_failures},
                        {"k3_sum", k3_sum}, {"rollouts", rollouts_log}};
-    train::save_checkpoint(out, at_step, model_views, optimizer_views, state, /*keep=*/2);
+    train::save_checkpoint(out, at_step, model_views, optimizer_views, state, /*keep=*/2, state_views);
   };
 
   int64_t steps_here = 0;

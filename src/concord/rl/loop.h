@@ -21,8 +21,9 @@
 // on the same OUT resumes from OUT/checkpoints/latest (the warm-up is skipped); a config that
 // differs in anything but `out` and `checkpoint_every` is an InputError naming the key.
 // Samplers keep nothing across steps but their serving version, which a fresh sampler lacks:
-// the first sync after a resume applies as any first sync does. Faults that depend on the previous sync (stale_version,
-// stale_derived) at the first step after a resume see no previous sync.
+// the first sync after a resume applies as any first sync does. Faults that depend on the
+// previous sync (stale_version, stale_weights, stale_derived) at the first step after a resume
+// see no previous sync (the stale_* ones are then an InputError: nothing to re-send).
 #pragma once
 
 #include <cstdint>

@@ -68,6 +68,7 @@ constexpr FaultEntry kFaults[] = {
     {Fault::partial_sync, "partial_sync", true},
     {Fault::wrong_rounding, "wrong_rounding", false},
     {Fault::flipped_bit, "flipped_bit", true},
+    {Fault::stale_weights, "stale_weights", true},
 };
 
 // ---- payload encoding ----------------------------------------------------------------------
@@ -563,9 +564,11 @@ WeightPublisher::WeightPublisher(model::Model& served, model::PrecisionPolicy sa
 std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   const std::vector<model::ParamSpec>& specs = served_.params();
   const Format served_format = sampler_policy_.served_weights;
-  const bool stale = fault == Fault::stale_version;
-  if (stale && !has_previous_)
-    throw InputError("[sync] fault stale_version: nothing was published before to re-send");
+  const bool stale = fault == Fault::stale_version;           // previous values and version
+  const bool stale_values = stale || fault == Fault::stale_weights;  // previous values
+  if (stale_values && !has_previous_)
+    throw InputError(fmt::format("[sync] fault {}: nothing was published before to re-send",
+                                 fault_name(fault)));
   const uint64_t payload_version = stale ? previous_version_ : version;
 
   // The payload's values: the served copy in the payload dtypes; the mirror holds exactly them.
@@ -575,10 +578,10 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   std::vector<io::Dtype> dtypes(specs.size());
   for (size_t p = 0; p < specs.size(); ++p) {
     dtypes[p] = payload_dtype(served_format, specs[p]);
-    bytes[p] = encode_values(stale ? mirror_.param(specs[p].name) : served_.param(specs[p].name), dtypes[p]);
-    if (!stale) decode_values(bytes[p], dtypes[p], mirror_.param(specs[p].name));
+    bytes[p] = encode_values(stale_values ? mirror_.param(specs[p].name) : served_.param(specs[p].name), dtypes[p]);
+    if (!stale_values) decode_values(bytes[p], dtypes[p], mirror_.param(specs[p].name));
   }
-  if (!stale) mirror_.weights_changed();
+  if (!stale_values) mirror_.weights_changed();
   seconds_encode = seconds_since(t0);
 
   t0 = Clock::now();
@@ -587,6 +590,14 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
     content.emplace_back(w.name, hash_operand(*w.forward));
   });
   seconds_hash = seconds_since(t0);
+  // stale_weights: the hashes above are the stale values' own; the probe reference is the
+  // current weights' (the mirror takes them now).
+  if (fault == Fault::stale_weights) {
+    for (size_t p = 0; p < specs.size(); ++p)
+      decode_values(encode_values(served_.param(specs[p].name), dtypes[p]), dtypes[p],
+                    mirror_.param(specs[p].name));
+    mirror_.weights_changed();
+  }
 
   t0 = Clock::now();
   const auto seqs = probe_sequences(probe_tokens_, probe_.sequences, probe_.length);
@@ -655,7 +666,7 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   std::vector<uint8_t> payload = io::serialize_safetensors(std::move(tensors), metadata);
   if (fault == Fault::partial_sync) payload.resize(payload.size() * 2 / 3);  // cut in transit
   seconds_serialize = seconds_since(t0);
-  if (!stale) {
+  if (!stale) {  // the mirror holds this version's values (stale_weights: since the probe)
     previous_version_ = version;
     has_previous_ = true;
   }

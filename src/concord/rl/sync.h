@@ -117,6 +117,10 @@ enum class Fault : uint8_t {
   wrong_rounding,    // the sampler's weight quantizer rounds toward zero, not as declared
                      //        → 4; quantized presets (a bf16 cast of bf16 values is exact)
   flipped_bit,       // the sign bit of one weight (layer 0 v_proj's largest) flipped → 4
+  stale_weights,     // the learner sends the previous step's weights with their own,
+                     // self-consistent manifest, plan and hashes under the new version, its
+                     // probe reference from the current weights (a publisher reading a stale
+                     // snapshot buffer): checks 1-6 pass, only the behaviour probe sees it → 7
 };
 std::string_view fault_name(Fault f);
 Fault fault_from_name(std::string_view name);  // InputError listing the names
@@ -177,7 +181,8 @@ class WeightPublisher {
   ProbeOptions probe_;
   model::Model mirror_;            // the payload's values at the sampler's policy
   std::vector<int32_t> probe_tokens_;
-  uint64_t previous_version_ = 0;  // the last version published: stale_version re-sends it
+  uint64_t previous_version_ = 0;  // the last version published: stale_version and
+                                   // stale_weights re-send its values
   bool has_previous_ = false;      // (the mirror still holds its values)
 };
 

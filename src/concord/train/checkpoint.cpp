@@ -32,6 +32,7 @@ constexpr std::string_view kTmpMarker = ".tmp-";
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
+constexpr const char* kStateTensorsFile = "state.safetensors";
 constexpr const char* kLatestFile = "latest";
 
 // The step of a complete checkpoint directory name ("step-" and exactly 8 digits), or -1.
@@ -181,7 +182,7 @@ std::string checkpoint_dir_name(int64_t step) {
 
 fs::path save_checkpoint(const fs::path& run_dir, int64_t step, std::span<const TensorView> model,
                          std::span<const TensorView> optimizer, const nlohmann::json& state,
-                         int keep) {
+                         int keep, std::span<const TensorView> state_tensors) {
   const std::string name = checkpoint_dir_name(step);
   if (keep < 1) throw InputError(fmt::format("[checkpoint] keep {} must be >= 1", keep));
   if (!state.is_object()) {
@@ -213,6 +214,7 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, std::span<const 
     fs::create_directory(tmp_dir);
     write_tensors(tmp_dir / kModelFile, model, step);
     write_tensors(tmp_dir / kOptimizerFile, optimizer, step);
+    if (!state_tensors.empty()) write_tensors(tmp_dir / kStateTensorsFile, state_tensors, step);
     io::write_file_atomic(tmp_dir / kStateFile, std::string_view(state_text));
     fsync_dir(tmp_dir);
     if (fs::exists(final_dir)) {
@@ -299,6 +301,7 @@ LoadedCheckpoint load_checkpoint(const fs::path& checkpoint_dir) {
   out.state = read_state(dir / kStateFile, step);
   out.model = read_tensors(dir / kModelFile, step);
   out.optimizer = read_tensors(dir / kOptimizerFile, step);
+  if (fs::exists(dir / kStateTensorsFile, ec)) out.state_tensors = read_tensors(dir / kStateTensorsFile, step);
   for (const NamedTensor& t : out.optimizer) {
     std::string_view base = t.name;
     if (base.ends_with(".exp_avg")) {
@@ -364,6 +367,40 @@ void restore_adamw_state(AdamW& optimizer, std::span<const NamedTensor> tensors,
     optimizer.set_state(name, pair.first->values, pair.second->values);
   }
   optimizer.set_steps_taken(steps_taken);
+}
+
+namespace {
+constexpr std::string_view kExportPrefix = "export.";
+}  // namespace
+
+std::vector<NamedTensor> export_state_tensors(const ExportRule& rule, std::span<const TensorView> model) {
+  std::vector<NamedTensor> out;
+  for (auto& [param, values] : rule.state()) {
+    const TensorView& p = model[static_cast<size_t>(param)];
+    out.push_back({std::string(kExportPrefix) + p.name, p.shape, std::move(values)});
+  }
+  return out;
+}
+
+void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors,
+                          std::span<const TensorView> model, const fs::path& file) {
+  for (const NamedTensor& t : tensors) {
+    if (!t.name.starts_with(kExportPrefix)) continue;
+    const std::string_view name = std::string_view(t.name).substr(kExportPrefix.size());
+    const auto p = std::find_if(model.begin(), model.end(), [&](const TensorView& v) { return v.name == name; });
+    if (p == model.end())
+      throw InputError(fmt::format("[checkpoint] {}: '{}' names no parameter of the model", file.string(), t.name));
+    if (p->shape != t.shape)
+      throw InputError(fmt::format("[checkpoint] {}: '{}' has shape {}, the parameter {}", file.string(),
+                                   t.name, io::shape_text(t.shape), io::shape_text(p->shape)));
+    const bool matrix = p->shape.size() == 2;  // rows x cols as the rules see it; 1-D: one row
+    try {
+      rule.restore_state(static_cast<int>(p - model.begin()), t.values, matrix ? p->shape[0] : 1,
+                         matrix ? p->shape[1] : static_cast<int64_t>(t.values.size()));
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("[checkpoint] {}: {}", file.string(), e.what()));
+    }
+  }
 }
 
 }  // namespace concord::train

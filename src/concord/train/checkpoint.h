@@ -3,10 +3,14 @@
 //
 // Layout:  <run_dir>/checkpoints/step-00000120/model.safetensors      HF names, F32
 //                                              optimizer.safetensors  "<name>.exp_avg", "<name>.exp_avg_sq", F32
+//                                              state.safetensors      the caller's other tensors, F32
+//                                                                     (only when it has any)
 //                                              state.json             the caller's JSON, with "step"
 //          <run_dir>/checkpoints/latest                               "step-00000120\n"
-// Both safetensors files carry the metadata {"format": "pt", "step": "<step>"}, so
-// model.safetensors loads in Hugging Face tools as it is.
+// The safetensors files carry the metadata {"format": "pt", "step": "<step>"}; model.safetensors
+// holds the master weights and nothing else, so it loads in Hugging Face tools as it is. State
+// tensors (an export rule's carried error, a meter's anchors, a reference policy) go to
+// state.safetensors.
 //
 // Writing: everything goes into step-XXXXXXXX.tmp-<pid>/ (each file fsynced), the directory is
 // fsynced and renamed into place (atomically exchanged with an existing checkpoint of the same
@@ -26,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "concord/train/export.h"
 #include "concord/train/optimizer.h"
 
 namespace concord::train {
@@ -49,10 +54,12 @@ std::string checkpoint_dir_name(int64_t step);
 // Writes the checkpoint of `step` and returns its directory. `state` must be a JSON object; its
 // "step" is set to `step` (InputError if it holds another value). keep >= 1. Throws InputError
 // on I/O failure, a shape that does not match the value count, or a duplicate name.
+// `state_tensors` go to state.safetensors (not written when empty).
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, int64_t step,
                                       std::span<const TensorView> model,
                                       std::span<const TensorView> optimizer,
-                                      const nlohmann::json& state, int keep);
+                                      const nlohmann::json& state, int keep,
+                                      std::span<const TensorView> state_tensors = {});
 
 // The checkpoint `latest` names; when `latest` is missing or names a directory that is gone,
 // the complete checkpoint of the highest step. nullopt when there is none. InputError when
@@ -65,6 +72,7 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 struct LoadedCheckpoint {
   int64_t step = 0;
   std::vector<NamedTensor> model, optimizer;  // sorted by name
+  std::vector<NamedTensor> state_tensors;     // sorted by name; empty without state.safetensors
   nlohmann::json state;
   std::filesystem::path dir;
 };
@@ -88,5 +96,17 @@ std::vector<TensorView> adamw_state_views(const AdamW& optimizer,
 // them) and sets its step count; InputError when an exp_avg lacks its exp_avg_sq or vice versa.
 void restore_adamw_state(AdamW& optimizer, std::span<const NamedTensor> tensors,
                          int64_t steps_taken);
+
+// --- export rule state <-> checkpoint tensors -------------------------------------------------
+
+// The rule's state (ef: each parameter's carried error) as "export.<name>" tensors shaped like
+// the parameter of `model` (the master views, in the rule's parameter order); empty for a
+// stateless rule.
+std::vector<NamedTensor> export_state_tensors(const ExportRule& rule, std::span<const TensorView> model);
+// Puts back every "export.<name>" tensor of `tensors`; other names are left alone. InputError
+// naming `file` for a name that is no parameter of `model` or a shape that differs from it, and
+// (ExportRule::restore_state) for state a stateless rule is offered.
+void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors,
+                          std::span<const TensorView> model, const std::filesystem::path& file);
 
 }  // namespace concord::train

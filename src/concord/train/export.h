@@ -4,8 +4,8 @@
 //   sr   stochastic rounding, random bits keyed by (seed, step, parameter): unbiased
 //   ef   error feedback: the rounding error of each step is carried into the next
 // Norm weights (1-D) are served in fp32 whatever the format (the policy keeps norms in fp32).
-// ef keeps state (the carried error): state()/restore_state() hand it to checkpoints (the RL loop
-// saves it; the trainer does not yet, so it refuses to resume an ef run).
+// ef keeps state (the carried error): state()/restore_state() hand it to checkpoints (the trainer
+// and the RL loop save it as "export.<name>" in state.safetensors; train/checkpoint.h).
 #pragma once
 
 #include <cstdint>

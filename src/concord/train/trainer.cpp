@@ -209,10 +209,12 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
 
   int64_t step = 0;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
+  auto master_views = [&] {
+    std::vector<TensorView> views;
+    for (size_t p = 0; p < specs.size(); ++p) views.push_back({specs[p].name, specs[p].shape, master[p]});
+    return views;
+  };
   if (checkpoint) {
-    if (config.export_rule == "ef")
-      throw InputError("[train] resuming a run with the 'ef' export rule is not supported yet "
-                       "(its carried error is not checkpointed); start afresh with --no-resume");
     LoadedCheckpoint ckpt = load_checkpoint(*checkpoint);
     for (size_t p = 0; p < specs.size(); ++p) {
       const NamedTensor* t = find_tensor(ckpt.model, specs[p].name);
@@ -222,6 +224,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       master[p] = t->values;
     }
     restore_adamw_state(optimizer, ckpt.optimizer, ckpt.state.value("optimizer_steps", ckpt.step));
+    restore_export_state(*exporter, ckpt.state_tensors, master_views(), ckpt.dir / "state.safetensors");
     step = ckpt.step;
     result.start_step = step;
     truncate_after_step(metrics_path, step);
@@ -233,10 +236,18 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   MetricsWriter metrics(metrics_path);
 
   // The served copy of a step is made once (a stateful rule such as ef must not run twice).
+  // A checkpoint of step s holds the rule's state from before the export of step s (the master
+  // it holds is the one that export reads): an evaluation at s exports before the save, so the
+  // state is set aside then.
+  auto saves_at = [&](int64_t s) {
+    return (config.checkpoint_every > 0 && s % config.checkpoint_every == 0) || s == config.steps;
+  };
   int64_t exported_step = -1;
+  std::vector<NamedTensor> export_state_before;  // of exported_step, when saves_at(it)
   auto export_served = [&](int64_t at_step) {
     if (exported_step == at_step) return;
     exported_step = at_step;
+    if (saves_at(at_step)) export_state_before = export_state_tensors(*exporter, master_views());
     for (size_t p = 0; p < specs.size(); ++p) {
       const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
       const int64_t cols = specs[p].is_matrix() ? specs[p].shape[1] : specs[p].shape[0];
@@ -246,13 +257,16 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     m.weights_changed();
   };
   auto save = [&](int64_t at_step) {
-    std::vector<TensorView> model_views;
-    for (size_t p = 0; p < specs.size(); ++p) model_views.push_back({specs[p].name, specs[p].shape, master[p]});
+    const std::vector<TensorView> model_views = master_views();
     const std::vector<TensorView> optimizer_views = adamw_state_views(optimizer, model_views);
+    const std::vector<NamedTensor> export_state =
+        exported_step == at_step ? export_state_before : export_state_tensors(*exporter, model_views);
+    std::vector<TensorView> state_views;
+    for (const NamedTensor& t : export_state) state_views.push_back({t.name, t.shape, t.values});
     json state = {{"step", at_step}, {"optimizer_steps", optimizer.steps_taken()},
                   {"seed", config.seed}, {"tokens_seen", at_step * B * T},
                   {"last_validation_loss", result.last_validation_loss}};
-    save_checkpoint(run_dir, at_step, model_views, optimizer_views, state, config.checkpoint_keep);
+    save_checkpoint(run_dir, at_step, model_views, optimizer_views, state, config.checkpoint_keep, state_views);
   };
 
   ProgressBar progress(stderr);
@@ -292,8 +306,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
         progress.message(fmt::format("step {}: validation loss {:.4f} nats/byte", step + 1,
                                      result.last_validation_loss));
     }
-    if ((config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0) || last)
-      save(step + 1);
+    if (saves_at(step + 1)) save(step + 1);
     if (options.stop_after && steps_here >= *options.stop_after) {
       ++step;
       break;

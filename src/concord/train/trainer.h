@@ -5,7 +5,8 @@
 //
 // A run directory holds:  config.json (the resolved training config), metrics.jsonl (one line
 // per step and per evaluation), checkpoints/step-XXXXXXXX/ (model.safetensors = fp32 master
-// weights under HF names, optimizer.safetensors, state.json) and checkpoints/latest, and
+// weights under HF names, optimizer.safetensors, state.safetensors with ef's carried error,
+// state.json) and checkpoints/latest, and
 // final/ (config.json + model.safetensors of the served weights + tokenizer.json: an HF-layout
 // model folder).
 #pragma once
