@@ -379,6 +379,9 @@ TEST(Checkpoint, ExportStateRoundTripsThroughStateSafetensors) {
   expect_error(*fresh, {{"export.w", {40, 24}, state[0].values}}, "'export.w' has shape [40, 24], the parameter [24, 40]");
   const auto rne = make_export_rule("rne", numerics::Format::bf16, 1);
   expect_error(*rne, state, "keeps no state");
+  expect_error(*fresh, {}, "holds no state for the 'ef' export rule");
+  // ef into f32 is a copy: it keeps no state, and a checkpoint without any is fine.
+  EXPECT_NO_THROW(restore_export_state(*make_export_rule("ef", numerics::Format::f32, 1), {}, model, file));
   // A checkpoint without state tensors has no state.safetensors, and loads with none.
   save_checkpoint(tmp.path, 4, model, {}, nlohmann::json::object(), 1);
   EXPECT_FALSE(fs::exists(tmp.path / "checkpoints" / "step-00000004" / "state.safetensors"));

@@ -384,8 +384,10 @@ std::vector<NamedTensor> export_state_tensors(const ExportRule& rule, std::span<
 
 void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors,
                           std::span<const TensorView> model, const fs::path& file) {
+  bool restored = false;
   for (const NamedTensor& t : tensors) {
     if (!t.name.starts_with(kExportPrefix)) continue;
+    restored = true;
     const std::string_view name = std::string_view(t.name).substr(kExportPrefix.size());
     const auto p = std::find_if(model.begin(), model.end(), [&](const TensorView& v) { return v.name == name; });
     if (p == model.end())
@@ -401,6 +403,12 @@ void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors
       throw InputError(fmt::format("[checkpoint] {}: {}", file.string(), e.what()));
     }
   }
+  const bool any_matrix = std::any_of(model.begin(), model.end(), [](const TensorView& v) { return v.shape.size() == 2; });
+  if (rule.keeps_state() && any_matrix && !restored)
+    throw InputError(fmt::format("[checkpoint] {}: holds no state for the '{}' export rule (written by a "
+                                 "concord that did not save it?); resuming without it would not "
+                                 "continue the run: start afresh (--no-resume)",
+                                 file.string(), rule.name()));
 }
 
 }  // namespace concord::train

@@ -104,8 +104,9 @@ void restore_adamw_state(AdamW& optimizer, std::span<const NamedTensor> tensors,
 // stateless rule.
 std::vector<NamedTensor> export_state_tensors(const ExportRule& rule, std::span<const TensorView> model);
 // Puts back every "export.<name>" tensor of `tensors`; other names are left alone. InputError
-// naming `file` for a name that is no parameter of `model` or a shape that differs from it, and
-// (ExportRule::restore_state) for state a stateless rule is offered.
+// naming `file` for a name that is no parameter of `model` or a shape that differs from it,
+// (ExportRule::restore_state) for state a stateless rule is offered, and for no state at all
+// when the rule keeps some (ExportRule::keeps_state) and the model has a matrix.
 void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors,
                           std::span<const TensorView> model, const std::filesystem::path& file);
 

@@ -46,6 +46,7 @@ class ErrorFeedbackExport final : public ExportRule {
  public:
   explicit ErrorFeedbackExport(Format served) : desc_(QuantDesc::elementwise(served)) {}
   std::string_view name() const override { return "ef"; }
+  bool keeps_state() const override { return desc_.element != Format::f32; }
   void apply(int param, std::span<const float> master, std::span<float> served, int64_t rows,
              int64_t cols, uint64_t step) override {
     (void)step;

@@ -31,6 +31,9 @@ class ExportRule {
   // The state a checkpoint must hold to continue bit-identically: (parameter, values) for each
   // parameter with state (ef: its carried error, rows x cols); empty for stateless rules.
   virtual std::vector<std::pair<int, std::vector<float>>> state() const { return {}; }
+  // Whether state() is non-empty once a matrix has been exported (ef into a format narrower
+  // than f32): a checkpoint of such a rule without state cannot continue bit-identically.
+  virtual bool keeps_state() const { return false; }
   // Puts back one entry of state(); InputError for a rule without state or a size mismatch.
   virtual void restore_state(int param, std::span<const float> values, int64_t rows, int64_t cols);
 };
