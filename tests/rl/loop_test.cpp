@@ -427,6 +427,19 @@ TEST(RlLoop, ResumingUnderAChangedConfigNamesTheKeyAndNoResumeStartsOver) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("'grpo'"), std::string::npos) << e.what();
   }
+  // A checkpoint that lost its state tensors (or predates state.safetensors) is named, not
+  // resumed from silently.
+  const fs::path ckpt = *train::latest_checkpoint(out / "run");
+  fs::rename(ckpt / "state.safetensors", out / "state.safetensors");
+  auto channel4 = make_in_process_channel();
+  try {
+    run_rl(c, *channel4, resume);
+    ADD_FAILURE() << "resumed without the state tensors";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(ckpt.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fair_cast.0.master' is missing"), std::string::npos) << e.what();
+  }
+  fs::rename(out / "state.safetensors", ckpt / "state.safetensors");
   // --no-resume: starts over (a full run of the changed config, its own checkpoints).
   resume.resume = false;
   auto channel3 = make_in_process_channel();

@@ -449,6 +449,8 @@ class Learner {
       meter_.restore(ckpt.state_tensors, kFairCastPrefix, ckpt.state.at("fair_cast"));
     } catch (const json::exception& e) {
       throw InputError(fmt::format("[rl] {}: {}", (ckpt.dir / "state.json").string(), e.what()));
+    } catch (const InputError& e) {  // the meter's tensors (state.safetensors) or counts (state.json)
+      throw InputError(fmt::format("[rl] {}: {}", ckpt.dir.string(), e.what()));
     }
     last_lag_ = meter_.lag();
   }
