@@ -5,12 +5,7 @@
 # Usage: cli_test.sh PATH/TO/concord
 set -u
 CONCORD="$1"
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-FAILURES=0
-
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
-pass() { echo "ok: $*"; }
+source "$(dirname "$0")/lib.sh"
 
 # expect_output NAME EXPECTED COMMAND... : stdout equals EXPECTED and exit status is 0.
 expect_output() {
@@ -18,22 +13,6 @@ expect_output() {
   local got; got="$("$@" 2>"$WORK/stderr")"; local rc=$?
   if [[ $rc -ne 0 || "$got" != "$expected" ]]; then
     fail "$name: rc=$rc, got '$got', expected '$expected' ($(cat "$WORK/stderr"))"
-  else
-    pass "$name"
-  fi
-}
-
-# expect_error NAME FRAGMENT COMMAND... : exit 2, stderr is one line containing FRAGMENT.
-expect_error() {
-  local name="$1" fragment="$2"; shift 2
-  "$@" >"$WORK/stdout" 2>"$WORK/stderr" </dev/null; local rc=$?
-  local lines; lines=$(wc -l <"$WORK/stderr")
-  if [[ $rc -ne 2 ]]; then
-    fail "$name: exit status $rc, expected 2 ($(cat "$WORK/stderr"))"
-  elif [[ $lines -ne 1 ]]; then
-    fail "$name: stderr has $lines lines, expected 1: $(cat "$WORK/stderr")"
-  elif ! grep -qF -- "$fragment" "$WORK/stderr"; then
-    fail "$name: stderr lacks '$fragment': $(cat "$WORK/stderr")"
   else
     pass "$name"
   fi
@@ -218,8 +197,4 @@ expect_error "generate on a truncated GGUF" "cut.gguf" \
 expect_error "export unknown format" "--to" \
   "$CONCORD" export --model "$WORK/run" --to onnx --out "$WORK/x"
 
-if [[ $FAILURES -ne 0 ]]; then
-  echo "$FAILURES failure(s)"
-  exit 1
-fi
-echo "all CLI tests passed"
+finish "CLI"

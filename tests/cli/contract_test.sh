@@ -6,49 +6,7 @@
 # Usage: contract_test.sh PATH/TO/concord   (needs bash and python3, standard library only)
 set -u
 CONCORD="$1"
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-FAILURES=0
-
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
-pass() { echo "ok: $*"; }
-
-# run_rc NAME EXPECTED_RC COMMAND... : runs with stdout in $WORK/out, stderr in $WORK/err.
-run_rc() {
-  local name="$1" expected="$2"; shift 2
-  "$@" >"$WORK/out" 2>"$WORK/err" </dev/null; local rc=$?
-  if [[ $rc -ne $expected ]]; then
-    fail "$name: exit status $rc, expected $expected: $(cat "$WORK/out" "$WORK/err")"
-    return 1
-  fi
-  return 0
-}
-
-# expect_error NAME FRAGMENT COMMAND... : exit 2, stderr is one line containing FRAGMENT.
-expect_error() {
-  local name="$1" fragment="$2"; shift 2
-  "$@" >"$WORK/out" 2>"$WORK/err" </dev/null; local rc=$?
-  local lines; lines=$(wc -l <"$WORK/err")
-  if [[ $rc -ne 2 ]]; then
-    fail "$name: exit status $rc, expected 2 ($(cat "$WORK/err"))"
-  elif [[ $lines -ne 1 ]]; then
-    fail "$name: stderr has $lines lines, expected 1: $(cat "$WORK/err")"
-  elif ! grep -qF -- "$fragment" "$WORK/err"; then
-    fail "$name: stderr lacks '$fragment': $(cat "$WORK/err")"
-  else
-    pass "$name"
-  fi
-}
-
-# json_check NAME FILE PYTHON_EXPR : the expression over `j` (the parsed file) is true.
-json_check() {
-  local name="$1" file="$2" expr="$3"
-  if python3 -c "import json, sys; j = json.load(open(sys.argv[1])); sys.exit(0 if ($expr) else 1)" "$file"; then
-    pass "$name"
-  else
-    fail "$name: $expr on $file"
-  fi
-}
+source "$(dirname "$0")/lib.sh"
 
 # --- a small model, trained for a few steps on text with arithmetic in it ---
 for i in $(seq 1 200); do
@@ -184,8 +142,4 @@ expect_error "dump extension" "a dump is a .safetensors or .npy file" \
   "$CONCORD" contract dump --kernel fp32 "${TASK[@]}" --out "$WORK/x.bin"
 [[ ! -e "$WORK/x" && ! -e "$WORK/x.npy" ]] && pass "failed commands write nothing" || fail "output written by a failed command"
 
-if [[ $FAILURES -ne 0 ]]; then
-  echo "$FAILURES failure(s)"
-  exit 1
-fi
-echo "all contract CLI tests passed"
+finish "contract CLI"

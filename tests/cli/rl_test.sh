@@ -6,50 +6,8 @@
 # Usage: rl_test.sh PATH/TO/concord   (needs bash and python3, standard library only)
 set -u
 CONCORD="$1"
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-FAILURES=0
+source "$(dirname "$0")/lib.sh"
 export OMP_WAIT_POLICY=passive
-
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
-pass() { echo "ok: $*"; }
-
-# run_rc NAME EXPECTED_RC COMMAND... : runs with stdout in $WORK/out, stderr in $WORK/err.
-run_rc() {
-  local name="$1" expected="$2"; shift 2
-  "$@" >"$WORK/out" 2>"$WORK/err" </dev/null; local rc=$?
-  if [[ $rc -ne $expected ]]; then
-    fail "$name: exit status $rc, expected $expected: $(cat "$WORK/out" "$WORK/err")"
-    return 1
-  fi
-  return 0
-}
-
-# expect_error NAME FRAGMENT COMMAND... : exit 2, stderr is one line containing FRAGMENT.
-expect_error() {
-  local name="$1" fragment="$2"; shift 2
-  "$@" >"$WORK/out" 2>"$WORK/err" </dev/null; local rc=$?
-  local lines; lines=$(wc -l <"$WORK/err")
-  if [[ $rc -ne 2 ]]; then
-    fail "$name: exit status $rc, expected 2 ($(cat "$WORK/err"))"
-  elif [[ $lines -ne 1 ]]; then
-    fail "$name: stderr has $lines lines, expected 1: $(cat "$WORK/err")"
-  elif ! grep -qF -- "$fragment" "$WORK/err"; then
-    fail "$name: stderr lacks '$fragment': $(cat "$WORK/err")"
-  else
-    pass "$name"
-  fi
-}
-
-# json_check NAME FILE PYTHON_EXPR : the expression over `j` (the parsed file) is true.
-json_check() {
-  local name="$1" file="$2" expr="$3"
-  if python3 -c "import json, sys; j = json.load(open(sys.argv[1])); sys.exit(0 if ($expr) else 1)" "$file"; then
-    pass "$name"
-  else
-    fail "$name: $expr on $file"
-  fi
-}
 
 # same_steps NAME A B : two metrics.jsonl files agree on everything but timing and sync reports.
 same_steps() {
@@ -151,8 +109,4 @@ expect_error "demo arm syntax" "SAMPLER/LEARNER:EXPORT" "$CONCORD" demo --quick 
 expect_error "demo arm preset" "fp7" "$CONCORD" demo --quick --arm bf16/fp7:rne --out "$WORK/x"
 [[ ! -e "$WORK/x" ]] && pass "failed commands write nothing" || fail "output written by a failed command"
 
-if [[ $FAILURES -ne 0 ]]; then
-  echo "$FAILURES failure(s)"
-  exit 1
-fi
-echo "all rl CLI tests passed"
+finish "rl CLI"
