@@ -136,27 +136,31 @@ double cross_entropy_forward(F* losses, const F* logits, const int32_t* targets,
   return total;
 }
 
+// One row of the cross-entropy gradient, scale·(softmax(x) − onehot(target)); a row whose
+// target is ignored (< 0) gets zeros. d holds exp(x − max) first; softmax = that / Σ, formed in
+// double and rounded once.
+template <class F>
+static void cross_entropy_backward_row(F* d, const F* x, int32_t target, int64_t V, double scale) {
+  if (target < 0) {
+    std::fill(d, d + V, F(0));
+    return;
+  }
+  const double inv_sum = 1.0 / row_sum_exp<F>(x, V, row_max(x, V), d);
+  const double p_target = static_cast<double>(d[target]) * inv_sum;
+  for (int64_t v = 0; v < V; ++v) {
+    d[v] = static_cast<F>(scale * (static_cast<double>(d[v]) * inv_sum));
+  }
+  d[target] = static_cast<F>(scale * (p_target - 1.0));
+}
+
 template <class F>
 void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets, int64_t T,
                             int64_t V, double scale) {
   check_rows("cross_entropy_backward", T, V);
   check_targets("cross_entropy_backward", targets, T, V);
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
-    F* d = dlogits + t * V;
-    if (targets[t] < 0) {
-      std::fill(d, d + V, F(0));
-      continue;
-    }
-    const F* x = logits + t * V;
-    // d holds exp(x − max) first; softmax = that / Σ, formed in double and rounded once.
-    const double inv_sum = 1.0 / row_sum_exp<F>(x, V, row_max(x, V), d);
-    const double p_target = static_cast<double>(d[targets[t]]) * inv_sum;
-    for (int64_t v = 0; v < V; ++v) {
-      d[v] = static_cast<F>(scale * (static_cast<double>(d[v]) * inv_sum));
-    }
-    d[targets[t]] = static_cast<F>(scale * (p_target - 1.0));
-  }
+  for (int64_t t = 0; t < T; ++t)
+    cross_entropy_backward_row(dlogits + t * V, logits + t * V, targets[t], V, scale);
 }
 
 template <class F>
@@ -165,22 +169,8 @@ void cross_entropy_backward_rows(F* dlogits, const F* logits, const int32_t* tar
   check_rows("cross_entropy_backward_rows", T, V);
   check_targets("cross_entropy_backward_rows", targets, T, V);
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
-    F* d = dlogits + t * V;
-    if (targets[t] < 0) {
-      std::fill(d, d + V, F(0));
-      continue;
-    }
-    const F* x = logits + t * V;
-    const double scale = row_scale[t];
-    // As cross_entropy_backward: exp(x − max) first, softmax formed in double, rounded once.
-    const double inv_sum = 1.0 / row_sum_exp<F>(x, V, row_max(x, V), d);
-    const double p_target = static_cast<double>(d[targets[t]]) * inv_sum;
-    for (int64_t v = 0; v < V; ++v) {
-      d[v] = static_cast<F>(scale * (static_cast<double>(d[v]) * inv_sum));
-    }
-    d[targets[t]] = static_cast<F>(scale * (p_target - 1.0));
-  }
+  for (int64_t t = 0; t < T; ++t)
+    cross_entropy_backward_row(dlogits + t * V, logits + t * V, targets[t], V, row_scale[t]);
 }
 
 #define CONCORD_INSTANTIATE(F)                                                                 \
