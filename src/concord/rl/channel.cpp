@@ -37,11 +37,10 @@ class InProcessChannel final : public Channel {
     down_ = WeightMessage{version, {payload.begin(), payload.end()}};
     bytes_down_ += payload.size();
   }
-  WeightMessage receive() override {
+  void receive_into(WeightMessage& into) override {
     if (!down_) throw InputError("[rl] in-process channel: receive before any publish");
-    WeightMessage m = std::move(*down_);
+    into = std::move(*down_);
     down_.reset();
-    return m;
   }
   void send(std::span<const uint8_t> rollouts) override {
     if (up_) throw InputError("[rl] in-process channel: send before the last rollouts were gathered");

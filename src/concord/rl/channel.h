@@ -84,10 +84,14 @@ class Channel {
   virtual void publish(uint64_t version, std::span<const uint8_t> payload) = 0;
   virtual std::vector<std::vector<uint8_t>> gather() = 0;  // index i: sampler i + 1
   // sampler
-  virtual WeightMessage receive() = 0;
-  // The same into `into`, reusing its buffer: a sampler that keeps one WeightMessage across
-  // steps saves allocating (and page-faulting) a payload-sized buffer per sync.
-  virtual void receive_into(WeightMessage& into) { into = receive(); }
+  // The next message into `into`, reusing its buffer: a sampler that keeps one WeightMessage
+  // across steps saves allocating (and page-faulting) a payload-sized buffer per sync.
+  virtual void receive_into(WeightMessage& into) = 0;
+  WeightMessage receive() {
+    WeightMessage m;
+    receive_into(m);
+    return m;
+  }
   virtual void send(std::span<const uint8_t> rollouts) = 0;
   // Bytes moved so far in each direction (for the time/bandwidth split): payload bytes this
   // process handed over or took (the learner counts a publish once, not once per sampler).

@@ -79,12 +79,6 @@ class MpiChannel final : public Channel {
     last_version_ = version;
   }
 
-  WeightMessage receive() override {
-    WeightMessage m;
-    receive_into(m);
-    return m;
-  }
-
   void receive_into(WeightMessage& m) override {
     if (rank_ == 0) usage("receive called on rank 0; only samplers receive");
     MessageHeader h;

@@ -159,12 +159,6 @@ class ShmChannel final : public Channel {
     return out;
   }
 
-  WeightMessage receive() override {
-    WeightMessage m;
-    receive_into(m);
-    return m;
-  }
-
   void receive_into(WeightMessage& m) override {
     if (rank_ == 0) fail("receive called on rank 0; only samplers receive");
     SamplerSlot& s = slot(rank_);
