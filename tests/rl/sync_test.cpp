@@ -239,6 +239,8 @@ std::vector<FaultCase> fault_cases() {
     cases.push_back({Fault::partial_sync, p, SyncCheck::manifest, "is not a whole safetensors image"});
     cases.push_back({Fault::flipped_bit, p, SyncCheck::content, "model.layers.0.self_attn.v_proj.weight "});
     cases.push_back({Fault::stale_weights, p, SyncCheck::probe, "slice all osc "});
+    cases.push_back({Fault::overwritten_codes, p, SyncCheck::content,
+                     "model.layers.1.mlp.down_proj.weight: the codes changed after the copy was built"});
   }
   // Faults that need a quantized sampler (bf16 has no scales, and its cast of bf16 values is
   // exact under any rounding rule: see BF16IsImmuneToScaleAndRoundingFaults).
@@ -305,6 +307,77 @@ TEST(Sync, StaleFaultsNeedAPreviousPublish) {
   Rig s("bf16");
   EXPECT_THROW(s.publisher.publish(1, Fault::stale_version), InputError);
   EXPECT_THROW(s.publisher.publish(1, Fault::stale_weights), InputError);
+}
+
+// ---- check 4 over every tensor -----------------------------------------------------------------
+
+// The sign of the largest element of one tensor flipped in transit (amax, hence every scale,
+// unchanged: checks 5 and 6 pass), for every GEMM weight in turn in visit_derived_weights order
+// — the first (the tied embedding / lm_head), the middle ones and the last (layer 1 down_proj;
+// untied: lm_head) — on every preset: check 4 names that tensor each time.
+TEST(Sync, CorruptionOfAnyTensorIsCaughtByCheck4) {
+  for (const bool tied : {true, false}) {
+    for (const std::string preset : {"bf16", "mxfp8", "nvfp4", "fp8-tensor", "fp32"}) {
+      Rig s(preset, tied);
+      expect_all_passed(s.sync(1));
+      s.step(2);
+      const std::vector<uint8_t> genuine = s.publisher.publish(2);
+      const auto f = io::SafetensorsFile::from_bytes(genuine, "payload");
+      std::vector<std::string> names;
+      s.served.visit_derived_weights([&](const Model::DerivedWeight& w) { names.emplace_back(w.name); });
+      ASSERT_EQ(names.size(), 15u);  // 7 per layer and lm_head (tied: the embedding table)
+      for (const std::string& name : names) {
+        std::vector<std::vector<uint8_t>> bytes;
+        std::vector<io::TensorToWrite> tensors;
+        for (const io::TensorInfo& t : f.tensors()) {
+          bytes.emplace_back(t.bytes.begin(), t.bytes.end());
+          if (t.name != name) continue;
+          const std::vector<float> v = io::tensor_to_floats(t);
+          const auto top = static_cast<size_t>(std::max_element(v.begin(), v.end(), [](float x, float y) {
+                                                 return std::fabs(x) < std::fabs(y);
+                                               }) - v.begin());
+          const size_t es = bytes.back().size() / v.size();
+          bytes.back()[top * es + es - 1] ^= 0x80;  // the sign bit (little-endian)
+        }
+        size_t i = 0;
+        for (const io::TensorInfo& t : f.tensors()) tensors.push_back({t.name, t.dtype, t.shape, bytes[i++]});
+        const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, f.metadata()), 2);
+        const std::string where = preset + (tied ? " tied " : " untied ") + name;
+        ASSERT_TRUE(r.failure().has_value()) << where << ": not caught";
+        EXPECT_EQ(r.failure()->check, SyncCheck::content) << where << ": " << r.failure()->message;
+        EXPECT_EQ(r.failure()->message.rfind("[sync] check 4 content: " + name + " ", 0), 0u)
+            << where << ": " << r.failure()->message;
+        EXPECT_FALSE(r.applied);
+      }
+      expect_all_passed(s.receiver.apply(genuine, 2));
+    }
+  }
+}
+
+// Codes changed in the staged copy after it was built (Fault::overwritten_codes): the hash taken
+// at build time still matches the learner's, so only check 4's re-sample of the codes sees it —
+// named as such, before the probe runs on the damaged copy. Tied and untied (the last weight
+// is then lm_head), every preset.
+TEST(Sync, CodesChangedAfterTheBuildAreCaughtByTheResample) {
+  for (const bool tied : {true, false}) {
+    for (const std::string preset : {"bf16", "mxfp8", "nvfp4", "fp8-tensor", "fp32"}) {
+      Rig s(preset, tied);
+      expect_all_passed(s.sync(1));
+      s.step(2);
+      const SyncReport r = s.sync(2, Fault::overwritten_codes);
+      const std::string last = tied ? "model.layers.1.mlp.down_proj.weight" : "lm_head.weight";
+      ASSERT_TRUE(r.failure().has_value()) << preset;
+      ASSERT_EQ(r.checks.size(), 6u) << preset << ": " << r.failure()->message;  // 1, 2, 3, 5, 6, 4
+      EXPECT_EQ(r.failure()->check, SyncCheck::content) << r.failure()->message;
+      EXPECT_EQ(r.failure()->message.rfind("[sync] check 4 content: " + last + ": the ", 0), 0u)
+          << preset << ": " << r.failure()->message;
+      EXPECT_NE(r.failure()->message.find("changed after the copy was built (sampled hash 0x"),
+                std::string::npos) << r.failure()->message;
+      EXPECT_FALSE(r.applied);
+      s.step(3);
+      expect_all_passed(s.sync(3));
+    }
+  }
 }
 
 // ---- the fast paths' fallbacks -----------------------------------------------------------------
@@ -597,7 +670,8 @@ TEST(Sync, MalformedMetadataFailsItsCheck) {
 // ---- names and the report ----------------------------------------------------------------------
 
 TEST(Sync, FaultNamesRoundTrip) {
-  EXPECT_EQ(fault_names().size(), 11u);  // the ten and stale_weights (check 7's)
+  // The ten, stale_weights (check 7's) and overwritten_codes (check 4's re-sample).
+  EXPECT_EQ(fault_names().size(), 12u);
   for (const std::string& n : fault_names()) EXPECT_EQ(fault_name(fault_from_name(n)), n);
   EXPECT_EQ(fault_from_name("none"), Fault::none);
   try {

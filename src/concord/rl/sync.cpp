@@ -69,6 +69,7 @@ constexpr FaultEntry kFaults[] = {
     {Fault::wrong_rounding, "wrong_rounding", false},
     {Fault::flipped_bit, "flipped_bit", true},
     {Fault::stale_weights, "stale_weights", true},
+    {Fault::overwritten_codes, "overwritten_codes", false},
 };
 
 // ---- payload encoding ----------------------------------------------------------------------
@@ -467,6 +468,16 @@ void zero_scales(model::Model& stage, const std::vector<Derived>& derived) {
     q.scales[static_cast<size_t>((r / b.rows) * q.block_grid_cols() + c / b.cols)] = 0;
     return;
   }
+}
+
+// Changes one 64-byte line (the first, which check 4's sample covers) of the codes (values,
+// when unquantized) of the last GEMM weight in visit order, after the copy was built and its
+// codes hashed (Fault::overwritten_codes): a stray write into the staged copy.
+void overwrite_codes(const std::vector<Derived>& derived) {
+  CONCORD_CHECK(!derived.empty(), "overwritten_codes: the model has no GEMM weight");
+  const std::span<const uint8_t> codes = operand_codes(*derived.back().forward);
+  auto* bytes = const_cast<uint8_t*>(codes.data());
+  for (size_t i = 0; i < std::min<size_t>(64, codes.size()); ++i) bytes[i] ^= 0x01;
 }
 
 json metadata_json(const io::SafetensorsFile& file, const char* key) {
@@ -902,6 +913,7 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   const std::vector<Derived> derived = derived_weights(stage);
   report.seconds_prepare = seconds_since(t_prepare);
   if (fault == Fault::zeroed_scales) zero_scales(stage, derived);
+  if (fault == Fault::overwritten_codes) overwrite_codes(derived);
   report.seconds_decode += seconds_since(t0);
   auto installed_of = [&](const Derived& w) -> const Installed& {
     return installed[param_index.at(w.name)];

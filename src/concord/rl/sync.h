@@ -121,6 +121,10 @@ enum class Fault : uint8_t {
                      // self-consistent manifest, plan and hashes under the new version, its
                      // probe reference from the current weights (a publisher reading a stale
                      // snapshot buffer): checks 1-6 pass, only the behaviour probe sees it → 7
+  overwritten_codes, // a stray write into the sampler's staged copy after it was built and
+                     // hashed: one 64-byte line of the last GEMM weight's codes (values) in
+                     // visit_derived_weights order changed → 4, by its re-sample of the codes
+                     // alone (the build-time hash still matches the learner's)
 };
 std::string_view fault_name(Fault f);
 Fault fault_from_name(std::string_view name);  // InputError listing the names
