@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -839,6 +840,59 @@ TEST(Svg, HistogramBarsAndValidation) {
   PlotOptions log = options;
   log.log_x = true;
   EXPECT_THROW(svg_histogram(edges, heights, log), InputError);  // edge 0 on a log axis
+}
+
+TEST(Svg, BarChartHasOneEqualBarPerCategory) {
+  const std::vector<std::string> labels{"0", "1", "2-3", "4+"};
+  const std::vector<double> heights{1e6, 0, 30, 1};
+  PlotOptions options;
+  options.title = "lag";
+  options.log_y = true;
+  const std::string svg = svg_bar_chart(labels, heights, options);
+  std::map<std::string, int> counts;
+  EXPECT_EQ(check_markup(svg, counts), "") << svg;
+  EXPECT_EQ(counts["rect"], 1 + 3);  // background + the three nonzero bars
+  for (const char* label : {">0<", ">1<", ">2-3<", ">4+<", ">1e5<"})
+    EXPECT_NE(svg.find(label), std::string::npos) << label;
+  EXPECT_NE(svg.find("<title>2-3: 30</title>"), std::string::npos);
+  // Equal widths, and the smallest count (1) still stands above the axis on the log scale.
+  const std::regex bar(R"re(<rect x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)" height="([0-9.]+)" fill="#4e79a7")re");
+  std::set<std::string> widths;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), bar); it != std::sregex_iterator(); ++it) {
+    widths.insert((*it)[1]);
+    EXPECT_GT(std::stod((*it)[2]), 1.0);
+  }
+  EXPECT_EQ(widths.size(), 1u);
+  const std::vector<double> zeros{0, 0, 0, 0};
+  EXPECT_NE(svg_bar_chart(labels, zeros, options).find("every bar is 0"), std::string::npos);
+  const std::vector<std::string> three{"a", "b", "c"};
+  EXPECT_THROW(svg_bar_chart(three, heights, options), InputError);
+  const std::vector<double> negative{1, -1, 2, 3};
+  EXPECT_THROW(svg_bar_chart(labels, negative, options), InputError);
+  PlotOptions log_x = options;
+  log_x.log_x = true;
+  EXPECT_THROW(svg_bar_chart(labels, heights, log_x), InputError);
+}
+
+TEST(Svg, LogPlotSaysWhenASeriesIsExactlyZero) {
+  PlotOptions options;
+  options.log_y = true;
+  std::vector<Series> zero{{"matched", {0, 5, 10}, {0, kNaN, 0}}};
+  std::map<std::string, int> counts;
+  const std::string only = svg_line_plot(zero, options);
+  EXPECT_EQ(check_markup(only, counts), "");
+  EXPECT_EQ(only.find("no data"), std::string::npos);
+  EXPECT_NE(only.find("every value is exactly 0"), std::string::npos);
+  EXPECT_NE(only.find("matched (exactly 0 throughout)"), std::string::npos);
+  EXPECT_NE(only.find(">10<"), std::string::npos) << "x axis spans the zero points: " << only;
+  std::vector<Series> mixed{{"matched", {1, 2, 3}, {0, 0, 0}}, {"other", {1, 2, 3}, {1e-3, 0, 2e-3}}};
+  const std::string both = svg_line_plot(mixed, options);
+  EXPECT_NE(both.find("matched (exactly 0 throughout)"), std::string::npos);
+  EXPECT_EQ(both.find("other (exactly"), std::string::npos) << "a series with a positive value is drawn";
+  EXPECT_EQ(both.find("every value is exactly 0"), std::string::npos);
+  // On a linear axis 0 is an ordinary value.
+  PlotOptions linear;
+  EXPECT_EQ(svg_line_plot(zero, linear).find("exactly 0"), std::string::npos);
 }
 
 TEST(Svg, HtmlEscape) {

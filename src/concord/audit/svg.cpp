@@ -212,11 +212,12 @@ class Canvas {
     }
   }
 
-  void no_data() {
+  // A grey line of text in the middle of the plot area ("no data", "every value is exactly 0").
+  void message(std::string_view text) {
     fmt::format_to(std::back_inserter(out_),
                    "<text x=\"{:.2f}\" y=\"{:.2f}\" text-anchor=\"middle\" fill=\"#777777\">"
-                   "no data</text>\n",
-                   (left_ + right_) / 2, (top_ + bottom_) / 2);
+                   "{}</text>\n",
+                   (left_ + right_) / 2, (top_ + bottom_) / 2, html_escape(text));
   }
 
   std::string end() {
@@ -276,21 +277,36 @@ std::string html_escape(std::string_view text) {
 
 std::string svg_line_plot(std::span<const Series> series, const PlotOptions& options) {
   validate_options(options, "svg_line_plot");
+  // On a log y axis a value of exactly 0 cannot be drawn, yet it is a result, not a gap: a
+  // series that is 0 wherever it is defined says so in its legend, and its x values still span
+  // the x axis.
+  constexpr std::string_view kZeroNote = " (exactly 0 throughout)";
   Range xr, yr;
   size_t longest_name = 0;
-  for (const Series& s : series) {
+  std::vector<bool> zero_only(series.size(), false);
+  bool any_zero = false;
+  for (size_t k = 0; k < series.size(); ++k) {
+    const Series& s = series[k];
     if (s.x.size() != s.y.size()) {
       throw InputError(
           fmt::format("[audit] svg_line_plot: series '{}' has {} x values and {} y values", s.name,
                       s.x.size(), s.y.size()));
     }
-    longest_name = std::max(longest_name, s.name.size());
+    size_t drawn = 0, zeros = 0;
     for (size_t i = 0; i < s.x.size(); ++i) {
-      if (plottable(s.x[i], options.log_x) && plottable(s.y[i], options.log_y)) {
+      if (!plottable(s.x[i], options.log_x)) continue;
+      if (plottable(s.y[i], options.log_y)) {
         xr.add(s.x[i]);
         yr.add(s.y[i]);
+        ++drawn;
+      } else if (options.log_y && s.y[i] == 0) {
+        xr.add(s.x[i]);
+        ++zeros;
       }
     }
+    zero_only[k] = drawn == 0 && zeros > 0;
+    any_zero = any_zero || zero_only[k];
+    longest_name = std::max(longest_name, s.name.size() + (zero_only[k] ? kZeroNote.size() : 0));
   }
   const bool legend = series.size() > 1 || (series.size() == 1 && !series[0].name.empty());
   const double legend_width =
@@ -299,7 +315,7 @@ std::string svg_line_plot(std::span<const Series> series, const PlotOptions& opt
   Canvas canvas(options, options.log_x ? log_axis(xr) : linear_axis(xr),
                 options.log_y ? log_axis(yr) : linear_axis(yr), legend_width);
   canvas.begin();
-  if (xr.empty()) canvas.no_data();
+  if (yr.empty()) canvas.message(any_zero ? "every value is exactly 0 (not drawn on a log axis)" : "no data");
   std::string& out = canvas.out();
   for (size_t k = 0; k < series.size(); ++k) {
     const Series& s = series[k];
@@ -338,11 +354,55 @@ std::string svg_line_plot(std::span<const Series> series, const PlotOptions& opt
                      "stroke=\"{3}\" stroke-width=\"2\"{4}{5}{6}/>\n"
                      "<text x=\"{7:.2f}\" y=\"{8:.2f}\">{9}</text>\n",
                      x, y, x + 16, color, *dash != '\0' ? " stroke-dasharray=\"" : "", dash,
-                     *dash != '\0' ? "\"" : "", x + 20, y + 4, html_escape(s.name));
+                     *dash != '\0' ? "\"" : "", x + 20, y + 4,
+                     html_escape(zero_only[k] ? s.name + std::string(kZeroNote) : s.name));
     }
   }
   return canvas.end();
 }
+
+namespace {
+
+void validate_heights(std::span<const double> counts, const char* what) {
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (!std::isfinite(counts[i]) || counts[i] < 0) {
+      throw InputError(fmt::format("[audit] {}: bar {} has height {}; heights must be finite and >= 0",
+                                   what, i, counts[i]));
+    }
+  }
+}
+
+// The y axis of bars: from 0 on a linear axis; on a log axis from a decade at or below half the
+// smallest positive height, so that the smallest bar still stands visibly above the axis.
+Axis bar_height_axis(std::span<const double> counts, bool log_y) {
+  Range yr;
+  if (!log_y) yr.add(0);  // bars stand on zero
+  for (double c : counts) {
+    if (plottable(c, log_y)) yr.add(c);
+  }
+  if (log_y && !yr.empty()) yr.add(yr.lo / 2);
+  return log_y ? log_axis(yr) : linear_axis(yr);
+}
+
+// Bar i spans [x0(i), x1(i)) in data units; zero heights (and, on a log axis, nothing at all)
+// draw no bar. `tip(i)` is the bar's tooltip.
+template <class X0, class X1, class Tip>
+void draw_bars(Canvas& canvas, std::span<const double> counts, bool log_y, X0 x0_of, X1 x1_of, Tip tip) {
+  std::string& out = canvas.out();
+  const double base = log_y ? canvas.bottom() : canvas.py(0);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (!plottable(counts[i], log_y) || counts[i] == 0) continue;
+    const double x0 = canvas.px(x0_of(i)), x1 = canvas.px(x1_of(i));
+    const double y = canvas.py(counts[i]);
+    fmt::format_to(std::back_inserter(out),
+                   "<rect x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" height=\"{:.2f}\" "
+                   "fill=\"{}\" stroke=\"#ffffff\" stroke-width=\"0.5\"><title>{}</title></rect>\n",
+                   x0, y, std::max(0.0, x1 - x0), std::max(0.0, base - y), kColors[0],
+                   html_escape(tip(i)));
+  }
+}
+
+}  // namespace
 
 std::string svg_histogram(std::span<const double> edges, std::span<const double> counts,
                           const PlotOptions& options) {
@@ -361,35 +421,41 @@ std::string svg_histogram(std::span<const double> edges, std::span<const double>
                       options.log_x ? " > 0 on a log axis" : "", i, edges[i]));
     }
   }
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (!std::isfinite(counts[i]) || counts[i] < 0) {
-      throw InputError(
-          fmt::format("[audit] svg_histogram: bar {} has height {}; heights must "
-                      "be finite and >= 0",
-                      i, counts[i]));
-    }
-  }
-  Range xr{edges.front(), edges.back()}, yr;
-  if (!options.log_y) yr.add(0);  // bars stand on zero
-  for (double c : counts) {
-    if (plottable(c, options.log_y)) yr.add(c);
-  }
+  validate_heights(counts, "svg_histogram");
+  Range xr{edges.front(), edges.back()};
   Canvas canvas(options, options.log_x ? log_axis(xr) : linear_axis(xr),
-                options.log_y ? log_axis(yr) : linear_axis(yr), 0);
+                bar_height_axis(counts, options.log_y), 0);
   canvas.begin();
-  std::string& out = canvas.out();
-  const double base = options.log_y ? canvas.bottom() : canvas.py(0);
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (!plottable(counts[i], options.log_y) || counts[i] == 0) continue;
-    const double x0 = canvas.px(edges[i]), x1 = canvas.px(edges[i + 1]);
-    const double y = canvas.py(counts[i]);
-    fmt::format_to(std::back_inserter(out),
-                   "<rect x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" height=\"{:.2f}\" "
-                   "fill=\"{}\" stroke=\"#ffffff\" stroke-width=\"0.5\"><title>[{:g}, {:g}): "
-                   "{:g}</title></rect>\n",
-                   x0, y, std::max(0.0, x1 - x0), std::max(0.0, base - y), kColors[0], edges[i],
-                   edges[i + 1], counts[i]);
+  draw_bars(canvas, counts, options.log_y, [&](size_t i) { return edges[i]; },
+            [&](size_t i) { return edges[i + 1]; },
+            [&](size_t i) { return fmt::format("[{:g}, {:g}): {:g}", edges[i], edges[i + 1], counts[i]); });
+  return canvas.end();
+}
+
+std::string svg_bar_chart(std::span<const std::string> labels, std::span<const double> counts,
+                          const PlotOptions& options) {
+  validate_options(options, "svg_bar_chart");
+  if (counts.empty() || labels.size() != counts.size()) {
+    throw InputError(fmt::format("[audit] svg_bar_chart: {} labels for {} bars (need one label per "
+                                 "bar and at least one bar)", labels.size(), counts.size()));
   }
+  if (options.log_x) throw InputError("[audit] svg_bar_chart: the category axis cannot be logarithmic");
+  validate_heights(counts, "svg_bar_chart");
+  // One unit of the x axis per category, the label under the middle of its bar.
+  Axis categories;
+  categories.lo = 0;
+  categories.hi = static_cast<double>(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    categories.ticks.push_back(static_cast<double>(i) + 0.5);
+    categories.labels.push_back(labels[i]);
+  }
+  Canvas canvas(options, std::move(categories), bar_height_axis(counts, options.log_y), 0);
+  canvas.begin();
+  if (std::none_of(counts.begin(), counts.end(), [](double c) { return c > 0; }))
+    canvas.message("every bar is 0");
+  draw_bars(canvas, counts, options.log_y, [](size_t i) { return static_cast<double>(i) + 0.08; },
+            [](size_t i) { return static_cast<double>(i) + 0.92; },
+            [&](size_t i) { return fmt::format("{}: {:g}", labels[i], counts[i]); });
   return canvas.end();
 }
 

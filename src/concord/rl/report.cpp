@@ -7,6 +7,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "concord/audit/svg.h"
@@ -106,25 +107,56 @@ void append_summary(std::string& out, std::span<const ReportArm> arms) {
       "transfer and the seven checks).</p>\n";
 }
 
+// The lag bins as labels: 0, 1, 2-3, 4-7, ..., 512-1023, 1024+.
+std::vector<std::string> lag_bin_labels() {
+  std::vector<std::string> labels;
+  for (int b = 0; b < train::LagSummary::kBins; ++b) {
+    const int64_t lo = train::LagSummary::bin_lo(b);
+    if (b + 1 == train::LagSummary::kBins) labels.push_back(fmt::format("{}+", lo));
+    else if (train::LagSummary::bin_lo(b + 1) == lo + 1) labels.push_back(std::to_string(lo));
+    else labels.push_back(fmt::format("{}-{}", lo, train::LagSummary::bin_lo(b + 1) - 1));
+  }
+  return labels;
+}
+
 void append_lag_histograms(std::string& out, std::span<const ReportArm> arms) {
   out += "<h2>Fair Cast lag</h2>\n";
+  const std::vector<std::string> labels = lag_bin_labels();
   for (const ReportArm& a : arms) {
     const json& lag = a.result->summary.contains("lag") ? a.result->summary.at("lag") : json();
     if (!lag.is_object()) continue;
-    std::vector<double> edges, counts;
-    for (int b = 0; b < train::LagSummary::kBins; ++b) {
-      edges.push_back(static_cast<double>(train::LagSummary::bin_lo(b)));
+    std::vector<double> counts;
+    for (int b = 0; b < train::LagSummary::kBins; ++b)
       counts.push_back(lag.at("histogram").at(static_cast<size_t>(b)).at("count").get<double>());
-    }
-    edges.push_back(2.0 * static_cast<double>(train::LagSummary::bin_lo(train::LagSummary::kBins - 1)));
-    audit::PlotOptions o{fmt::format("lag: {}", a.name), "lag (steps, bin start)", "closed events",
-                         false, false, arms.size() > 1 ? 420 : 640, arms.size() > 1 ? 260 : 360};
-    append_figure(out, audit::svg_histogram(edges, counts, o),
-                  fmt::format("{}: {} closed events, {} open; median {}, p90 {} steps. Bins "
-                              "[0], [1], [2,4), [4,8), ... (the last open).",
+    // One equal-width bar per bin and a log count axis: the bins span three decades of lag and
+    // the counts five or more decades of events.
+    audit::PlotOptions o{fmt::format("lag: {}", a.name), "lag (steps)", "closed events (log)",
+                         false, true, arms.size() > 1 ? 460 : 640, arms.size() > 1 ? 260 : 360};
+    append_figure(out, audit::svg_bar_chart(labels, counts, o),
+                  fmt::format("{}: {} closed events, {} open; median {}, p90 {} steps. Bins of lag "
+                              "0, 1, 2-3, 4-7, ... steps (the last open-ended), counts on a log "
+                              "axis.",
                               a.name, lag.at("events").get<int64_t>(), lag.at("pending").get<int64_t>(),
                               num(lag.at("median").get<double>()), num(lag.at("p90").get<double>())));
   }
+}
+
+// The arms whose value at `ptr` is exactly 0 on every step that has it (a matched pair's
+// mismatch KL): a log plot cannot draw them, so the caption names them.
+std::vector<std::string> arms_exactly_zero(std::span<const ReportArm> arms, const std::string& ptr) {
+  std::vector<std::string> names;
+  const json::json_pointer p(ptr);
+  for (const ReportArm& a : arms) {
+    bool any = false, all_zero = true;
+    for (const RlStepMetrics& m : a.result->steps) {
+      const double v = number_at(m.line, p);
+      if (std::isnan(v)) continue;
+      any = true;
+      all_zero = all_zero && v == 0;
+    }
+    if (any && all_zero) names.push_back(a.name);
+  }
+  return names;
 }
 
 void append_sync_events(std::string& out, std::span<const ReportArm> arms) {
@@ -178,8 +210,16 @@ std::string rl_report_html(const std::string& title, std::span<const ReportArm> 
   append_figure(out,
                 audit::svg_line_plot(per_step(arms, "/rollout_corr~1k3_kl"),
                                      {"mismatch KL (rollout_corr/k3_kl)", "step", "k3 KL", false, true, w, h}),
-                "Sampler vs learner log-probs of the sampled tokens (k3 estimator, log axis; "
-                "steps with exactly 0 are not drawn).");
+                [&] {
+                  std::string caption =
+                      "Sampler vs learner log-probs of the sampled tokens (k3 estimator, log axis; "
+                      "steps with exactly 0 are not drawn).";
+                  const std::vector<std::string> zero = arms_exactly_zero(arms, "/rollout_corr~1k3_kl");
+                  if (!zero.empty())
+                    caption += fmt::format(" Exactly 0 on every step (sampler and learner agree "
+                                           "bit for bit): {}.", fmt::join(zero, ", "));
+                  return caption;
+                }());
   append_figure(out,
                 audit::svg_line_plot(per_step(arms, "/entropy", window), {"entropy", "step", "nats", false, false, w, h}),
                 fmt::format("Mean entropy of the learner's distributions over completion tokens{}.",
@@ -191,7 +231,12 @@ std::string rl_report_html(const std::string& title, std::span<const ReportArm> 
   append_figure(out,
                 audit::svg_line_plot(per_step(arms, "/fair_cast/update_realization"),
                                      {"update realization", "step", "|Δserved| / |Δmaster|", false, false, w, h}),
-                "Fair Cast: how much of the master's update reached the served copy.");
+                "Fair Cast: ‖Δserved‖ / ‖Δmaster‖ of the step, over all weights. Above 1 is "
+                "expected: a served weight moves by whole served ulps or not at all, so the "
+                "served copy's step carries rounding noise on top of the master's update (a "
+                "weight that moves one ulp for a master step of a fraction of an ulp adds far "
+                "more to the norm). The ratio measures the served copy's movement, not how "
+                "much of the update is lost; the lag below measures that.");
   append_figure(out,
                 audit::svg_line_plot(per_step(arms, "/fair_cast/lag/median"),
                                      {"lag median (cumulative)", "step", "steps", false, false, w, h}),

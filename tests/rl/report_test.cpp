@@ -1,0 +1,104 @@
+// The RL report's plots read as a person needs them to: the Fair Cast lag histogram draws one
+// visible bar per bin on a log count axis (bins span decades of lag, counts decades of events),
+// a matched pair's mismatch KL of exactly 0 is said, not shown as "no data", and the update
+// realization caption says why the ratio exceeds 1.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "concord/rl/loop.h"
+#include "concord/rl/report.h"
+#include "concord/train/fair_cast.h"
+
+namespace concord::rl {
+namespace {
+
+using nlohmann::json;
+
+// A run of `steps` steps whose k3 KL is `kl` on every step and whose lag histogram holds
+// `counts` (one per bin).
+RlResult synthetic_run(int steps, double kl, const std::vector<int64_t>& counts) {
+  RlResult r;
+  for (int s = 1; s <= steps; ++s) {
+    RlStepMetrics m;
+    m.step = s;
+    m.line = {{"step", s}, {"reward", 0.5}, {"entropy", 1.0},
+              {"rollout_corr/k3_kl", kl},
+              {"fair_cast", {{"changed_fraction", 1e-3}, {"update_realization", 1.4},
+                             {"lag", {{"median", 2}}}}}};
+    r.steps.push_back(m);
+  }
+  train::LagSummary lag;
+  for (int b = 0; b < train::LagSummary::kBins; ++b) {
+    lag.histogram[static_cast<size_t>(b)] = counts[static_cast<size_t>(b)];
+    lag.events += counts[static_cast<size_t>(b)];
+  }
+  r.summary = {{"lag", lag.to_json()}};
+  return r;
+}
+
+// The <svg>…</svg> element whose <title> is `title`.
+std::string figure_with_title(const std::string& html, const std::string& title) {
+  const size_t at = html.find("<title>" + title + "</title>");
+  if (at == std::string::npos) return "";
+  const size_t begin = html.rfind("<svg", at);
+  const size_t end = html.find("</svg>", at);
+  return html.substr(begin, end - begin);
+}
+
+TEST(RlReport, LagHistogramHasOneVisibleBarPerBinOnALogCountAxis) {
+  // 8.8M events, most at lag 0-1: over a linear 0..2048 axis the first bars were 0.2 px wide.
+  const std::vector<int64_t> counts{5000000, 3000000, 600000, 150000, 40000, 9000,
+                                    2000,    500,     100,    20,     4,     1};
+  const RlConfig config;
+  const RlResult run = synthetic_run(20, 1e-3, counts);
+  const std::vector<ReportArm> arms{{"bf16/bf16 rne", &config, &run}};
+  const std::string html = rl_report_html("t", arms);
+  const std::string svg = figure_with_title(html, "lag: bf16/bf16 rne");
+  ASSERT_FALSE(svg.empty()) << html;
+  const std::regex bar(R"re(<rect x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)" height="([0-9.]+)" fill="#4e79a7")re");
+  int bars = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), bar); it != std::sregex_iterator(); ++it) {
+    ++bars;
+    EXPECT_GT(std::stod((*it)[1]), 20.0) << "every bin is a bar a reader can see";
+    EXPECT_GT(std::stod((*it)[2]), 1.0) << "even the bin with one event has a visible height";
+  }
+  EXPECT_EQ(bars, train::LagSummary::kBins);
+  for (const char* label : {">0<", ">1<", ">2-3<", ">4-7<", ">512-1023<", ">1024+<", ">1e5<"})
+    EXPECT_NE(svg.find(label), std::string::npos) << label;
+  EXPECT_NE(html.find("counts on a log axis"), std::string::npos);
+}
+
+TEST(RlReport, MatchedPairsMismatchOfExactlyZeroIsSaidNotNoData) {
+  const std::vector<int64_t> counts(train::LagSummary::kBins, 1);
+  const RlConfig config;
+  const RlResult matched = synthetic_run(10, 0.0, counts);
+  const RlResult mismatched = synthetic_run(10, 2e-3, counts);
+  {
+    const std::vector<ReportArm> arms{{"bf16/bf16 rne", &config, &matched}};
+    const std::string html = rl_report_html("t", arms);
+    const std::string svg = figure_with_title(html, "mismatch KL (rollout_corr/k3_kl)");
+    ASSERT_FALSE(svg.empty());
+    EXPECT_EQ(svg.find("no data"), std::string::npos) << svg;
+    EXPECT_NE(svg.find("every value is exactly 0"), std::string::npos) << svg;
+    EXPECT_NE(svg.find(">10<"), std::string::npos) << "the x axis spans the steps: " << svg;
+    EXPECT_NE(html.find("Exactly 0 on every step (sampler and learner agree bit for bit): bf16/bf16 rne."),
+              std::string::npos);
+  }
+  const std::vector<ReportArm> both{{"bf16/bf16 rne", &config, &matched},
+                                    {"bf16/mxfp8 rne", &config, &mismatched}};
+  const std::string html = rl_report_html("t", both);
+  const std::string svg = figure_with_title(html, "mismatch KL (rollout_corr/k3_kl)");
+  EXPECT_NE(svg.find("bf16/bf16 rne (exactly 0 throughout)"), std::string::npos) << svg;
+  EXPECT_EQ(svg.find("bf16/mxfp8 rne (exactly"), std::string::npos);
+  EXPECT_NE(html.find("Exactly 0 on every step (sampler and learner agree bit for bit): bf16/bf16 rne."),
+            std::string::npos);
+  EXPECT_NE(html.find("Above 1 is expected"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace concord::rl
