@@ -19,7 +19,7 @@ MX (to_mx, 32-element blocks):
   C. RCEIL when amax/max_elem is just above a power of two. torchao's eager RCEIL computes
      ceil(log2(amax / max_elem)) with fp32 log2, which rounds log2(2^k (1 + 2^-23)) to k and
      so picks the scale one binade too small (its elements then clip at max). concord takes
-     the exponent from the bits (cuBLAS's cvt.rp.satfinite.ue8m0 semantics), as DESIGN.md
+     the exponent from the bits (cuBLAS's cvt.rp.satfinite.ue8m0 semantics), as docs/design.md
      requires. The test checks that the exact ceil_log2 of torchao's own fp32 ratio equals
      concord's exponent in each such block.
   D. NaN in a block: both give scale 0xFF; element codes are meaningless there (torchao

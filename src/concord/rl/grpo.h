@@ -1,5 +1,5 @@
 // GRPO with the PPO-clip loss, an optional KL penalty to a reference policy, and importance
-// sampling between the sampler's and the learner's log-probs (DESIGN.md seed systems #1, #7).
+// sampling between the sampler's and the learner's log-probs (docs/design.md systems #1, #7).
 //
 // Per sequence i of a group of G sequences of one prompt, with rewards R_1..R_G:
 //   advantage A_i = (R_i − mean R) / (std R + eps)      (std: population; normalize_std = false

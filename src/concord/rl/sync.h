@@ -1,4 +1,4 @@
-// Verified weight sync between the learner and the samplers (DESIGN.md seed system #1).
+// Verified weight sync between the learner and the samplers (docs/design.md system #1).
 //
 // The learner publishes a versioned payload: the served weights (after the export rule) as a
 // safetensors image in memory — each parameter in the dtype the sampler's policy serves it

@@ -1,4 +1,4 @@
-// Fair Cast metrics (DESIGN.md system #5): how much of the learner's update survives the export
+// Fair Cast metrics (docs/design.md system #5): how much of the learner's update survives the export
 // of the fp32 master weights to the served copy, step by step.
 //
 // Per step, over every weight recorded:
