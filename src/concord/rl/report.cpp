@@ -107,14 +107,13 @@ void append_summary(std::string& out, std::span<const ReportArm> arms) {
       "transfer and the seven checks).</p>\n";
 }
 
-// The lag bins as labels: 0, 1, 2-3, 4-7, ..., 512-1023, 1024+.
+// The lag bins labelled by their first lag (0, 1, 2, 4, ..., 512, 1024+): short enough to sit
+// under a bar of a small figure; the caption gives the ranges.
 std::vector<std::string> lag_bin_labels() {
   std::vector<std::string> labels;
   for (int b = 0; b < train::LagSummary::kBins; ++b) {
     const int64_t lo = train::LagSummary::bin_lo(b);
-    if (b + 1 == train::LagSummary::kBins) labels.push_back(fmt::format("{}+", lo));
-    else if (train::LagSummary::bin_lo(b + 1) == lo + 1) labels.push_back(std::to_string(lo));
-    else labels.push_back(fmt::format("{}-{}", lo, train::LagSummary::bin_lo(b + 1) - 1));
+    labels.push_back(b + 1 == train::LagSummary::kBins ? fmt::format("{}+", lo) : std::to_string(lo));
   }
   return labels;
 }
@@ -130,12 +129,12 @@ void append_lag_histograms(std::string& out, std::span<const ReportArm> arms) {
       counts.push_back(lag.at("histogram").at(static_cast<size_t>(b)).at("count").get<double>());
     // One equal-width bar per bin and a log count axis: the bins span three decades of lag and
     // the counts five or more decades of events.
-    audit::PlotOptions o{fmt::format("lag: {}", a.name), "lag (steps)", "closed events (log)",
+    audit::PlotOptions o{fmt::format("lag: {}", a.name), "lag (steps, bin start)", "closed events (log)",
                          false, true, arms.size() > 1 ? 460 : 640, arms.size() > 1 ? 260 : 360};
     append_figure(out, audit::svg_bar_chart(labels, counts, o),
                   fmt::format("{}: {} closed events, {} open; median {}, p90 {} steps. Bins of lag "
-                              "0, 1, 2-3, 4-7, ... steps (the last open-ended), counts on a log "
-                              "axis.",
+                              "0, 1, 2-3, 4-7, ..., 512-1023 and 1024 or more steps, each bar "
+                              "labelled by its first lag; counts on a log axis.",
                               a.name, lag.at("events").get<int64_t>(), lag.at("pending").get<int64_t>(),
                               num(lag.at("median").get<double>()), num(lag.at("p90").get<double>())));
   }
