@@ -40,7 +40,7 @@ EXPORT_TESTS = [("train_test", "FairCast.*:Checkpoint.*Export*:Trainer.*"),
                 ("numerics_test", "ErrorFeedback.*:StochasticRounding.*")]
 # Items 19 and 20: without the SIMD-vs-reference comparisons (Simd.*), which caught the SR
 # mutation before; the new tests must kill them on their own.
-NUMERICS_NO_SIMD = [("numerics_test", "-Simd*")]
+NUMERICS_NO_SIMD = [("numerics_test", "-*Simd*")]
 
 # id, area, file, original, replacement, tests, description
 MUTATIONS = [
@@ -51,7 +51,7 @@ MUTATIONS = [
      "if (has_version_ && version + 1 < version_)", SYNC_TESTS,
      "off by one in 'not older than the serving version'"),
     # ---- check 2 manifest
-    ("c2-fast-path-always", "check 2", SYNC, "if (same) return \"\";", "return \"\";", SYNC_TESTS,
+    ("c2-fast-path-always", "check 2", SYNC, "if (same) return \"\";", "if (same || true) return \"\";", SYNC_TESTS,
      "always-pass: a byte-equal manifest text passes without looking at the payload's tensors"),
     ("c2-tie-dropped", "check 2", SYNC, "            if (spec)\n              return fmt::format(\"{}: the learner ties it",
      "            if (false)\n              return fmt::format(\"{}: the learner ties it", SYNC_TESTS,
@@ -63,7 +63,8 @@ MUTATIONS = [
     # ---- check 3 precision plan
     ("c3-always", "check 3", SYNC,
      "if (sent_plan != file->metadata().end() && sent_plan->second == expected_plan_) return \"\";",
-     "return \"\";", SYNC_TESTS, "always-pass the precision plan"),
+     "if (sent_plan != file->metadata().end() || true) return \"\";", SYNC_TESTS,
+     "always-pass the precision plan"),
     ("c3-only-a", "check 3", SYNC, "if (l.a != s.a || l.b != s.b)", "if (l.a != s.a)", SYNC_TESTS,
      "compare the wrong field: activation format only, not the weight format"),
     ("c3-only-b", "check 3", SYNC, "if (l.a != s.a || l.b != s.b)", "if (l.b != s.b)", SYNC_TESTS,
@@ -96,7 +97,8 @@ MUTATIONS = [
      "drop the re-sample of the codes (changed after the copy was built)"),
     ("c4-fast-path-always", "check 4", SYNC,
      "if (sent != file->metadata().end() && sent->second == content_text(mine)) return \"\";",
-     "return \"\";", SYNC_TESTS, "always-pass the content hashes"),
+     "if (sent != file->metadata().end() || true) return \"\";", SYNC_TESTS,
+     "always-pass the content hashes"),
     ("c4-no-scales", "check 4", SYNC,
      "const uint64_t h = XXH3_64bits_withSeed(q.scales.data(), q.scales.size(), codes_hash);",
      "const uint64_t h = codes_hash;", SYNC_TESTS, "content hash leaves out the block scales"),
@@ -138,7 +140,7 @@ MUTATIONS = [
     ("e-rne-rtz", "export", EXPORT, "RoundingExport>(served, Rounding::rne, seed);",
      "RoundingExport>(served, Rounding::rtz, seed);", EXPORT_TESTS, "export rule rne rounds toward zero"),
     ("e-sr-same-stream", "export", EXPORT, "                                     static_cast<uint32_t>(param)};",
-     "                                     0u};", EXPORT_TESTS, "sr export: every parameter draws the same stream"),
+     "                                     static_cast<uint32_t>(param) * 0u};", EXPORT_TESTS, "sr export: every parameter draws the same stream"),
     ("e-sr-same-step", "export", EXPORT, "(0x9E3779B97F4A7C15ull * (step + 1))", "(0x9E3779B97F4A7C15ull * 1)",
      EXPORT_TESTS, "sr export: the same random words every step"),
     ("e-ef-no-state", "export", EXPORT, "bool keeps_state() const override { return desc_.element != Format::f32; }",

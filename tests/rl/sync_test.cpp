@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "concord/io/safetensors.h"
@@ -252,6 +253,10 @@ std::vector<FaultCase> fault_cases() {
   for (const std::string p : {"mxfp8", "nvfp4", "fp8-tensor"})
     cases.push_back({Fault::wrong_rounding, p, SyncCheck::content,
                      "model.layers.0.self_attn.q_proj.weight codes/scales hash"});
+  // Faults that need a tensor scale (per-tensor FP8, NVFP4): see NoTensorScaleNoWrongTensorScale.
+  for (const std::string p : {"nvfp4", "fp8-tensor"})
+    cases.push_back({Fault::wrong_tensor_scale, p, SyncCheck::scale_sanity,
+                     "model.layers.0.self_attn.q_proj.weight"});
   return cases;
 }
 
@@ -271,6 +276,60 @@ TEST(Sync, BF16IsImmuneToScaleAndRoundingFaults) {
     expect_all_passed(s.sync(1));
     s.step(2);
     expect_all_passed(s.sync(2, f));
+  }
+}
+
+TEST(Sync, NoTensorScaleNoWrongTensorScale) {
+  // bf16 and MX weights have no tensor scale to double: the sync rightly applies.
+  for (const std::string preset : {"bf16", "mxfp8"}) {
+    Rig s(preset);
+    expect_all_passed(s.sync(1));
+    s.step(2);
+    expect_all_passed(s.sync(2, Fault::wrong_tensor_scale));
+  }
+}
+
+// The message of a doubled tensor scale names the weight and both scales.
+TEST(Sync, WrongTensorScaleIsNamedWithBothScales) {
+  for (const std::string preset : {"nvfp4", "fp8-tensor"}) {
+    Rig s(preset);
+    expect_all_passed(s.sync(1));
+    s.step(2);
+    const SyncReport r = s.sync(2, Fault::wrong_tensor_scale);
+    ASSERT_TRUE(r.failure().has_value()) << preset;
+    EXPECT_NE(r.failure()->message.find(": tensor scale "), std::string::npos) << r.failure()->message;
+    EXPECT_NE(r.failure()->message.find(", the one the staged values' amax "), std::string::npos)
+        << r.failure()->message;
+  }
+}
+
+// Check 5 over every copy: only one weight's values change between two versions and the sampler
+// keeps its copies (stale_derived): exactly that copy is stale, and check 5 names it — for the
+// first (the tied embedding), the middle and the last GEMM weight in visit order.
+TEST(Sync, AStaleCopyOfAnyWeightIsCaughtByCheck5) {
+  for (const std::string preset : {"bf16", "mxfp8", "nvfp4", "fp8-tensor"}) {
+    std::vector<std::string> names;
+    {
+      Rig probe(preset);
+      probe.served.visit_derived_weights([&](const Model::DerivedWeight& w) { names.emplace_back(w.name); });
+    }
+    for (const std::string& name : names) {
+      Rig s(preset);
+      expect_all_passed(s.sync(1));
+      // The same weights again: the staging model then holds version 1's copies (a sync swaps
+      // the previous serving state into the staging model).
+      expect_all_passed(s.sync(2));
+      const auto& specs = s.served.params();
+      for (size_t p = 0; p < specs.size(); ++p)
+        if (specs[p].name == name)
+          for (float& x : s.master[p]) x *= 1.25f;
+      s.step(0);  // re-export, no noise: only `name` changed
+      const SyncReport r = s.sync(3, Fault::stale_derived);
+      ASSERT_TRUE(r.failure().has_value()) << preset << " " << name;
+      EXPECT_EQ(r.failure()->check, SyncCheck::derived_state) << r.failure()->message;
+      EXPECT_EQ(r.failure()->message.rfind("[sync] check 5 derived_state: " + name + ": ", 0), 0u)
+          << preset << ": " << r.failure()->message;
+    }
   }
 }
 
@@ -378,6 +437,23 @@ TEST(Sync, CodesChangedAfterTheBuildAreCaughtByTheResample) {
       expect_all_passed(s.sync(3));
     }
   }
+}
+
+// A tensor the manifest does not list (added in transit or by a learner of another config)
+// is named by check 2, whatever it holds.
+TEST(Sync, ManifestCatchesATensorItDoesNotList) {
+  Rig s("mxfp8");
+  const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+  std::vector<io::TensorToWrite> tensors;
+  for (const io::TensorInfo& t : f.tensors()) tensors.push_back({t.name, t.dtype, t.shape, t.bytes});
+  const std::vector<float> extra(8, 1.0f);
+  tensors.push_back({"model.layers.0.extra.weight", io::Dtype::F32, {8},
+                     std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(extra.data()), 32)});
+  const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, f.metadata()), 1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->message,
+            "[sync] check 2 manifest: model.layers.0.extra.weight is in the payload but not in the manifest");
+  expect_all_passed(s.sync(1));
 }
 
 // ---- the fast paths' fallbacks -----------------------------------------------------------------
@@ -498,7 +574,85 @@ TEST(Sync, PrecisionPlanCatchesADifferentActivationFormat) {
             std::string::npos) << r.failure()->message;
 }
 
+TEST(Sync, PrecisionPlanCatchesADifferentWeightFormat) {
+  PrecisionPolicy sampler = PrecisionPolicy::preset("mxfp8");
+  for (int c = 0; c < 2; ++c)  // attention and MLP weights in E5M2 on the sampler
+    sampler.layer_class[c].role[0].b = numerics::QuantDesc::mx(numerics::Format::e5m2, numerics::ScaleRule::rceil);
+  Rig s(PrecisionPolicy::preset("mxfp8"), sampler, true, small_probe());
+  const SyncReport r = s.sync(1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::precision_plan) << r.failure()->message;
+  EXPECT_NE(r.failure()->message.find("model.layers.0.self_attn.q_proj.weight: forward formats differ"),
+            std::string::npos) << r.failure()->message;
+}
+
+TEST(Sync, PrecisionPlanCatchesADifferentLastLayerCountEvenWhereTheFormatsAgree) {
+  // bf16: the high-precision layers are bf16 like every other, so every weight's formats agree;
+  // the configured override still differs, and check 3 says so.
+  PrecisionPolicy sampler = PrecisionPolicy::preset("bf16");
+  sampler.high_precision_last_layers = 1;
+  PrecisionPolicy learner = PrecisionPolicy::preset("bf16");
+  learner.high_precision_last_layers = 0;
+  Rig s(learner, sampler, true, small_probe());
+  const SyncReport r = s.sync(1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::precision_plan) << r.failure()->message;
+  EXPECT_NE(r.failure()->message.find("high-precision last layers: learner 0, sampler 1"), std::string::npos)
+      << r.failure()->message;
+}
+
 // ---- check 7: a stale weight set that passes checks 1-6 ----------------------------------------
+
+// The probe's k3 KL threshold on its own: a contract loose enough to let stale weights through
+// (osc up to 1000 nats), and the k3 KL of the stale weights above max_k3_kl.
+TEST(Sync, ProbeK3ThresholdCatchesWhatALooseContractLetsThrough) {
+  ProbeOptions probe = small_probe();
+  probe.contract.ref = "learner";
+  probe.contract.cand = "sampler";
+  probe.contract.slices.push_back({"all", 0, 0.99, 1e3, 1e3});
+  probe.max_k3_kl = 1e-6;
+  Rig s("mxfp8", true, probe);
+  expect_all_passed(s.sync(1));
+  s.step(2);
+  const SyncReport r = s.sync(2, Fault::stale_weights);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->check, SyncCheck::probe) << r.failure()->message;
+  EXPECT_EQ(r.failure()->message.rfind("[sync] check 7 probe: k3 KL ", 0), 0u) << r.failure()->message;
+  EXPECT_GT(r.probe_k3_kl, 1e-6);
+}
+
+// Every probe row is compared: the learner's reference perturbed in one row only (first,
+// middle, last), by 0.01 nats on one entry, is caught, and the worst row named.
+TEST(Sync, ProbeComparesEveryRow) {
+  Rig s("bf16");
+  expect_all_passed(s.sync(1));
+  s.step(2);
+  const std::vector<uint8_t> genuine = s.publisher.publish(2);
+  const auto f = io::SafetensorsFile::from_bytes(genuine, "payload");
+  const json probe = json::parse(f.metadata().at("concord.sync.probe"));
+  const int64_t sequences = probe.at("sequences").get<int64_t>(), length = probe.at("length").get<int64_t>();
+  const int64_t rows = sequences * (length - 1), V = s.config.vocab_size;
+  for (const int64_t row : {int64_t{0}, rows / 2, rows - 1}) {
+    std::vector<io::TensorToWrite> tensors;
+    std::vector<float> ref;
+    for (const io::TensorInfo& t : f.tensors()) {
+      if (t.name != kProbeTensor) {
+        tensors.push_back({t.name, t.dtype, t.shape, t.bytes});
+        continue;
+      }
+      ref = io::tensor_to_floats(t);
+      ref[static_cast<size_t>(row * V + 7)] += 0.01f;
+    }
+    tensors.push_back({std::string(kProbeTensor), io::Dtype::F32, {rows, V},
+                       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(ref.data()), ref.size() * 4)});
+    const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, f.metadata()), 2);
+    ASSERT_TRUE(r.failure().has_value()) << "row " << row;
+    EXPECT_EQ(r.failure()->check, SyncCheck::probe) << r.failure()->message;
+    const std::string worst = fmt::format("worst: sequence {} position {})", row / (length - 1), row % (length - 1));
+    EXPECT_NE(r.failure()->message.find(worst), std::string::npos) << worst << " / " << r.failure()->message;
+  }
+  expect_all_passed(s.receiver.apply(genuine, 2));
+}
 
 // A malicious (or buggy) sender: step 1's weights with their own, self-consistent manifest, plan
 // and hashes, relabelled as version 2 and carrying step 2's probe reference. Checks 1-6 see a
@@ -670,8 +824,9 @@ TEST(Sync, MalformedMetadataFailsItsCheck) {
 // ---- names and the report ----------------------------------------------------------------------
 
 TEST(Sync, FaultNamesRoundTrip) {
-  // The ten, stale_weights (check 7's) and overwritten_codes (check 4's re-sample).
-  EXPECT_EQ(fault_names().size(), 12u);
+  // The ten, stale_weights (check 7's), overwritten_codes (check 4's re-sample) and
+  // wrong_tensor_scale (check 6's tensor-scale comparison).
+  EXPECT_EQ(fault_names().size(), 13u);
   for (const std::string& n : fault_names()) EXPECT_EQ(fault_name(fault_from_name(n)), n);
   EXPECT_EQ(fault_from_name("none"), Fault::none);
   try {

@@ -70,6 +70,7 @@ constexpr FaultEntry kFaults[] = {
     {Fault::flipped_bit, "flipped_bit", true},
     {Fault::stale_weights, "stale_weights", true},
     {Fault::overwritten_codes, "overwritten_codes", false},
+    {Fault::wrong_tensor_scale, "wrong_tensor_scale", false},
 };
 
 // ---- payload encoding ----------------------------------------------------------------------
@@ -478,6 +479,18 @@ void overwrite_codes(const std::vector<Derived>& derived) {
   const std::span<const uint8_t> codes = operand_codes(*derived.back().forward);
   auto* bytes = const_cast<uint8_t*>(codes.data());
   for (size_t i = 0; i < std::min<size_t>(64, codes.size()); ++i) bytes[i] ^= 0x01;
+}
+
+// Doubles the tensor scale of the first weight that has one (per-tensor FP8, NVFP4), in the
+// staged copy (Fault::wrong_tensor_scale): positive and finite, but not the amax's.
+void double_tensor_scale(const std::vector<Derived>& derived) {
+  for (const Derived& w : derived) {
+    auto& op = const_cast<tensor::PreparedOperand&>(*w.forward);
+    if (!op.desc || !(op.desc->is_per_tensor() || op.desc->is_nvfp4())) continue;
+    op.quantized.tensor_scale *= 2.0f;
+    op.tensor_scale *= 2.0f;
+    return;
+  }
 }
 
 json metadata_json(const io::SafetensorsFile& file, const char* key) {
@@ -914,6 +927,7 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   report.seconds_prepare = seconds_since(t_prepare);
   if (fault == Fault::zeroed_scales) zero_scales(stage, derived);
   if (fault == Fault::overwritten_codes) overwrite_codes(derived);
+  if (fault == Fault::wrong_tensor_scale) double_tensor_scale(derived);
   report.seconds_decode += seconds_since(t0);
   auto installed_of = [&](const Derived& w) -> const Installed& {
     return installed[param_index.at(w.name)];

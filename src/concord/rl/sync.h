@@ -125,6 +125,8 @@ enum class Fault : uint8_t {
                      // hashed: one 64-byte line of the last GEMM weight's codes (values) in
                      // visit_derived_weights order changed → 4, by its re-sample of the codes
                      // alone (the build-time hash still matches the learner's)
+  wrong_tensor_scale,// the sampler's tensor scale of the first weight that has one doubled (a
+                     // scale copied from elsewhere)  → 6; per-tensor FP8 and NVFP4 presets
 };
 std::string_view fault_name(Fault f);
 Fault fault_from_name(std::string_view name);  // InputError listing the names
