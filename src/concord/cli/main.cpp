@@ -7,9 +7,11 @@
 #include <CLI/CLI.hpp>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/runtime.h"
 #include "concord/numerics/check.h"
 
 int main(int argc, char** argv) {
+  concord::cli::configure_runtime(argv);  // first: may re-exec with OMP_WAIT_POLICY=passive
   CLI::App app{"concord: low-precision training and serving where sampler and learner agree"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "concord 0.1.0");
