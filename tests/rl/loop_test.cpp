@@ -450,5 +450,131 @@ TEST(RlLoop, ResumingUnderAChangedConfigNamesTheKeyAndNoResumeStartsOver) {
   fs::remove_all(out);
 }
 
+// Issue 26, item 1 for RL: a fresh start (--no-resume) stopped before its first checkpoint must
+// not leave the previous run's checkpoints, summary or report beside its own config.json, and a
+// plain rerun then starts this run afresh.
+TEST(RlLoop, FreshStartDiscardsThePreviousRun) {
+  const fs::path out = temp_dir("fresh");
+  RlConfig a = tiny_config(out / "run");
+  a.steps = 2;
+  a.checkpoint_every = 1;
+  run_in_process(a);
+  ASSERT_TRUE(fs::exists(out / "run" / "summary.json"));
+
+  RlConfig b = a;
+  b.seed = 6;
+  b.checkpoint_every = 0;  // only after the last step: stopped after step 1, it has none
+  RlOptions o;
+  o.progress = false;
+  o.resume = false;
+  o.stop_after = 1;
+  auto channel = make_in_process_channel();
+  EXPECT_TRUE(run_rl(b, *channel, o).stopped);
+  EXPECT_TRUE(train::list_checkpoints(out / "run").empty());
+  EXPECT_FALSE(fs::exists(out / "run" / "summary.json")) << "the previous run's summary survived";
+  EXPECT_FALSE(fs::exists(out / "run" / "report.html")) << "the previous run's report survived";
+  EXPECT_EQ(read_jsonl(out / "run" / "metrics.jsonl").size(), 1u);
+
+  o.resume = true;
+  o.stop_after.reset();
+  auto channel2 = make_in_process_channel();
+  const RlResult rerun = run_rl(b, *channel2, o);
+  EXPECT_EQ(rerun.start_step, 0);
+  EXPECT_EQ(rerun.steps.size(), 2u);
+  const RlResult clean = run_in_process([&] {
+    RlConfig c = b;
+    c.out = (out / "clean").string();
+    return c;
+  }());
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(without_timing(rerun.steps[i].line), without_timing(clean.steps[i].line)) << i;
+  fs::remove_all(out);
+}
+
+// A checkpoint records the config it was written under; a resume checks it too, so a
+// config.json that no longer describes the checkpoints cannot make another run's state resume.
+TEST(RlLoop, ResumingACheckpointOfAnotherRunIsAnError) {
+  const fs::path out = temp_dir("identity");
+  RlConfig c = tiny_config(out / "run");
+  c.steps = 2;
+  c.checkpoint_every = 1;
+  RlOptions o;
+  o.progress = false;
+  o.stop_after = 1;
+  auto channel = make_in_process_channel();
+  EXPECT_TRUE(run_rl(c, *channel, o).stopped);
+  RlConfig changed = c;
+  changed.lr = 2e-3;
+  std::ofstream(out / "run" / "config.json") << changed.to_json().dump(2);
+  o.stop_after.reset();
+  auto channel2 = make_in_process_channel();
+  try {
+    run_rl(changed, *channel2, o);
+    ADD_FAILURE() << "resumed a checkpoint of another run";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("step-00000001"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'grpo.lr' (0.001 there, 0.002 in this config)"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(out);
+}
+
+// Issue 26, item 13: after a resume the time summary's parts and its total both count every
+// process (the total was this process's alone, below the sum of its parts).
+TEST(RlLoop, AResumedRunsTotalTimeCoversItsParts) {
+  const fs::path out = temp_dir("times");
+  RlConfig c = tiny_config(out / "run");
+  c.steps = 2;
+  c.checkpoint_every = 1;
+  RlOptions o;
+  o.progress = false;
+  o.stop_after = 1;
+  auto channel = make_in_process_channel();
+  const RlResult first = run_rl(c, *channel, o);
+  o.stop_after.reset();
+  auto channel2 = make_in_process_channel();
+  const RlResult second = run_rl(c, *channel2, o);
+  ASSERT_EQ(second.start_step, 1);
+  const json seconds = json::parse(read_text(out / "run" / "summary.json")).at("seconds");
+  const double parts = seconds.at("warmup").get<double>() + seconds.at("rollout").get<double>() +
+                       seconds.at("learner").get<double>() + seconds.at("sync").get<double>();
+  EXPECT_GE(seconds.at("total").get<double>(), parts) << seconds.dump();
+  EXPECT_GE(seconds.at("total").get<double>(), first.seconds_total) << seconds.dump();
+  EXPECT_LE(seconds.at("this_process").get<double>(), seconds.at("total").get<double>());
+  EXPECT_EQ(seconds.at("this_process").get<double>(), second.seconds_this_process);
+  // The warm-up ran in the first process only: this one's time does not include it.
+  EXPECT_GT(seconds.at("warmup").get<double>(), 0);
+  fs::remove_all(out);
+}
+
+TEST(RlLoop, ConfigTypeErrorsNameTheFileAndKey) {
+  const fs::path dir = temp_dir("config_types");
+  fs::create_directories(dir);
+  auto message = [&](const std::string& text) {
+    std::ofstream(dir / "cfg.json") << text;
+    try {
+      RlConfig::load(dir / "cfg.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("not an InputError: ") + e.what();
+    }
+    return std::string("no error");
+  };
+  const std::string file = (dir / "cfg.json").string();
+  EXPECT_EQ(message(R"({"name": 5})"), "[rl] " + file + ": 'name' must be a string, got an integer");
+  EXPECT_EQ(message(R"({"grpo": {"lr": "1e-3"}})"), "[rl] " + file + ": 'grpo.lr' must be a number, got a string");
+  EXPECT_EQ(message(R"({"grpo": {"grad_clip": -1}})"), "[rl] " + file + ": 'grpo.grad_clip' must be >= 0, got -1");
+  EXPECT_EQ(message(R"({"model": {"model_type": 3}})"), "[rl] " + file + ": 'model.model_type' must be a string, got an integer");
+  EXPECT_EQ(message(R"({"base": "x", "out": "x"})").find("'base' and 'out' are the same folder"), file.size() + 7);
+  try {
+    RlConfig::load(dir);
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open the RL config: it is a directory"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace concord::rl

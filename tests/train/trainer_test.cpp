@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -167,6 +168,182 @@ TEST(Trainer, ConfigErrorsNameTheKey) {
   EXPECT_NE(message(R"({"export": "nearest"})").find("nearest"), std::string::npos);
   EXPECT_NE(message(R"({"policy": "fp5"})").find("fp5"), std::string::npos);
   EXPECT_NE(message(R"({"optimiser": {}})").find("optimiser"), std::string::npos);
+}
+
+// Every file of a model folder, by name.
+std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_file(e.path());
+  return out;
+}
+
+// Issue 26, item 1: a fresh start (--no-resume) killed before its first checkpoint left the old
+// run's checkpoints and final/ beside its own config.json, and a plain rerun "resumed" the old run.
+TEST(Trainer, FreshStartDiscardsThePreviousRun) {
+  const TempDir tmp;
+  TrainConfig c = tiny_config(tmp.path);
+  c.steps = 8;
+  TrainOptions o;
+  o.progress = false;
+  o.out = tmp.path / "run";
+  train(c, o);  // seed 1, finished: checkpoints at 4 and 8, final/
+  ASSERT_TRUE(fs::exists(tmp.path / "run/final/model.safetensors"));
+
+  TrainConfig seed2 = c;
+  seed2.seed = 2;
+  o.resume = false;
+  o.stop_after = 2;  // "killed" before its first checkpoint
+  train(seed2, o);
+  EXPECT_FALSE(fs::exists(tmp.path / "run/final")) << "the seed-1 final/ survived a fresh start";
+  EXPECT_TRUE(list_checkpoints(tmp.path / "run").empty()) << "the seed-1 checkpoints survived a fresh start";
+
+  o.resume = true;  // the plain rerun
+  o.stop_after.reset();
+  const TrainResult rerun = train(seed2, o);
+  EXPECT_EQ(rerun.start_step, 0);
+  EXPECT_EQ(rerun.losses.size(), 8u);
+  o.out = tmp.path / "clean";
+  train(seed2, o);
+  EXPECT_TRUE(folder_bytes(tmp.path / "run/final") == folder_bytes(tmp.path / "clean/final"));
+}
+
+// Defense in depth: a checkpoint records the config it was written under, and a resume checks
+// the checkpoint, not only config.json (here: a config.json that no longer describes it).
+TEST(Trainer, ResumingACheckpointOfAnotherRunIsAnError) {
+  const TempDir tmp;
+  TrainConfig c = tiny_config(tmp.path);
+  c.steps = 8;
+  TrainOptions o;
+  o.progress = false;
+  o.stop_after = 4;
+  train(c, o);
+  TrainConfig seed2 = c;
+  seed2.seed = 2;
+  std::ofstream(fs::path(c.out) / "config.json") << seed2.to_json().dump(2);
+  o.stop_after.reset();
+  try {
+    train(seed2, o);
+    FAIL() << "resumed a checkpoint of another run";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("step-00000004"), std::string::npos) << m;
+    EXPECT_NE(m.find("'train.seed' (1 there, 2 in this config)"), std::string::npos) << m;
+  }
+  // A checkpoint that records no config (an older concord's) is not trusted either.
+  const fs::path state = fs::path(c.out) / "checkpoints/step-00000004/state.json";
+  nlohmann::json j = nlohmann::json::parse(read_file(state));
+  j.erase("config");
+  std::ofstream(state) << j.dump();
+  std::ofstream(fs::path(c.out) / "config.json") << c.to_json().dump(2);
+  try {
+    train(c, o);
+    FAIL() << "resumed a checkpoint without a recorded config";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("records no config"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 26, item 2: a finished run whose final/ is missing, incomplete or of another step gets it
+// back from the last checkpoint, bit for bit (ef: the carried error; sr: the step's random bits).
+TEST(Trainer, FinalIsRebuiltFromTheLastCheckpoint) {
+  const TempDir tmp;
+  for (const auto& [policy, rule] : {std::pair{"bf16", "ef"}, std::pair{"nvfp4", "sr"}, std::pair{"mxfp8", "rne"}}) {
+    const std::string name = std::string(policy) + "-" + rule;
+    const fs::path dir = tmp.path / name;
+    fs::create_directories(dir);
+    TrainConfig c = tiny_config(dir);
+    c.steps = 6;
+    c.eval_every = 0;
+    c.policy = model::PrecisionPolicy::preset(policy);
+    c.export_rule = rule;
+    TrainOptions o;
+    o.progress = false;
+    const fs::path final_dir = fs::path(c.out) / "final";
+    EXPECT_FALSE(train(c, o).final_rebuilt);
+    const auto original = folder_bytes(final_dir);
+    ASSERT_EQ(original.size(), 5u) << name;
+
+    const TrainResult again = train(c, o);  // final/ is current: nothing to do
+    EXPECT_TRUE(again.losses.empty());
+    EXPECT_FALSE(again.final_rebuilt) << name;
+
+    fs::remove_all(final_dir);  // removed (or never written: killed after the last checkpoint)
+    const TrainResult rebuilt = train(c, o);
+    EXPECT_TRUE(rebuilt.final_rebuilt) << name;
+    EXPECT_TRUE(rebuilt.losses.empty()) << name;
+    EXPECT_TRUE(folder_bytes(final_dir) == original) << name;
+
+    fs::remove(final_dir / "tokenizer.json");  // incomplete
+    EXPECT_TRUE(train(c, o).final_rebuilt) << name;
+    EXPECT_TRUE(folder_bytes(final_dir) == original) << name;
+
+    std::ofstream(final_dir / "model.safetensors", std::ios::trunc) << "torn";  // damaged
+    EXPECT_TRUE(train(c, o).final_rebuilt) << name;
+    EXPECT_TRUE(folder_bytes(final_dir) == original) << name;
+  }
+}
+
+// A final/ of another run of the same directory (here: the same config but another step count,
+// copied in by hand) is not taken for this run's.
+TEST(Trainer, FinalOfAnotherRunIsRebuilt) {
+  const TempDir tmp;
+  TrainConfig c = tiny_config(tmp.path);
+  c.steps = 4;
+  TrainOptions o;
+  o.progress = false;
+  o.out = tmp.path / "four";
+  train(c, o);
+  TrainConfig five = c;
+  five.steps = 5;
+  o.out = tmp.path / "five";
+  train(five, o);
+  const auto original = folder_bytes(tmp.path / "five/final");
+  fs::remove_all(tmp.path / "five/final");
+  fs::copy(tmp.path / "four/final", tmp.path / "five/final");
+  EXPECT_TRUE(train(five, o).final_rebuilt);
+  EXPECT_TRUE(folder_bytes(tmp.path / "five/final") == original);
+}
+
+TEST(Trainer, ConfigTypeAndDomainErrorsNameTheFileAndKey) {
+  const TempDir tmp;
+  auto message = [&](const std::string& text) {
+    const fs::path path = tmp.path / "cfg.json";
+    std::ofstream(path) << text;
+    try {
+      TrainConfig::load(path);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("not an InputError: ") + e.what();
+    }
+    return std::string("no error");
+  };
+  const std::string file = (tmp.path / "cfg.json").string();
+  EXPECT_EQ(message(R"({"name": 5})"), "[train] " + file + ": 'name' must be a string, got an integer");
+  EXPECT_EQ(message(R"({"data": {"corpus": 7}})"), "[train] " + file + ": 'data.corpus' must be a string, got an integer");
+  EXPECT_EQ(message(R"({"export": ["ef"]})"), "[train] " + file + ": 'export' must be a string, got a list");
+  EXPECT_EQ(message(R"({"train": {"lr": -1}})"), "[train] " + file + ": 'train.lr' must be > 0, got -1");
+  EXPECT_EQ(message(R"({"train": {"steps": 0}})"), "[train] " + file + ": 'train.steps' must be an integer >= 1, got 0");
+  EXPECT_EQ(message(R"({"train": {"batch_size": 2.5}})"),
+            "[train] " + file + ": 'train.batch_size' must be an integer >= 1, got 2.5");
+  EXPECT_EQ(message(R"({"train": {"beta2": 1}})").find("'train.beta2' must be below 1"), file.size() + 10);
+  EXPECT_EQ(message(R"({"model": {"model_type": "qwen3", "vocab_size": "259"}})"),
+            "[train] " + file + ": 'model.vocab_size' must be an integer, got a string");
+  EXPECT_EQ(message(R"({"model": {"tie_word_embeddings": 1, "vocab_size": 259, "hidden_size": 8,
+                "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "model_type": "qwen3"}})"),
+            "[train] " + file + ": 'model.tie_word_embeddings' must be true or false, got an integer");
+  EXPECT_EQ(message(R"({"policy": {"base": 3}})"), "[policy] " + file + ": policy: 'base' must be a string, got an integer");
+  EXPECT_EQ(message(R"({"train": {"lr": 1, "lr": 2}})"), "[train] " + file + ": key 'lr' appears twice in one object (keep one)");
+  const std::string bad = message("{\n  \"name\": x\n}");
+  EXPECT_TRUE(bad.starts_with("[train] " + file + ": not valid JSON (")) << bad;
+  EXPECT_NE(bad.find("line 2"), std::string::npos) << bad;
+  try {
+    TrainConfig::load(tmp.path);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "[train] " + tmp.path.string() +
+                                         ": cannot open the training config: it is a directory (give the JSON file itself)");
+  }
 }
 
 // Loss decreases on a fixed batch for every preset (the model can fit what it sees).

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "concord/io/atomic_file.h"
+#include "concord/io/json_file.h"
 #include "concord/numerics/check.h"
 
 namespace concord::audit {
@@ -476,11 +477,7 @@ Contract Contract::from_json(const json& j, const std::string& source) {
 }
 
 Contract Contract::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) contract_error(path, "cannot open the contract file");
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) contract_error(path, "not valid JSON");
-  return from_json(j, path);
+  return from_json(io::read_json_file(path, "audit", "the contract file"), path);
 }
 
 void Contract::save(const std::string& path) const {

@@ -103,6 +103,7 @@ void print_result(const rl::RlConfig& c, const rl::RlResult& r, const std::strin
   std::printf("%s\n", fmt::format("  time: warm-up {:.1f} s{}, rollout {:.1f} s, learner {:.1f} s, sync + checks {:.1f} s, total {:.1f} s",
                                   r.seconds_warmup, r.warmup_cached ? " (cached)" : "", r.seconds_rollout,
                                   r.seconds_learner, r.seconds_sync, r.seconds_total).c_str());
+  if (r.start_step > 0) std::printf("%s\n", fmt::format("  (resumed at step {}: the times count every process; this one ran {:.1f} s)", r.start_step, r.seconds_this_process).c_str());
   if (r.sync_failures == 0) {
     std::printf("  weight sync: every step passed the seven checks\n");
   } else {

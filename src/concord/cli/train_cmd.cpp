@@ -50,8 +50,8 @@ void add_train_command(CLI::App& app) {
     options.progress = !args->quiet;
     const train::TrainResult r = train::train(config, options);
     if (r.losses.empty()) {
-      std::printf("%s\n", fmt::format("{} is already trained to step {} ({}); nothing to do",
-                                       r.run_dir.string(), r.steps_done, config.name).c_str());
+      std::printf("%s\n", fmt::format("{} is already trained to step {} ({}); {}", r.run_dir.string(), r.steps_done, config.name,
+                                       r.final_rebuilt ? "rebuilt its final/ from the last checkpoint" : "nothing to do").c_str());
       return;
     }
     std::printf("%s\n", fmt::format("trained {} ({}, {} params) steps {}..{}: final loss {:.4f}, "

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "concord/io/json_file.h"
 #include "concord/numerics/check.h"
 
 namespace concord::model {
@@ -36,18 +37,17 @@ const std::set<std::string>& informational_fields() {
   throw InputError(fmt::format("[config] {}: {}", source, what));
 }
 
-int64_t get_int(const json& j, const char* key, std::string_view source) {
-  if (!j.contains(key)) config_error(source, fmt::format("missing field '{}'", key));
-  const json& v = j.at(key);
-  if (!v.is_number_integer()) config_error(source, fmt::format("field '{}' must be an integer", key));
-  return v.get<int64_t>();
+int64_t get_int(const io::JsonValue& j, const char* key) {
+  if (!j.contains(key)) {
+    throw InputError(fmt::format("[{}] {}: missing field '{}'", j.layer(), j.source(),
+                                 j.key().empty() ? std::string(key) : j.key() + "." + key));
+  }
+  return j[key].any_integer();
 }
 
-double get_number(const json& j, const char* key, double fallback, std::string_view source) {
-  if (!j.contains(key) || j.at(key).is_null()) return fallback;
-  const json& v = j.at(key);
-  if (!v.is_number()) config_error(source, fmt::format("field '{}' must be a number", key));
-  return v.get<double>();
+double get_number(const io::JsonValue& j, const char* key, double fallback) {
+  if (!j.contains(key) || j.json().at(key).is_null()) return fallback;
+  return j[key].number();
 }
 
 bool is_false_or_absent(const json& j, const char* key) {
@@ -96,19 +96,24 @@ void ModelConfig::validate(std::string_view source) const {
 }
 
 ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
-  if (!j.is_object()) config_error(source, "expected a JSON object");
+  return from_json(io::JsonValue(j, "config", std::string(source)));
+}
+
+ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
+  const json& j = doc.object().json();
+  // Messages of the checks below name the file and, inside another config, the key of the model.
+  const std::string source = doc.key().empty() ? doc.source() : fmt::format("{}: {}", doc.source(), doc.key());
   for (const auto& [key, value] : j.items()) {
     if (!informational_fields().count(key))
       config_error(source, fmt::format("unknown field '{}'; concord implements the Qwen3/Llama "
                                        "decoder fields only (remove it or convert the model)", key));
   }
   ModelConfig c;
-  std::string model_type = j.value("model_type", std::string());
-  if (j.contains("architectures")) {
-    const json& a = j.at("architectures");
-    if (!a.is_array() || a.size() != 1 || !a[0].is_string())
-      config_error(source, "'architectures' must list exactly one architecture");
-    c.architecture = a[0].get<std::string>();
+  const std::string model_type = doc.contains("model_type") ? doc["model_type"].string() : std::string();
+  if (doc.contains("architectures")) {
+    const io::JsonValue a = doc["architectures"];
+    if (!a.json().is_array() || a.size() != 1) a.fail("must list exactly one architecture");
+    c.architecture = a.element(0).string();
   } else if (model_type == "qwen3") {
     c.architecture = "Qwen3ForCausalLM";
   } else if (model_type == "qwen2") {
@@ -125,8 +130,7 @@ ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
   // Qwen2's q/k/v biases are built in (HF's Qwen2Attention ignores attention_bias); Llama puts
   // biases on q, k, v and o when attention_bias is true.
   if (j.contains("attention_bias") && !j.at("attention_bias").is_null()) {
-    if (!j.at("attention_bias").is_boolean()) config_error(source, "'attention_bias' must be a boolean");
-    c.attention_bias = c.architecture != "Qwen2ForCausalLM" && j.at("attention_bias").get<bool>();
+    c.attention_bias = c.architecture != "Qwen2ForCausalLM" && doc["attention_bias"].boolean();
     if (c.attention_bias && c.architecture != "LlamaForCausalLM")
       config_error(source, "attention_bias = true is supported for LlamaForCausalLM only");
   }
@@ -137,8 +141,9 @@ ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
   if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
     config_error(source, "rope_scaling is not supported (set it to null)");
   if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
-    const json& rp = j.at("rope_parameters");
-    if (!rp.is_object() || rp.value("rope_type", std::string("default")) != "default")
+    const io::JsonValue rp = doc["rope_parameters"];
+    rp.object();
+    if (rp.contains("rope_type") && rp["rope_type"].string() != "default")
       config_error(source, "rope_parameters: only rope_type 'default' is supported");
   }
   if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
@@ -146,36 +151,32 @@ ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
   if (j.contains("pretraining_tp") && j.at("pretraining_tp") != 1)
     config_error(source, "pretraining_tp must be 1");
 
-  c.vocab_size = get_int(j, "vocab_size", source);
-  c.hidden_size = get_int(j, "hidden_size", source);
-  c.intermediate_size = get_int(j, "intermediate_size", source);
-  c.num_hidden_layers = get_int(j, "num_hidden_layers", source);
-  c.num_attention_heads = get_int(j, "num_attention_heads", source);
-  c.num_key_value_heads =
-      j.contains("num_key_value_heads") ? get_int(j, "num_key_value_heads", source) : c.num_attention_heads;
+  c.vocab_size = get_int(doc, "vocab_size");
+  c.hidden_size = get_int(doc, "hidden_size");
+  c.intermediate_size = get_int(doc, "intermediate_size");
+  c.num_hidden_layers = get_int(doc, "num_hidden_layers");
+  c.num_attention_heads = get_int(doc, "num_attention_heads");
+  c.num_key_value_heads = doc.contains("num_key_value_heads") ? get_int(doc, "num_key_value_heads") : c.num_attention_heads;
   c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null()
-                   ? get_int(j, "head_dim", source)
+                   ? get_int(doc, "head_dim")
                    : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
-  c.max_position_embeddings = j.contains("max_position_embeddings")
-                                  ? get_int(j, "max_position_embeddings", source)
-                                  : 2048;
-  c.rms_norm_eps = get_number(j, "rms_norm_eps", 1e-6, source);
-  double theta = get_number(j, "rope_theta", 10000.0, source);
+  c.max_position_embeddings = doc.contains("max_position_embeddings") ? get_int(doc, "max_position_embeddings") : 2048;
+  c.rms_norm_eps = get_number(doc, "rms_norm_eps", 1e-6);
+  double theta = get_number(doc, "rope_theta", 10000.0);
   if (j.contains("rope_parameters") && j.at("rope_parameters").is_object())
-    theta = get_number(j.at("rope_parameters"), "rope_theta", theta, source);
+    theta = get_number(doc["rope_parameters"], "rope_theta", theta);
   c.rope_theta = theta;
-  c.tie_word_embeddings = j.value("tie_word_embeddings", c.architecture == "Qwen3ForCausalLM");
+  c.tie_word_embeddings = c.architecture == "Qwen3ForCausalLM";
+  if (j.contains("tie_word_embeddings") && !j.at("tie_word_embeddings").is_null())
+    c.tie_word_embeddings = doc["tie_word_embeddings"].boolean();
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
-    if (!j.at(key).is_number_integer()) config_error(source, fmt::format("'{}' must be an integer", key));
-    return j.at(key).get<int64_t>();
+    return doc[key].any_integer();
   };
   c.bos_token_id = token_id("bos_token_id");
   if (j.contains("eos_token_id") && j.at("eos_token_id").is_array()) {  // Llama 3: several ids
-    for (const json& id : j.at("eos_token_id")) {
-      if (!id.is_number_integer()) config_error(source, "'eos_token_id' must be an integer or a list of integers");
-      c.eos_token_ids.push_back(id.get<int64_t>());
-    }
+    const io::JsonValue ids = doc["eos_token_id"];
+    for (size_t i = 0; i < ids.size(); ++i) c.eos_token_ids.push_back(ids.element(i).any_integer());
     if (!c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
   } else {
     c.eos_token_id = token_id("eos_token_id");
@@ -186,13 +187,7 @@ ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json);
-  if (!in) throw InputError(fmt::format("[config] {}: cannot open", config_json.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) throw InputError(fmt::format("[config] {}: not valid JSON", config_json.string()));
-  return from_json(j, config_json.string());
+  return from_json(io::read_json_file(config_json, "config", "the model config"), config_json.string());
 }
 
 json ModelConfig::to_json() const {

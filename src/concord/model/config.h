@@ -13,6 +13,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+namespace concord::io {
+class JsonValue;
+}
+
 namespace concord::model {
 
 struct ModelConfig {
@@ -41,6 +45,8 @@ struct ModelConfig {
 
   // Throws InputError naming `source` and the field on unknown or unsupported fields.
   static ModelConfig from_json(const nlohmann::json& j, std::string_view source);
+  // The same for a config inside another JSON file: errors name its file and dotted key.
+  static ModelConfig from_json(const io::JsonValue& value);
   static ModelConfig load(const std::filesystem::path& config_json);
   nlohmann::json to_json() const;  // HF-compatible config.json content
   void validate(std::string_view source) const;

@@ -1,12 +1,13 @@
 // PrecisionPolicy presets and their JSON form.
 #include "concord/model/policy.h"
 
-#include <fstream>
+#include <filesystem>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "concord/io/json_file.h"
 #include "concord/numerics/check.h"
 
 namespace concord::model {
@@ -198,8 +199,20 @@ std::vector<std::string> PrecisionPolicy::preset_names() {
 
 PrecisionPolicy PrecisionPolicy::from_json(const json& j, std::string_view source) {
   if (!j.is_object()) policy_error(source, "expected a JSON object");
-  PrecisionPolicy p = make_preset(j.value("base", std::string("fp32")));
-  p.name = j.value("name", std::string(source));
+  auto string_field = [&](const char* key, std::string fallback) {
+    if (!j.contains(key)) return fallback;
+    if (!j.at(key).is_string())
+      policy_error(source, fmt::format("'{}' must be a string, got {}", key, io::json_type_phrase(j.at(key))));
+    return j.at(key).get<std::string>();
+  };
+  PrecisionPolicy p;
+  const std::string base = string_field("base", "fp32");
+  try {
+    p = make_preset(base);
+  } catch (const InputError& e) {
+    policy_error(source, fmt::format("'base': {}", e.what()));
+  }
+  p.name = string_field("name", std::string(source));
   for (const auto& [key, value] : j.items()) {
     if (key == "name" || key == "base") continue;
     if (key == "served_weights") {
@@ -207,7 +220,7 @@ PrecisionPolicy PrecisionPolicy::from_json(const json& j, std::string_view sourc
       if (!f) policy_error(source, "served_weights must be a format name (f32, bf16, ...)");
       p.served_weights = *f;
     } else if (key == "high_precision_last_layers") {
-      if (!value.is_number_integer() || value.get<int>() < 0)
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 1'000'000)
         policy_error(source, "high_precision_last_layers must be a non-negative integer");
       p.high_precision_last_layers = value.get<int>();
     } else if (key == "high_precision") {
@@ -229,15 +242,11 @@ PrecisionPolicy PrecisionPolicy::from_name_or_file(std::string_view name_or_path
   for (const auto& n : preset_names())
     if (n == name_or_path) return preset(name_or_path);
   const std::string path(name_or_path);
-  std::ifstream in(path);
-  if (!in)
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
     throw InputError(fmt::format("[policy] '{}' is neither a preset (fp32, bf16, mxfp8, "
-                                 "fp8-tensor, nvfp4, mxfp4) nor a readable JSON file", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) throw InputError(fmt::format("[policy] {}: not valid JSON", path));
-  return from_json(j, path);
+                                 "fp8-tensor, nvfp4, mxfp4) nor a JSON policy file", path));
+  return from_json(io::read_json_file(path, "policy", "the precision policy"), path);
 }
 
 json PrecisionPolicy::to_json() const {

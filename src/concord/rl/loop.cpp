@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "concord/io/atomic_file.h"
+#include "concord/io/json_file.h"
 #include "concord/io/safetensors.h"
 #include "concord/io/tokenizer.h"
 #include "concord/model/files.h"
@@ -136,6 +137,12 @@ SamplerReply decode_reply(std::span<const uint8_t> bytes, int from) {
 }
 
 // ---- the sampler role -------------------------------------------------------------------------
+
+// Keys of the config that do not change what a run computes (a resume may change them), and the
+// files of a run directory, config.json first (train::discard_run_files).
+constexpr const char* kResumableKeys[] = {"out", "checkpoint_every"};
+const std::vector<std::string> kRunFiles = {"config.json", "checkpoints", "metrics.jsonl", "summary.json",
+                                            "report.html", "rollouts.jsonl"};
 
 // Version 0 with no payload: the learner resumed a run that had finished, so no step follows.
 constexpr uint64_t kFinished = 0;
@@ -562,7 +569,7 @@ json summarize(const RlConfig& c, const RlResult& r) {
           {"lag_p90", r.lag_p90},
           {"seconds", {{"warmup", r.seconds_warmup}, {"rollout", r.seconds_rollout},
                        {"learner", r.seconds_learner}, {"sync", r.seconds_sync},
-                       {"total", r.seconds_total}}},
+                       {"total", r.seconds_total}, {"this_process", r.seconds_this_process}}},
           {"warmup_cached", r.warmup_cached},
           {"sync_failures", r.sync_failures},
           {"sync_failures_by_check", by_check},
@@ -603,7 +610,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
       result.sync_failures += reply.applied ? 0 : 1;
       channel.send(encode_reply(reply));
     }
-    result.seconds_total = seconds_since(t_start);
+    result.seconds_total = result.seconds_this_process = seconds_since(t_start);
     return result;
   }
 
@@ -615,35 +622,46 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   const fs::path out = config.out;
   fs::create_directories(out);
 
-  // A run directory belongs to one configuration: resuming under another would mix two runs.
+  // A run directory belongs to one configuration (train/checkpoint.h, run directories): a resume
+  // continues the run config.json describes, from a checkpoint that records the same config; a
+  // fresh start first discards the previous run's files, then writes its own config.json.
   const json config_json = config.to_json();
+  json identity = config_json;
+  for (const char* key : kResumableKeys) identity.erase(key);
   const fs::path config_path = out / "config.json";
   const std::optional<fs::path> checkpoint = options.resume ? train::latest_checkpoint(out) : std::nullopt;
   if (checkpoint) {
-    std::ifstream in(config_path);
-    const json saved = in ? json::parse(in, nullptr, false) : json();
+    std::error_code ec;
+    if (!fs::exists(config_path, ec))
+      throw InputError(fmt::format("[rl] {}: missing, so the checkpoint in {} cannot be resumed; start afresh "
+                                   "(--no-resume or another --out)", config_path.string(), out.string()));
+    const json saved = io::read_json_file(config_path, "rl", "the run's config");
     if (!saved.is_object())
-      throw InputError(fmt::format("[rl] {}: missing or not a JSON object, so the checkpoint in {} cannot "
+      throw InputError(fmt::format("[rl] {}: not a JSON object, so the checkpoint in {} cannot "
                                    "be resumed; start afresh (--no-resume or another --out)",
                                    config_path.string(), out.string()));
     for (const auto& [key, value] : config_json.items()) {
-      // out and checkpoint_every do not change what the run computes.
-      if (key != "out" && key != "checkpoint_every" && (!saved.contains(key) || saved.at(key) != value))
+      if (!identity.contains(key)) continue;  // does not change what the run computes
+      if (!saved.contains(key) || saved.at(key) != value)
         throw InputError(fmt::format("[rl] {} was run with a different '{}'; resume it with the same "
                                      "config, or start afresh (--no-resume or another --out)",
                                      out.string(), key));
     }
+  } else {
+    train::discard_run_files(out, kRunFiles);
   }
   io::write_file_atomic(config_path, config_json.dump(2) + "\n");
 
   auto t0 = steady::now();
   double k3_sum = 0;
+  double seconds_before = 0;  // wall time of the processes before a resume (their checkpoint's total)
   std::string rollouts_log;
   std::unique_ptr<Learner> learner_ptr;
   int64_t first_step = 1;
   if (checkpoint) {
     // The checkpoint replaces the warm-up: the learner starts from its master and state.
     const train::LoadedCheckpoint ckpt = train::load_checkpoint(*checkpoint);
+    train::check_checkpoint_config(ckpt, identity, "rl");
     if (ckpt.step < 1 || ckpt.step > config.steps)
       throw InputError(fmt::format("[rl] {}: step {} outside [1, {}] (grpo.steps)", ckpt.dir.string(),
                                    ckpt.step, config.steps));
@@ -672,6 +690,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
       result.seconds_learner = acc.at("seconds_learner").get<double>();
       result.seconds_sync = acc.at("seconds_sync").get<double>();
       result.sync_failures = acc.at("sync_failures").get<int64_t>();
+      seconds_before = acc.at("seconds_total").get<double>();
       k3_sum = acc.at("k3_sum").get<double>();
       rollouts_log = acc.at("rollouts").get<std::string>();
     } catch (const json::exception& e) {
@@ -684,11 +703,6 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
       std::fprintf(stderr, "%s: resumed from %s (step %lld/%lld)\n", config.name.c_str(), ckpt.dir.string().c_str(),
                    static_cast<long long>(ckpt.step), static_cast<long long>(config.steps));
   } else {
-    // A fresh run starts fresh metrics and checkpoints (an older run's later steps would
-    // otherwise outrank this run's).
-    std::error_code ignored;
-    fs::remove(out / "metrics.jsonl", ignored);
-    fs::remove_all(out / "checkpoints", ignored);
     WarmupResult warm = warm_up(config, progress);
     result.seconds_warmup = seconds_since(t0);
     result.warmup_cached = warm.cached;
@@ -710,10 +724,12 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
     state["step"] = at_step;
     state["seed"] = config.seed;
     state["metrics"] = std::move(lines);
+    state["config"] = identity;
     state["result"] = {{"seconds_warmup", result.seconds_warmup}, {"warmup_cached", result.warmup_cached},
                        {"seconds_rollout", result.seconds_rollout}, {"seconds_learner", result.seconds_learner},
                        {"seconds_sync", result.seconds_sync}, {"sync_failures", result.sync_failures},
-                       {"k3_sum", k3_sum}, {"rollouts", rollouts_log}};
+                       {"k3_sum", k3_sum}, {"rollouts", rollouts_log},
+                       {"seconds_total", seconds_before + seconds_since(t_start)}};
     train::save_checkpoint(out, at_step, model_views, optimizer_views, state, /*keep=*/2, state_views);
   };
 
@@ -802,7 +818,8 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
     if ((config.checkpoint_every > 0 && step % config.checkpoint_every == 0) || step == config.steps) save(step);
     if (options.stop_after && ++steps_here >= *options.stop_after && step < config.steps) {
       result.stopped = true;
-      result.seconds_total = seconds_since(t_start);
+      result.seconds_this_process = seconds_since(t_start);
+      result.seconds_total = seconds_before + result.seconds_this_process;
       return result;
     }
   }
@@ -819,7 +836,8 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   result.mean_mismatch_kl = k3_sum / static_cast<double>(n);
   result.lag_median = learner.lag().median;
   result.lag_p90 = learner.lag().p90;
-  result.seconds_total = seconds_since(t_start);
+  result.seconds_this_process = seconds_since(t_start);
+  result.seconds_total = seconds_before + result.seconds_this_process;
   result.summary = summarize(config, result);
   result.summary["lag"] = learner.lag().to_json();
   io::write_file_atomic(out / "summary.json", result.summary.dump(2) + "\n");

@@ -17,9 +17,13 @@
 // Checkpoints (OUT/checkpoints, train/checkpoint.h) every checkpoint_every steps and at the end
 // hold what the next step needs to continue bit-identically: the fp32 master, the AdamW moments
 // and step count, the export rule's state (ef's carried error), the Fair Cast meter, the
-// reference weights (kl_coef > 0), the metrics lines and running totals. Running the same config
-// on the same OUT resumes from OUT/checkpoints/latest (the warm-up is skipped); a config that
-// differs in anything but `out` and `checkpoint_every` is an InputError naming the key.
+// reference weights (kl_coef > 0), the metrics lines and running totals (times included, so that
+// a resumed run's summary counts every process), and the config they were written under. Running
+// the same config on the same OUT resumes from OUT/checkpoints/latest (the warm-up is skipped); a
+// config that differs in anything but `out` and `checkpoint_every`, from config.json or from the
+// checkpoint's record, is an InputError naming the key. A fresh start (resume = false, or no
+// checkpoint) first discards the previous run's config.json, checkpoints/, metrics.jsonl,
+// summary.json, report.html and rollouts.jsonl, so that no later resume picks up another run.
 // Samplers keep nothing across steps but their serving version, which a fresh sampler lacks:
 // the first sync after a resume applies as any first sync does. Faults that depend on the
 // previous sync (stale_version, stale_weights, stale_derived) at the first step after a resume
@@ -125,7 +129,9 @@ struct RlResult {
   double lag_median = 0, lag_p90 = 0;
   double seconds_rollout = 0, seconds_learner = 0, seconds_sync = 0;
   int64_t sync_failures = 0;      // syncs that did not apply (by check: in summary.json)
-  double seconds_warmup = 0, seconds_total = 0;
+  // Wall time of the whole run, over every process that ran part of it (a resumed run adds its
+  // own to its checkpoint's total, as it does for the parts), and of this process alone.
+  double seconds_warmup = 0, seconds_total = 0, seconds_this_process = 0;
   bool warmup_cached = false;     // the warmed-up model came from `base`
   int64_t start_step = 0;         // 0, or the checkpoint step a resumed run continued from
   bool stopped = false;           // RlOptions::stop_after ended the run early (no summary/report)

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "concord/io/json_file.h"
 #include "concord/model/files.h"
 #include "concord/model/policy.h"
 #include "concord/numerics/check.h"
@@ -24,38 +25,12 @@ using nlohmann::json;
   throw InputError(fmt::format("[rl] {}: {}", source, what));
 }
 
-// Typed readers of one key of a section; `at` is "section.key" for messages.
-struct Reader {
-  const std::string& source;
-  std::string at;
-  const json& v;
+using Reader = io::JsonValue;
 
-  double number() const {
-    if (!v.is_number()) config_error(source, fmt::format("'{}' must be a number", at));
-    const double x = v.get<double>();
-    if (!std::isfinite(x)) config_error(source, fmt::format("'{}' must be finite", at));
-    return x;
-  }
-  int64_t integer() const {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      config_error(source, fmt::format("'{}' must be a non-negative integer", at));
-    return v.get<int64_t>();
-  }
-  std::string string() const {
-    if (!v.is_string()) config_error(source, fmt::format("'{}' must be a string", at));
-    return v.get<std::string>();
-  }
-  bool boolean() const {
-    if (!v.is_boolean()) config_error(source, fmt::format("'{}' must be true or false", at));
-    return v.get<bool>();
-  }
-};
-
-// Calls fn(reader) for every key of section `name` (an object).
+// Calls fn(key, reader) for every key of section `name` (an object).
 template <class Fn>
-void each_key(const std::string& source, const std::string& name, const json& section, Fn fn) {
-  if (!section.is_object()) config_error(source, fmt::format("'{}' must be an object", name));
-  for (const auto& [key, value] : section.items()) fn(key, Reader{source, name + "." + key, value});
+void each_key(const Reader& section, Fn fn) {
+  section.each_member(fn);
 }
 
 void check_preset(const std::string& source, const std::string& key, const std::string& name) {
@@ -106,12 +81,13 @@ model::ModelConfig RlConfig::resolved_model() const {
 }
 
 RlConfig RlConfig::from_json(const json& j, const std::string& source) {
-  if (!j.is_object()) config_error(source, "expected a JSON object");
+  const Reader doc(j, "rl", source);
+  doc.object();
   RlConfig c;
   for (const auto& [key, value] : j.items()) {
-    const Reader r{source, key, value};
+    const Reader r = doc[key];
     if (key == "name") c.name = r.string();
-    else if (key == "model") c.model = model::ModelConfig::from_json(value, source + ": model");
+    else if (key == "model") c.model = model::ModelConfig::from_json(r);
     else if (key == "init_from") c.init_from = r.string();
     else if (key == "base") c.base = r.string();
     else if (key == "sampler") c.sampler = r.string();
@@ -123,20 +99,20 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
     else if (key == "log_rollouts") c.log_rollouts = r.boolean();
     else if (key == "checkpoint_every") c.checkpoint_every = r.integer();
     else if (key == "task") {
-      each_key(source, key, value, [&](const std::string& k, const Reader& kr) {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "name") c.task = kr.string();
-        else if (k == "difficulty") c.difficulty = static_cast<int>(kr.integer());
-        else config_error(source, fmt::format("unknown key '{}' (name, difficulty)", kr.at));
+        else if (k == "difficulty") c.difficulty = static_cast<int>(std::min<int64_t>(kr.integer(1), 1000));
+        else config_error(source, fmt::format("unknown key '{}' (name, difficulty)", kr.key()));
       });
     } else if (key == "warmup") {
-      each_key(source, key, value, [&](const std::string& k, const Reader& kr) {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "steps") c.warmup_steps = kr.integer();
         else if (k == "lr") c.warmup_lr = kr.number();
         else if (k == "batch_size") c.warmup_batch = kr.integer();
-        else config_error(source, fmt::format("unknown key '{}' (steps, lr, batch_size)", kr.at));
+        else config_error(source, fmt::format("unknown key '{}' (steps, lr, batch_size)", kr.key()));
       });
     } else if (key == "grpo") {
-      each_key(source, key, value, [&](const std::string& k, const Reader& kr) {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "steps") c.steps = kr.integer();
         else if (k == "prompts_per_step") c.prompts_per_step = kr.integer();
         else if (k == "group_size") c.group_size = kr.integer();
@@ -145,14 +121,14 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
         else if (k == "ppo_epochs") c.ppo_epochs = kr.integer();
         else if (k == "lr") c.lr = kr.number();
         else if (k == "weight_decay") c.weight_decay = kr.number();
-        else if (k == "grad_clip") c.grad_clip = kr.number();
+        else if (k == "grad_clip") c.grad_clip = kr.number_at_least(0);  // 0: no clipping
         else
           config_error(source, fmt::format("unknown key '{}' (steps, prompts_per_step, group_size, "
                                            "max_new_tokens, temperature, ppo_epochs, lr, "
-                                           "weight_decay, grad_clip)", kr.at));
+                                           "weight_decay, grad_clip)", kr.key()));
       });
     } else if (key == "loss") {
-      each_key(source, key, value, [&](const std::string& k, const Reader& kr) {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "clip_low") c.loss.clip_low = kr.number();
         else if (k == "clip_high") c.loss.clip_high = kr.number();
         else if (k == "kl_coef") c.loss.kl_coef = kr.number();
@@ -162,23 +138,23 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
         else if (k == "mask_hi") c.loss.mask_hi = kr.number();
         else
           config_error(source, fmt::format("unknown key '{}' (clip_low, clip_high, kl_coef, is, "
-                                           "is_cap, mask_lo, mask_hi)", kr.at));
+                                           "is_cap, mask_lo, mask_hi)", kr.key()));
       });
     } else if (key == "probe") {
-      each_key(source, key, value, [&](const std::string& k, const Reader& kr) {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "sequences") c.probe.sequences = kr.integer();
         else if (k == "length") c.probe.length = kr.integer();
         else if (k == "seed") c.probe.seed = static_cast<uint64_t>(kr.integer());
-        else if (k == "max_k3_kl") c.probe.max_k3_kl = kr.number();
+        else if (k == "max_k3_kl") c.probe.max_k3_kl = kr.number_at_least(0);
         else if (k == "osc_max") {
-          const double osc = kr.number();
+          const double osc = kr.number_at_least(0);
           c.probe.contract = audit::Contract{};
           c.probe.contract.ref = "learner";
           c.probe.contract.cand = "sampler";
           c.probe.contract.slices.push_back({"all", 0, 1.0, osc, osc});
         } else {
           config_error(source, fmt::format("unknown key '{}' (sequences, length, seed, max_k3_kl, "
-                                           "osc_max)", kr.at));
+                                           "osc_max)", kr.key()));
         }
       });
     } else if (key == "faults") {
@@ -231,8 +207,10 @@ void RlConfig::validate(const std::string& source) const {
     config_error(source, "grpo.temperature must be 1 (the learner scores tokens at T = 1, so "
                          "another sampling temperature would be a mismatch by construction)");
   if (ppo_epochs < 1) config_error(source, "grpo.ppo_epochs must be at least 1");
-  if (!(lr >= 0) || !(warmup_lr >= 0) || !(weight_decay >= 0))
-    config_error(source, "learning rates and weight decay must be >= 0");
+  if (!(lr >= 0) || !(warmup_lr >= 0) || !(weight_decay >= 0) || !(grad_clip >= 0))
+    config_error(source, fmt::format("learning rates, weight decay and grad_clip must be >= 0 (grpo.lr {}, "
+                                     "warmup.lr {}, grpo.weight_decay {}, grpo.grad_clip {})",
+                                     lr, warmup_lr, weight_decay, grad_clip));
   if (warmup_steps > 0 && warmup_batch < 1) config_error(source, "warmup.batch_size must be at least 1");
   if (!(loss.clip_low >= 0 && loss.clip_low < 1) || !(loss.clip_high >= 0))
     config_error(source, "loss.clip_low must lie in [0, 1) and loss.clip_high be >= 0");
@@ -249,6 +227,10 @@ void RlConfig::validate(const std::string& source) const {
     if (probe.length > m.max_position_embeddings)
       config_error(source, "probe.length exceeds the model's max_position_embeddings");
   }
+  if (out.empty()) config_error(source, "'out' must not be empty");
+  if (!base.empty() && std::filesystem::path(base).lexically_normal() == std::filesystem::path(out).lexically_normal())
+    config_error(source, fmt::format("'base' and 'out' are the same folder ({}); the warm-up cache needs its own "
+                                     "(e.g. {}/base)", out, out));
   for (const FaultAt& f : faults) {
     if (f.step < 1 || f.step > steps)
       config_error(source, fmt::format("fault {}@{}: the step must lie in [1, {}]",
@@ -257,13 +239,7 @@ void RlConfig::validate(const std::string& source) const {
 }
 
 RlConfig RlConfig::load(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("[rl] {}: cannot open the RL config", path.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  const json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) throw InputError(fmt::format("[rl] {}: not valid JSON", path.string()));
-  return from_json(j, path.string());
+  return from_json(io::read_json_file(path, "rl", "the RL config"), path.string());
 }
 
 json RlConfig::to_json() const {

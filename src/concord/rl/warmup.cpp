@@ -12,6 +12,7 @@
 #include "concord/io/safetensors.h"
 #include "concord/io/tokenizer.h"
 #include "concord/model/files.h"
+#include "concord/numerics/check.h"
 #include "concord/train/data.h"
 #include "concord/train/optimizer.h"
 
@@ -106,6 +107,11 @@ json warmup_stamp(const RlConfig& c) {
 }
 
 void write_base(const fs::path& dir, model::Model& m, const json& stamp, double final_loss) {
+  // First: while the model files change, no warmup.json may vouch for them (an older stamp left
+  // beside newer weights would make a later run with the older settings reuse these).
+  std::error_code ec;
+  fs::remove(dir / "warmup.json", ec);
+  if (ec) throw InputError(fmt::format("[rl] {}: cannot remove the old warmup.json ({})", dir.string(), ec.message()));
   model::ExportOptions options;
   options.tokenizer = io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
   options.metadata = {{"concord.rl.warmup_loss", fmt::format("{}", final_loss)}};
@@ -118,7 +124,7 @@ bool base_matches(const fs::path& dir, const json& stamp) {
   std::ifstream in(dir / "warmup.json");
   if (!in || !fs::exists(dir / "model.safetensors")) return false;
   const json saved = json::parse(in, nullptr, false);
-  return !saved.is_discarded() && saved == stamp;
+  return !saved.is_discarded() && saved == stamp;  // anything else: rebuilt
 }
 
 }  // namespace

@@ -411,4 +411,151 @@ void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors
                                  file.string(), rule.name()));
 }
 
+// --- run directories ----------------------------------------------------------------------------
+
+std::optional<std::string> first_difference(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a == b) return std::nullopt;
+  if (!a.is_object() || !b.is_object()) return std::string();
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : a.items()) keys.push_back(key);
+  for (const auto& [key, value] : b.items())
+    if (!a.contains(key)) keys.push_back(key);
+  for (const std::string& key : keys) {
+    if (!a.contains(key) || !b.contains(key)) return key;
+    if (auto inner = first_difference(a.at(key), b.at(key)))
+      return inner->empty() ? key : key + "." + *inner;
+  }
+  return std::string();  // not reached: the objects differ in some key
+}
+
+namespace {
+
+// The value at a dotted key of `j`, or "(absent)", cut short for a message.
+std::string value_text(const nlohmann::json& j, const std::string& dotted) {
+  const nlohmann::json* at = &j;
+  size_t start = 0;
+  while (!dotted.empty() && start <= dotted.size()) {
+    const size_t dot = dotted.find('.', start);
+    const std::string key = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!at->is_object() || !at->contains(key)) return "(absent)";
+    at = &at->at(key);
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  std::string text = at->dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+}  // namespace
+
+void check_checkpoint_config(const LoadedCheckpoint& ckpt, const nlohmann::json& identity,
+                             std::string_view layer) {
+  if (!ckpt.state.contains("config"))
+    throw InputError(fmt::format("[{}] {}: state.json records no config (written by an older concord?), so "
+                                 "nothing shows that it belongs to this run; start afresh (--no-resume "
+                                 "or another --out)", layer, ckpt.dir.string()));
+  const nlohmann::json& saved = ckpt.state.at("config");
+  if (const auto key = first_difference(saved, identity)) {
+    const std::string where = key->empty() ? "config" : "'" + *key + "'";
+    throw InputError(fmt::format("[{}] {}: written by a run with another {} ({} there, {} in this config); "
+                                 "resuming it would continue another run: resume with that run's "
+                                 "config, or start afresh (--no-resume or another --out)",
+                                 layer, ckpt.dir.string(), where, value_text(saved, *key),
+                                 value_text(identity, *key)));
+  }
+}
+
+namespace {
+
+constexpr std::string_view kDiscardedPrefix = ".discarded.tmp-";
+
+// The pid after `marker` in `name` ("<prefix><marker><pid>"), or -1.
+long pid_after(std::string_view name, std::string_view prefix_and_marker) {
+  if (!name.starts_with(prefix_and_marker) || name.size() == prefix_and_marker.size()) return -1;
+  long pid = 0;
+  for (const char c : name.substr(prefix_and_marker.size())) {
+    if (c < '0' || c > '9' || pid > 1'000'000'000) return -1;
+    pid = pid * 10 + (c - '0');
+  }
+  return pid;
+}
+
+bool writer_alive(long pid) {
+  return pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+// Deletes the entries of `dir` named <prefix_and_marker><pid> whose writer no longer runs (or is
+// this process: a folder of its own left by an earlier, failed call).
+void remove_stale(const fs::path& dir, std::string_view prefix_and_marker) {
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const long pid = pid_after(entry.path().filename().string(), prefix_and_marker);
+    if (pid >= 0 && (pid == ::getpid() || !writer_alive(pid))) fs::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace
+
+void discard_run_files(const fs::path& run_dir, std::span<const std::string> names) {
+  remove_stale(run_dir, kDiscardedPrefix);
+  const fs::path trash = run_dir / fmt::format("{}{}", kDiscardedPrefix, ::getpid());
+  try {
+    bool made = false;
+    for (const std::string& name : names) {
+      std::error_code ec;
+      if (!fs::exists(fs::symlink_status(run_dir / name, ec))) continue;
+      if (!made) {
+        fs::create_directory(trash);
+        made = true;
+      }
+      fs::rename(run_dir / name, trash / name);
+    }
+    if (made) {
+      fsync_dir(run_dir);
+      fs::remove_all(trash);
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw InputError(fmt::format("[run] {}: cannot discard the previous run's files ({}); remove them or "
+                                 "use another --out", run_dir.string(), e.what()));
+  }
+}
+
+void write_directory_atomic(const fs::path& target, const std::function<void(const fs::path&)>& fill) {
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string marker = target.filename().string() + ".tmp-";
+  const fs::path tmp = parent / fmt::format("{}{}", marker, ::getpid());
+  try {
+    fs::create_directories(parent);
+    remove_stale(parent, marker);
+    fs::create_directory(tmp);
+    fill(tmp);
+    fsync_dir(tmp);
+    if (fs::exists(target)) {
+      replace_existing(tmp, target);
+      fs::remove_all(tmp);
+    } else {
+      fs::rename(tmp, target);
+    }
+    fsync_dir(parent);
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw InputError(fmt::format("[run] {}: {}", target.string(), e.what()));
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+std::string identity_tag(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : text) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
 }  // namespace concord::train

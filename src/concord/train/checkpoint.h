@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -109,5 +110,37 @@ std::vector<NamedTensor> export_state_tensors(const ExportRule& rule, std::span<
 // when the rule keeps some (ExportRule::keeps_state) and the model has a matrix.
 void restore_export_state(ExportRule& rule, std::span<const NamedTensor> tensors,
                           std::span<const TensorView> model, const std::filesystem::path& file);
+
+// --- run directories --------------------------------------------------------------------------
+// A run directory (concord train, concord rl) holds one run: config.json describes it, and each
+// checkpoint records in its state.json, under "config", the identity of the config it was written
+// under (the config without the keys that do not change results, such as "out"). A resume checks
+// the checkpoint it loads against the run's identity, so that it can only continue the run its
+// config describes; a fresh start first discards the previous run's files, then writes its own.
+
+// Where two JSON values first differ, as a dotted key ("train.lr"; "" for the values themselves
+// when they are not both objects), or nullopt when they are equal.
+std::optional<std::string> first_difference(const nlohmann::json& a, const nlohmann::json& b);
+
+// InputError "[layer] <checkpoint dir>: ..." unless the checkpoint's state.json records
+// "config" equal to `identity`; the message names the first key that differs and both values.
+void check_checkpoint_config(const LoadedCheckpoint& ckpt, const nlohmann::json& identity,
+                             std::string_view layer);
+
+// Removes each of `names` (files or folders directly under run_dir; absent ones are skipped), in
+// order, each by one atomic rename into run_dir/.discarded.tmp-<pid>/ that is then deleted (left
+// over by a killed process, it is deleted by the next call). List config.json first: a kill at
+// any point then leaves either the old run whole or no config.json beside what remains of it.
+void discard_run_files(const std::filesystem::path& run_dir, std::span<const std::string> names);
+
+// Writes the folder `target` as a whole: fill(tmp) writes into <target>.tmp-<pid>, which is
+// fsynced and renamed to `target` (atomically exchanged with an existing `target`, which is then
+// deleted). A folder named `target` is therefore always complete; a kill leaves the old one or
+// the new one, and at most a .tmp-<pid> folder that the next call for `target` deletes.
+void write_directory_atomic(const std::filesystem::path& target,
+                            const std::function<void(const std::filesystem::path&)>& fill);
+
+// FNV-1a (64-bit) of `text` as 16 hex digits: a short, stable tag of a config's identity.
+std::string identity_tag(std::string_view text);
 
 }  // namespace concord::train

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "concord/io/atomic_file.h"
+#include "concord/io/json_file.h"
 #include "concord/io/safetensors.h"
 #include "concord/io/tokenizer.h"
 #include "concord/model/files.h"
@@ -57,92 +59,132 @@ double validation_loss(model::Model& m, const std::vector<Batch>& batches) {
   return count > 0 ? sum / static_cast<double>(count) : 0.0;
 }
 
+// The files of a run directory, config.json first (train::discard_run_files).
+const std::vector<std::string> kRunFiles = {"config.json", "checkpoints", "final", "metrics.jsonl"};
+constexpr const char* kFinalFiles[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                       "tokenizer_config.json", "generation_config.json"};
+
+// The part of the config that decides the run's results (all but the resumable keys).
+json run_identity(const json& config_json) {
+  json identity = config_json;
+  for (auto it = identity.begin(); it != identity.end();) it = resumable_key(it.key()) ? identity.erase(it) : std::next(it);
+  return identity;
+}
+
+std::map<std::string, std::string> final_metadata(const TrainConfig& config, const json& identity, int64_t step) {
+  return {{"concord.step", std::to_string(step)},
+          {"concord.policy", config.policy.name},
+          {"concord.export", config.export_rule},
+          {"concord.run", identity_tag(identity.dump())}};
+}
+
 // final/: an HF-layout model folder of the served weights (fp32 values), with the byte
 // tokenizer as a tokenizer.json, so that `concord generate --model run/final` and HF tools read
-// it as they read any model folder.
-void write_served_model(const fs::path& dir, model::Model& m, const TrainConfig& config, int64_t step) {
+// it as they read any model folder. Written as a whole (write_directory_atomic): a final/ is
+// never half written.
+void write_served_model(const fs::path& dir, model::Model& m, const std::map<std::string, std::string>& metadata) {
   model::ExportOptions options;
   options.tokenizer = io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
-  options.metadata = {{"concord.step", std::to_string(step)},
-                      {"concord.policy", config.policy.name},
-                      {"concord.export", config.export_rule}};
-  model::export_model(m, dir, options);
+  options.metadata = metadata;
+  write_directory_atomic(dir, [&](const fs::path& tmp) { model::export_model(m, tmp, options); });
+}
+
+// Whether `dir` holds this run's final model of `step`: every file there, and model.safetensors
+// tagged with the step and the run's identity (a final/ of another step or run, or one written by
+// an older concord, is rebuilt).
+bool final_is_current(const fs::path& dir, const std::map<std::string, std::string>& metadata) {
+  std::error_code ec;
+  for (const char* name : kFinalFiles)
+    if (!fs::is_regular_file(dir / name, ec)) return false;
+  try {
+    const io::SafetensorsFile file = io::SafetensorsFile::open(dir / "model.safetensors");
+    for (const auto& [key, value] : metadata) {
+      const auto it = file.metadata().find(key);
+      if (it == file.metadata().end() || it->second != value) return false;
+    }
+  } catch (const InputError&) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
-  if (!j.is_object()) config_error(source, "expected a JSON object");
+  const io::JsonValue doc(j, "train", source);
+  doc.object();
   TrainConfig c;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "name") c.name = value.get<std::string>();
-    else if (key == "model") c.model = model::ModelConfig::from_json(value, source + ": model");
+  doc.each_member([&](const std::string& key, const io::JsonValue& value) {
+    if (key == "name") c.name = value.nonempty_string();
+    else if (key == "model") c.model = model::ModelConfig::from_json(value);
     else if (key == "policy")
-      c.policy = value.is_string() ? model::PrecisionPolicy::from_name_or_file(value.get<std::string>())
-                                   : model::PrecisionPolicy::from_json(value, source + ": policy");
-    else if (key == "export") c.export_rule = value.get<std::string>();
-    else if (key == "out") c.out = value.get<std::string>();
+      c.policy = value.json().is_string() ? model::PrecisionPolicy::from_name_or_file(value.string())
+                                          : model::PrecisionPolicy::from_json(value.object().json(), source + ": policy");
+    else if (key == "export") c.export_rule = value.string();
+    else if (key == "out") c.out = value.nonempty_string();
     else if (key == "data" || key == "train" || key == "eval" || key == "checkpoint") {
-      if (!value.is_object()) config_error(source, fmt::format("'{}' must be an object", key));
-      for (const auto& [k, v] : value.items()) {
-        const std::string at = key + "." + k;
-        auto number = [&]() {
-          if (!v.is_number()) config_error(source, fmt::format("'{}' must be a number", at));
-          return v.get<double>();
-        };
-        auto integer = [&]() {
-          if (!v.is_number_integer() || v.get<int64_t>() < 0)
-            config_error(source, fmt::format("'{}' must be a non-negative integer", at));
-          return v.get<int64_t>();
-        };
-        if (at == "data.corpus") c.corpus = v.get<std::string>();
-        else if (at == "data.validation_fraction") c.validation_fraction = number();
-        else if (at == "data.chunk") c.split_chunk = integer();
-        else if (at == "train.batch_size") c.batch_size = integer();
-        else if (at == "train.seq_len") c.seq_len = integer();
-        else if (at == "train.steps") c.steps = integer();
-        else if (at == "train.seed") c.seed = static_cast<uint64_t>(integer());
-        else if (at == "train.lr") c.lr = number();
-        else if (at == "train.min_lr") c.min_lr = number();
-        else if (at == "train.warmup_steps") c.warmup_steps = integer();
-        else if (at == "train.weight_decay") c.weight_decay = number();
-        else if (at == "train.grad_clip") c.grad_clip = number();
-        else if (at == "train.beta1") c.beta1 = number();
-        else if (at == "train.beta2") c.beta2 = number();
-        else if (at == "train.init_std") c.init_std = number();
-        else if (at == "eval.every") c.eval_every = integer();
-        else if (at == "eval.batches") c.eval_batches = integer();
-        else if (at == "checkpoint.every") c.checkpoint_every = integer();
-        else if (at == "checkpoint.keep") c.checkpoint_keep = static_cast<int>(integer());
-        else config_error(source, fmt::format("unknown key '{}'", at));
-      }
+      value.each_member([&](const std::string&, const io::JsonValue& v) {
+        const std::string& at = v.key();
+        if (at == "data.corpus") c.corpus = v.nonempty_string();
+        else if (at == "data.validation_fraction") c.validation_fraction = v.number();
+        else if (at == "data.chunk") c.split_chunk = v.integer(1);
+        else if (at == "train.batch_size") c.batch_size = v.integer(1);
+        else if (at == "train.seq_len") c.seq_len = v.integer(1);
+        else if (at == "train.steps") c.steps = v.integer(1);
+        else if (at == "train.seed") c.seed = static_cast<uint64_t>(v.integer(0));
+        else if (at == "train.lr") c.lr = v.positive_number();
+        else if (at == "train.min_lr") c.min_lr = v.number_at_least(0);
+        else if (at == "train.warmup_steps") c.warmup_steps = v.integer(0);
+        else if (at == "train.weight_decay") c.weight_decay = v.number_at_least(0);
+        else if (at == "train.grad_clip") c.grad_clip = v.number_at_least(0);  // 0: no clipping
+        else if (at == "train.beta1" || at == "train.beta2") {
+          const double beta = v.number_in(0, 1);
+          if (beta == 1) v.fail("must be below 1 (AdamW's bias correction 1 - beta^t would be 0)");
+          (at == "train.beta1" ? c.beta1 : c.beta2) = beta;
+        }
+        else if (at == "train.init_std") c.init_std = v.positive_number();
+        else if (at == "eval.every") c.eval_every = v.integer(0);
+        else if (at == "eval.batches") c.eval_batches = v.integer(1);
+        else if (at == "checkpoint.every") c.checkpoint_every = v.integer(0);
+        else if (at == "checkpoint.keep") {
+          const int64_t keep = v.integer(1);
+          if (keep > 1'000'000) v.fail(fmt::format("must be at most 10^6, got {}", keep));
+          c.checkpoint_keep = static_cast<int>(keep);
+        }
+        else if (at.starts_with("data.")) v.fail_unknown("data: corpus, validation_fraction, chunk");
+        else if (at.starts_with("train."))
+          v.fail_unknown("train: batch_size, seq_len, steps, seed, lr, min_lr, warmup_steps, weight_decay, "
+                         "grad_clip, beta1, beta2, init_std");
+        else if (at.starts_with("eval.")) v.fail_unknown("eval: every, batches");
+        else v.fail_unknown("checkpoint: every, keep");
+      });
     } else {
-      config_error(source, fmt::format("unknown key '{}' (name, model, policy, export, data, "
-                                       "train, eval, checkpoint, out)", key));
+      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, out");
     }
-  }
+  });
+  // Values that are each valid but not together (the flags of `concord train` come here too).
   if (c.batch_size <= 0 || c.seq_len <= 0) config_error(source, "batch_size and seq_len must be positive");
+  if (c.steps < 1) config_error(source, fmt::format("train.steps must be at least 1 (got {})", c.steps));
+  if (c.steps >= 100'000'000) config_error(source, "train.steps must be below 10^8 (checkpoint names)");
   if (c.seq_len > c.model.max_position_embeddings)
-    config_error(source, "seq_len exceeds the model's max_position_embeddings");
+    config_error(source, fmt::format("train.seq_len ({}) exceeds the model's max_position_embeddings ({})",
+                                     c.seq_len, c.model.max_position_embeddings));
   if (c.model.vocab_size < ByteTokenizer::vocab_size())
     config_error(source, fmt::format("the byte-level tokenizer needs vocab_size >= {}",
                                      ByteTokenizer::vocab_size()));
   if (c.checkpoint_keep < 1) config_error(source, "checkpoint.keep must be at least 1");
   if (!(c.validation_fraction > 0 && c.validation_fraction < 0.5))
     config_error(source, "data.validation_fraction must lie in (0, 0.5)");
+  if (!(c.lr > 0) || !(c.min_lr >= 0) || c.min_lr > c.lr)
+    config_error(source, fmt::format("need 0 <= train.min_lr <= train.lr and train.lr > 0 (lr {}, min_lr {})",
+                                     c.lr, c.min_lr));
   make_export_rule(c.export_rule, c.policy.served_weights, c.seed);  // validates the name
   LrSchedule{c.lr, c.min_lr, c.warmup_steps, std::max(c.steps, c.warmup_steps)}.validate();
   return c;
 }
 
 TrainConfig TrainConfig::load(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("[train] {}: cannot open the training config", path.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) throw InputError(fmt::format("[train] {}: not valid JSON", path.string()));
-  return from_json(j, path.string());
+  return from_json(io::read_json_file(path, "train", "the training config"), path.string());
 }
 
 json TrainConfig::to_json() const {
@@ -168,15 +210,16 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const fs::path& run_dir = result.run_dir;
   fs::create_directories(run_dir);
 
-  // A run directory belongs to one configuration: resuming under another would silently mix two runs.
+  // A run directory belongs to one configuration. A resume continues the run its config.json
+  // describes, from a checkpoint that records the same config; a fresh start (no resume, or no
+  // checkpoint) first discards the previous run's files, then writes its own config.json, so that
+  // no later resume can pick up another run's checkpoints or final/.
   const json config_json = config.to_json();
+  const json identity = run_identity(config_json);
   const fs::path config_path = run_dir / "config.json";
   const std::optional<fs::path> checkpoint = options.resume ? latest_checkpoint(run_dir) : std::nullopt;
   if (checkpoint && fs::exists(config_path)) {
-    std::ifstream in(config_path);
-    json saved = json::parse(in, nullptr, false);
-    if (saved.is_discarded())
-      throw InputError(fmt::format("[train] {}: not valid JSON", config_path.string()));
+    const json saved = io::read_json_file(config_path, "train", "the run's config");
     for (const auto& [key, value] : config_json.items()) {
       if (!resumable_key(key) && (!saved.contains(key) || saved.at(key) != value))
         throw InputError(fmt::format("[train] {} was trained with a different '{}'; resume it "
@@ -184,6 +227,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                      "another --out)", run_dir.string(), key));
     }
   }
+  if (!checkpoint) discard_run_files(run_dir, kRunFiles);
   io::write_file_atomic(config_path, config_json.dump(2) + "\n");
 
   // Data: byte-level tokens of the corpus, an interleaved train/validation split.
@@ -216,6 +260,10 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   };
   if (checkpoint) {
     LoadedCheckpoint ckpt = load_checkpoint(*checkpoint);
+    check_checkpoint_config(ckpt, identity, "train");
+    if (ckpt.step > config.steps)
+      throw InputError(fmt::format("[train] {}: step {} is beyond train.steps {}", ckpt.dir.string(), ckpt.step,
+                                   config.steps));
     for (size_t p = 0; p < specs.size(); ++p) {
       const NamedTensor* t = find_tensor(ckpt.model, specs[p].name);
       if (t == nullptr || t->values.size() != master[p].size())
@@ -228,10 +276,6 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     step = ckpt.step;
     result.start_step = step;
     truncate_after_step(metrics_path, step);
-  } else {
-    // A fresh run starts a fresh metrics file.
-    std::error_code ignored;
-    fs::remove(metrics_path, ignored);
   }
   MetricsWriter metrics(metrics_path);
 
@@ -265,7 +309,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     for (const NamedTensor& t : export_state) state_views.push_back({t.name, t.shape, t.values});
     json state = {{"step", at_step}, {"optimizer_steps", optimizer.steps_taken()},
                   {"seed", config.seed}, {"tokens_seen", at_step * B * T},
-                  {"last_validation_loss", result.last_validation_loss}};
+                  {"last_validation_loss", result.last_validation_loss}, {"config", identity}};
     save_checkpoint(run_dir, at_step, model_views, optimizer_views, state, config.checkpoint_keep, state_views);
   };
 
@@ -314,9 +358,15 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   }
   if (options.progress) progress.finish();
   result.steps_done = step;
-  if (step == config.steps && steps_here > 0) {
+  // final/ of the last step: written after the run, or rebuilt from the last checkpoint when a
+  // finished run lacks it (killed between the last checkpoint and final/, or final/ removed). The
+  // checkpoint of step s holds the export rule's state from before the export of s, so the
+  // rebuilt copy is the one the uninterrupted run wrote, bit for bit.
+  const std::map<std::string, std::string> metadata = final_metadata(config, identity, config.steps);
+  if (step == config.steps && (steps_here > 0 || !final_is_current(run_dir / "final", metadata))) {
+    result.final_rebuilt = steps_here == 0;
     export_served(step);
-    write_served_model(run_dir / "final", m, config, step);
+    write_served_model(run_dir / "final", m, metadata);
   }
   result.tokens_per_second = train_seconds > 0 ? static_cast<double>(steps_here * tokens_per_step) / train_seconds : 0;
   result.seconds = std::chrono::duration<double>(clock::now() - t_start).count();

@@ -8,7 +8,14 @@
 // weights under HF names, optimizer.safetensors, state.safetensors with ef's carried error,
 // state.json) and checkpoints/latest, and
 // final/ (config.json + model.safetensors of the served weights + tokenizer.json: an HF-layout
-// model folder).
+// model folder, written as a whole).
+//
+// Resume rules: with resume (the default) and a checkpoint, the run continues from it when
+// config.json and the checkpoint's recorded config both match this config (else an InputError
+// naming the key); a run already at train.steps rebuilds final/ from the last checkpoint when
+// final/ is missing, incomplete or of another run. Otherwise (resume = false, or no checkpoint)
+// the run starts afresh: the previous run's config.json, checkpoints/, final/ and metrics.jsonl
+// are discarded before the new config.json is written.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +82,7 @@ struct TrainResult {
   double seconds = 0;
   size_t peak_rss_bytes = 0;
   std::filesystem::path run_dir;
+  bool final_rebuilt = false;  // the run was already done; final/ was missing or stale and is rebuilt
 };
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options = {});
