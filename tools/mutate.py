@@ -47,6 +47,8 @@ MUTATIONS = [
     # ---- check 1 version
     ("c1-drop", "check 1", SYNC, "if (sent != version)", "if (false && sent != version)", SYNC_TESTS,
      "drop the payload-version == announced-version comparison"),
+    ("c1-wrong-field", "check 1", SYNC, "if (sent != version)", "if (sent != version_ + 1)", SYNC_TESTS,
+     "compare the payload version with the serving version + 1, not the announced one"),
     ("c1-older-off-by-one", "check 1", SYNC, "if (has_version_ && version < version_)",
      "if (has_version_ && version + 1 < version_)", SYNC_TESTS,
      "off by one in 'not older than the serving version'"),
@@ -60,6 +62,13 @@ MUTATIONS = [
      "if (t.name != kProbeTensor && !listed.count(t.name))",
      "if (false && t.name != kProbeTensor && !listed.count(t.name))", SYNC_TESTS,
      "drop 'in the payload but not in the manifest'"),
+    ("c2-sampler-side-skip-last", "check 2", SYNC,
+     "        for (const model::ParamSpec& s : stage.params())\n          if (!listed.count(s.name))",
+     "        for (const model::ParamSpec& s : std::span<const model::ParamSpec>(stage.params()).first("
+     "stage.params().size() - 1))\n          if (!listed.count(s.name))", SYNC_TESTS,
+     "off by one: the last sampler tensor may be missing from the manifest"),
+    ("c2-dtype", "check 2", SYNC, "          if (dtype != want)", "          if (false)", SYNC_TESTS,
+     "drop the served-dtype comparison"),
     # ---- check 3 precision plan
     ("c3-always", "check 3", SYNC,
      "if (sent_plan != file->metadata().end() && sent_plan->second == expected_plan_) return \"\";",
@@ -82,8 +91,15 @@ MUTATIONS = [
     ("c6-drop", "check 6", SYNC,
      "if (!problem.empty()) return fmt::format(\"{} ({}): {}\"",
      "if (false) return fmt::format(\"{} ({}): {}\"", SYNC_TESTS, "drop the scale-sanity check"),
-    ("c6-zero-scale", "check 6", SYNC, "if (code == 0x00 && block_has_nonzero(q, gr, gc))", "if (false)",
+    ("c6-zero-scale", "check 6", SYNC, "if (code == 0x00 && block_has_nonzero(q, gr, gc))",
+     "if (code == 0x00 && block_has_nonzero(q, gr, gc) && false)",
      SYNC_TESTS, "drop 'zero / placeholder scale on a nonzero block'"),
+    ("c6-nan-scale", "check 6", SYNC, "    if (code >= invalid_from)\n      return",
+     "    if (false)\n      return", SYNC_TESTS, "drop 'NaN block scale code'"),
+    ("c6-skip-last", "check 6", SYNC,
+     "        for (const Derived& w : derived) {\n          const std::string problem = scale_problem(",
+     "        for (const Derived& w : std::span<const Derived>(derived).first(derived.size() - 1)) {\n"
+     "          const std::string problem = scale_problem(", SYNC_TESTS, "off by one: every weight's scales but the last"),
     ("c6-tensor-scale", "check 6", SYNC, "  if (q.tensor_scale != expected)\n", "  if (false)\n", SYNC_TESTS,
      "drop 'tensor scale = the one the amax gives'"),
     ("c6-scan-off-by-one", "check 6", SYNC, "  for (size_t i = 0; i < q.scales.size(); ++i) {\n    low =",
@@ -167,7 +183,8 @@ MUTATIONS = [
 # Run first (the table keeps the order above): the issue's own mutations, then the ones a
 # reading of the tests suggested might survive, so a pass cut short still answers those.
 RUN_FIRST = ("item", "c3-only-a", "c3-last-layers", "c5-skip-last", "c6-tensor-scale", "c6-scan",
-             "c7-k3", "c7-rows", "b-osc", "e-sr-same-stream", "c2-extra")
+             "c7-k3", "c7-rows", "b-osc", "e-sr-same-stream", "c2-extra", "c2-sampler", "c2-dtype",
+             "c6-nan", "c6-skip-last")
 
 
 def run(cmd, cwd=None, timeout=None, env=None):

@@ -456,6 +456,78 @@ TEST(Sync, ManifestCatchesATensorItDoesNotList) {
   expect_all_passed(s.sync(1));
 }
 
+// A sampler tensor the manifest (and payload) lacks — the first parameter or the last — is named
+// by check 2.
+TEST(Sync, ManifestWithoutASamplerTensorIsCaught) {
+  Rig s("mxfp8");
+  const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+  for (const std::string& name : {s.served.params().front().name, s.served.params().back().name}) {
+    std::vector<io::TensorToWrite> tensors;
+    for (const io::TensorInfo& t : f.tensors())
+      if (t.name != name) tensors.push_back({t.name, t.dtype, t.shape, t.bytes});
+    std::map<std::string, std::string> metadata = f.metadata();
+    json manifest = json::parse(metadata.at("concord.sync.manifest"));
+    json kept = json::array();
+    for (const json& e : manifest.at("tensors"))
+      if (e.at("name") != name) kept.push_back(e);
+    manifest["tensors"] = kept;
+    metadata["concord.sync.manifest"] = manifest.dump();
+    const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, metadata), 1);
+    ASSERT_TRUE(r.failure().has_value()) << name;
+    EXPECT_EQ(r.failure()->message, "[sync] check 2 manifest: " + name + ": the sampler's tensor has no learner tensor");
+  }
+  expect_all_passed(s.sync(1));
+}
+
+// A learner serving f32 to a sampler that serves bf16: the payload is self-consistent, and
+// check 2 names the dtype the sampler did not expect.
+TEST(Sync, ManifestCatchesADifferentServedDtype) {
+  PrecisionPolicy learner = PrecisionPolicy::preset("mxfp8");
+  learner.served_weights = numerics::Format::f32;
+  Rig s(learner, PrecisionPolicy::preset("mxfp8"), true, small_probe());
+  const SyncReport r = s.sync(1);
+  ASSERT_TRUE(r.failure().has_value());
+  EXPECT_EQ(r.failure()->message, "[sync] check 2 manifest: model.embed_tokens.weight: learner dtype F32 != "
+                                  "the sampler's served dtype BF16");
+}
+
+// A weight turned NaN in transit (the learner's own probe refuses to publish NaN weights): its
+// block gets the NaN scale code, and check 6 names the weight and the block — for every weight
+// with block scales in turn, the last in visit order included.
+TEST(Sync, NaNWeightIsCaughtByScaleSanity) {
+  for (const std::string preset : {"mxfp8", "nvfp4"}) {
+    Rig s(preset);
+    const auto f = io::SafetensorsFile::from_bytes(s.publisher.publish(1), "payload");
+    std::vector<std::string> scaled;  // weights with block scales, in visit order
+    s.served.visit_derived_weights([&](const Model::DerivedWeight& w) {
+      if (w.forward->desc && (w.forward->desc->is_mx() || w.forward->desc->is_nvfp4())) scaled.emplace_back(w.name);
+    });
+    ASSERT_GE(scaled.size(), 7u) << preset;
+    for (const std::string& name : scaled) {
+      std::vector<std::vector<uint8_t>> bytes;
+      std::vector<io::TensorToWrite> tensors;
+      for (const io::TensorInfo& t : f.tensors()) {
+        bytes.emplace_back(t.bytes.begin(), t.bytes.end());
+        if (t.name == name) {
+          ASSERT_EQ(t.dtype, io::Dtype::BF16);
+          bytes.back()[2 * 3] = 0xC0;  // element 3: bf16 0x7FC0, a quiet NaN
+          bytes.back()[2 * 3 + 1] = 0x7F;
+        }
+      }
+      size_t i = 0;
+      for (const io::TensorInfo& t : f.tensors()) tensors.push_back({t.name, t.dtype, t.shape, bytes[i++]});
+      const SyncReport r = s.receiver.apply(io::serialize_safetensors(tensors, f.metadata()), 1);
+      ASSERT_TRUE(r.failure().has_value()) << preset << " " << name;
+      EXPECT_EQ(r.failure()->check, SyncCheck::scale_sanity) << r.failure()->message;
+      EXPECT_EQ(r.failure()->message.rfind("[sync] check 6 scale_sanity: " + name + " (", 0), 0u)
+          << r.failure()->message;
+      EXPECT_NE(r.failure()->message.find("block (0, 0) has the invalid scale code"), std::string::npos)
+          << r.failure()->message;
+    }
+    expect_all_passed(s.receiver.apply(s.publisher.publish(1), 1));
+  }
+}
+
 // ---- the fast paths' fallbacks -----------------------------------------------------------------
 
 // Blocks whose elements are all zero rightly get a zero (ue4m3) or 2^-127 (e8m0) scale, and an
