@@ -197,4 +197,44 @@ expect_error "generate on a truncated GGUF" "cut.gguf" \
 expect_error "export unknown format" "--to" \
   "$CONCORD" export --model "$WORK/run" --to onnx --out "$WORK/x"
 
+# ---- issue 26, items 1, 2, 4 (run directories and config errors) ----
+# A fresh start (--no-resume) that dies before its first checkpoint (here: its corpus is not there
+# yet) used to leave the old run's checkpoints and final/ beside its own config.json, and the
+# plain rerun then "resumed" the old run ("already trained ... nothing to do", seed-1 weights).
+cp -r "$WORK/run" "$WORK/run4"
+sed "s|$WORK/corpus.txt|$WORK/corpus4.txt|" "$WORK/train.json" >"$WORK/train4.json"
+run_rc "train --no-resume that fails at once" 2 \
+  "$CONCORD" train --config "$WORK/train4.json" --quiet --seed 2 --no-resume --out "$WORK/run4"
+cp "$WORK/corpus.txt" "$WORK/corpus4.txt"
+"$CONCORD" train --config "$WORK/train4.json" --quiet --seed 2 --out "$WORK/run4" >"$WORK/train.out" 2>"$WORK/train.err"
+if grep -q "steps 0..4" "$WORK/train.out" && ! cmp -s "$WORK/run/final/model.safetensors" "$WORK/run4/final/model.safetensors"; then
+  pass "a rerun after a failed --no-resume trains the new run, not the old one"
+else
+  fail "rerun after --no-resume: $(cat "$WORK/train.out" "$WORK/train.err")"
+fi
+# final/ lost after the last checkpoint is rebuilt from it, byte for byte.
+cp "$WORK/run4/final/model.safetensors" "$WORK/final4.safetensors"
+rm -rf "$WORK/run4/final"
+"$CONCORD" train --config "$WORK/train4.json" --quiet --seed 2 --out "$WORK/run4" >"$WORK/train.out" 2>"$WORK/train.err"
+if grep -q "rebuilt its final/" "$WORK/train.out" && cmp -s "$WORK/final4.safetensors" "$WORK/run4/final/model.safetensors"; then
+  pass "train rebuilds a missing final/ from the last checkpoint"
+else
+  fail "final/ rebuild: $(cat "$WORK/train.out" "$WORK/train.err")"
+fi
+echo '{"name": 5}' >"$WORK/type.json"
+expect_error "train config with a number for a string" "type.json: 'name' must be a string, got an integer" \
+  "$CONCORD" train --config "$WORK/type.json"
+echo '{"data": {"corpus": 7}}' >"$WORK/type.json"
+expect_error "train config with a number for data.corpus" "type.json: 'data.corpus' must be a string" \
+  "$CONCORD" train --config "$WORK/type.json"
+echo '{"train": {"lr": -1}}' >"$WORK/type.json"
+expect_error "train config with a negative lr" "'train.lr' must be > 0, got -1" \
+  "$CONCORD" train --config "$WORK/type.json"
+expect_error "train config that is a directory" "cannot open the training config: it is a directory" \
+  "$CONCORD" train --config "$WORK"
+printf '{"name":\n x}' >"$WORK/type.json"
+expect_error "train config that is not JSON names the line" "not valid JSON (parse error at line 2" \
+  "$CONCORD" train --config "$WORK/type.json"
+# ---- end of issue 26, items 1, 2, 4 ----
+
 finish "CLI"

@@ -1,5 +1,9 @@
 // PrecisionPolicy presets and JSON; ModelConfig from HF config.json.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -135,6 +139,72 @@ TEST(Config, LlamaDefaultsHeadDimAndUntiedHead) {
   EXPECT_FALSE(c.qk_norm());
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_FALSE(c.tie_word_embeddings);
+}
+
+// Issue 26, item 4: a value of the wrong type names the file and the key (it was nlohmann's
+// "[json.exception.type_error.302] type must be string, but is number", exit 3); a directory or
+// invalid JSON given as the file says which.
+TEST(Config, WrongTypesNameTheFileAndTheKey) {
+  auto message = [](const json& j) {
+    try {
+      ModelConfig::from_json(j, "config.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("not an InputError: ") + e.what();
+    }
+    return std::string("no error");
+  };
+  const json base = json::parse(kQwen3Config);
+  json j = base;
+  j["model_type"] = 3;
+  EXPECT_EQ(message(j), "[config] config.json: 'model_type' must be a string, got an integer");
+  j = base;
+  j["tie_word_embeddings"] = "yes";
+  EXPECT_EQ(message(j), "[config] config.json: 'tie_word_embeddings' must be true or false, got a string");
+  j = base;
+  j["hidden_size"] = 10.5;
+  EXPECT_EQ(message(j), "[config] config.json: 'hidden_size' must be an integer, got 10.5");
+  j = base;
+  j["eos_token_id"] = {1, "2"};
+  EXPECT_EQ(message(j), "[config] config.json: 'eos_token_id[1]' must be an integer, got a string");
+  j = base;
+  j["rope_parameters"] = {{"rope_type", 1}};
+  EXPECT_EQ(message(j), "[config] config.json: 'rope_parameters.rope_type' must be a string, got an integer");
+
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("concord_config_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  try {
+    ModelConfig::load(dir);
+    ADD_FAILURE() << "loaded a directory";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open the model config: it is a directory"), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(dir / "config.json") << "{\"vocab_size\": 259,\n\"hidden_size\": }";
+  try {
+    ModelConfig::load(dir / "config.json");
+    ADD_FAILURE() << "loaded invalid JSON";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: not valid JSON (parse error at line 2"), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(dir / "policy.json") << R"({"base": 8})";
+  try {
+    PrecisionPolicy::from_name_or_file((dir / "policy.json").string());
+    ADD_FAILURE() << "read a number as the base preset";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "[policy] " + (dir / "policy.json").string() +
+                                         ": 'base' must be a string, got an integer");
+  }
+  try {
+    PrecisionPolicy::from_name_or_file(dir.string());
+    ADD_FAILURE() << "read a directory as a policy";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("it is a directory"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, UnsupportedFieldsAreErrors) {

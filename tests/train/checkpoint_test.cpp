@@ -495,5 +495,54 @@ TEST(Metrics, AppendsAndTruncatesAfterAStep) {
   EXPECT_THROW(truncate_after_step(path, 5), InputError);
 }
 
+// The run-directory building blocks (issue 26): discarding the previous run's files, and a folder
+// written as a whole.
+TEST(RunDir, DiscardRemovesTheNamedFilesAndLeftovers) {
+  TempDir tmp;
+  const fs::path run = tmp.path;
+  fs::create_directories(run / "checkpoints/step-00000004");
+  std::ofstream(run / "config.json") << "{}";
+  std::ofstream(run / "metrics.jsonl") << "{}\n";
+  std::ofstream(run / "keep.txt") << "mine";
+  fs::create_directories(run / ".discarded.tmp-999999999/checkpoints");  // a killed discard's
+  const std::vector<std::string> names = {"config.json", "checkpoints", "final", "metrics.jsonl"};
+  discard_run_files(run, names);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(run)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"keep.txt"});
+}
+
+TEST(RunDir, AFolderIsWrittenAsAWholeOrNotAtAll) {
+  TempDir tmp;
+  const fs::path target = tmp.path / "final";
+  write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "a") << "one"; });
+  EXPECT_TRUE(fs::exists(target / "a"));
+  // A writer that fails half-way leaves the old folder as it was, and no temporary one.
+  EXPECT_THROW(write_directory_atomic(target,
+                                      [](const fs::path& dir) {
+                                        std::ofstream(dir / "b") << "half";
+                                        throw InputError("disk full");
+                                      }),
+               InputError);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.path)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"final"});
+  EXPECT_TRUE(fs::exists(target / "a"));
+  EXPECT_FALSE(fs::exists(target / "b"));
+  // A second write replaces the whole folder (no file of the old one survives).
+  write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "c") << "two"; });
+  EXPECT_FALSE(fs::exists(target / "a"));
+  EXPECT_TRUE(fs::exists(target / "c"));
+}
+
+TEST(RunDir, FirstDifferenceNamesTheDottedKey) {
+  using nlohmann::json;
+  EXPECT_FALSE(first_difference(json{{"a", 1}}, json{{"a", 1}}).has_value());
+  EXPECT_EQ(*first_difference(json{{"train", {{"lr", 1}, {"seed", 1}}}}, json{{"train", {{"lr", 1}, {"seed", 2}}}}),
+            "train.seed");
+  EXPECT_EQ(*first_difference(json{{"a", 1}}, json{{"a", 1}, {"b", 2}}), "b");
+  EXPECT_EQ(*first_difference(json(1), json(2)), "");
+}
+
 }  // namespace
 }  // namespace concord::train
