@@ -235,6 +235,16 @@ expect_error "train config that is a directory" "cannot open the training config
 printf '{"name":\n x}' >"$WORK/type.json"
 expect_error "train config that is not JSON names the line" "not valid JSON (parse error at line 2" \
   "$CONCORD" train --config "$WORK/type.json"
+# A demo that stops part-way (here: its warm-up cache OUT/base is a file, not a folder) must not
+# leave the previous demo's summary and report beside its arms.
+mkdir -p "$WORK/demo26"
+echo '{"format": "concord-demo/1", "arms": []}' >"$WORK/demo26/summary.json"
+echo '<html>old</html>' >"$WORK/demo26/report.html"
+touch "$WORK/demo26/base"
+run_rc "demo that fails part-way" 2 "$CONCORD" demo --quick --quiet --out "$WORK/demo26" \
+  && [[ ! -e "$WORK/demo26/summary.json" && ! -e "$WORK/demo26/report.html" ]] \
+  && pass "a demo that fails part-way leaves no previous demo's summary or report" \
+  || fail "demo part-way: $(ls "$WORK/demo26") $(cat "$WORK/err")"
 # ---- end of issue 26, items 1, 2, 4 ----
 
 finish "CLI"

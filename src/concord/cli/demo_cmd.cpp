@@ -23,6 +23,7 @@
 #include "concord/rl/channel.h"
 #include "concord/rl/loop.h"
 #include "concord/rl/report.h"
+#include "concord/train/checkpoint.h"
 
 namespace concord::cli {
 namespace {
@@ -146,6 +147,9 @@ void run_demo(const DemoOptions& o) {
               static_cast<long long>(base.steps), static_cast<long long>(base.prompts_per_step),
               static_cast<long long>(base.group_size), o.out.c_str());
   std::fflush(stdout);
+  // The previous demo's summary and report go first: a demo stopped part-way must not leave them
+  // beside this one's arms (each arm discards its own folder's previous run: rl::run_rl).
+  train::discard_run_files(o.out, std::vector<std::string>{"summary.json", "report.html"});
   std::vector<rl::RlResult> results;
   for (size_t i = 0; i < configs.size(); ++i) {
     if (!o.quiet) std::fprintf(stderr, "[%zu/%zu] %s\n", i + 1, configs.size(), configs[i].name.c_str());

@@ -81,7 +81,7 @@ std::string chat_template_of(const json& j, const fs::path& source) {
   if (t.is_string()) return t.get<std::string>();
   if (t.is_array()) {
     for (const json& entry : t)
-      if (entry.is_object() && entry.value("name", std::string()) == "default" &&
+      if (entry.is_object() && entry.contains("name") && entry.at("name") == "default" &&
           entry.contains("template") && entry.at("template").is_string())
         return entry.at("template").get<std::string>();
     fail(source, "chat_template is a list without a 'default' entry");
