@@ -203,6 +203,33 @@ TEST(RlLoop, SameSeedSameRunAndTheWarmupCacheIsReused) {
   fs::remove_all(out);
 }
 
+// The warm-up cache never vouches for another warm-up's weights: a rewrite for other settings
+// that fails after model.safetensors is replaced (here: tokenizer.json cannot be written) leaves
+// no warmup.json, so a later run with the first settings trains again rather than reusing the
+// other weights.
+TEST(RlLoop, AFailedRewriteOfTheWarmupCacheIsNotReused) {
+  const fs::path out = temp_dir("base_rewrite");
+  RlConfig a = tiny_config(out / "a");
+  a.steps = 1;
+  a.base = (out / "base").string();
+  const RlResult first = run_in_process(a);
+  ASSERT_TRUE(fs::exists(out / "base" / "warmup.json"));
+  fs::remove(out / "base" / "tokenizer.json");
+  fs::create_directories(out / "base" / "tokenizer.json" / "blocker");
+  RlConfig other = a;
+  other.warmup_steps = a.warmup_steps + 1;
+  other.out = (out / "other").string();
+  EXPECT_THROW(run_in_process(other), InputError);
+  EXPECT_FALSE(fs::exists(out / "base" / "warmup.json"));
+  fs::remove_all(out / "base" / "tokenizer.json");
+  RlConfig again = a;
+  again.out = (out / "again").string();
+  const RlResult second = run_in_process(again);
+  EXPECT_FALSE(second.warmup_cached);
+  EXPECT_EQ(without_timing(first.steps[0].line), without_timing(second.steps[0].line));
+  fs::remove_all(out);
+}
+
 // Independent references over rollouts.jsonl: the reward recomputed from the completion text
 // (integer addition), GRPO advantages and the mismatch metrics recomputed in fp64 here.
 TEST(RlLoop, RewardsAdvantagesAndMismatchMatchAnIndependentReference) {
