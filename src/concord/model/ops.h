@@ -23,6 +23,12 @@
 
 namespace concord::model {
 
+// Threading rule (src/concord/tensor/README.md): a row loop forks only when it touches at least
+// this many elements; below, the fork and join (~8 us with concord's passive OpenMP wait, where
+// the work is a few us) cost more than a second thread saves. Whether a loop runs in parallel
+// never changes a bit of its result (rows are independent).
+inline constexpr int64_t kOpParallelMinElements = int64_t{1} << 14;
+
 // ---- embedding: out (T, C) = table[tokens[t]], table (V, C) --------------------------------
 template <class F>
 void embedding_forward(F* out, const int32_t* tokens, const F* table, int64_t T, int64_t V,

@@ -58,7 +58,7 @@ void embedding_forward(F* out, const int32_t* tokens, const F* table, int64_t T,
                        int64_t C) {
   check_shape("embedding_forward", T, C);
   check_tokens("embedding_forward", tokens, T, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(out + t * C, table + static_cast<int64_t>(tokens[t]) * C,
                 static_cast<size_t>(C) * sizeof(F));
@@ -82,7 +82,7 @@ void embedding_backward(F* dtable, const F* dout, const int32_t* tokens, int64_t
   }
   group_start.push_back(T);
   const auto groups = static_cast<int64_t>(group_start.size()) - 1;
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (T * C >= kOpParallelMinElements)
   for (int64_t g = 0; g < groups; ++g) {
     F* dst = dtable + static_cast<int64_t>(tokens[order[group_start[g]]]) * C;
     for (int64_t i = group_start[g]; i < group_start[g + 1]; ++i) {
@@ -98,7 +98,7 @@ void rmsnorm_forward(F* y, F* rstd, const F* x, const F* w, int64_t T, int64_t C
   if (!(eps >= 0.0)) {
     throw InputError("[rmsnorm_forward] eps must be >= 0, got " + std::to_string(eps));
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     const F* xt = x + t * C;
     F* yt = y + t * C;
@@ -116,7 +116,7 @@ void rmsnorm_backward(F* dx, F* dw, const F* dy, const F* x, const F* w, const F
                       int64_t C) {
   check_shape("rmsnorm_backward", T, C);
   // dx = r·(w⊙dy) − x · r³/C · Σ_c (w⊙dy⊙x)_c ; the row sum in double, each element in double.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     const F* xt = x + t * C;
     const F* dyt = dy + t * C;
@@ -132,7 +132,7 @@ void rmsnorm_backward(F* dx, F* dw, const F* dy, const F* x, const F* w, const F
   // the sum's order never depends on the thread count. (x·r) is rounded as in the forward; the
   // sum over up to 16k rows is carried in double (64 doubles per task: cheap).
   const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kOpParallelMinElements)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t c0 = b * kColumnBlock;
     const int64_t width = std::min(C, c0 + kColumnBlock) - c0;

@@ -58,7 +58,7 @@ double row_log_sum_exp(const F* x, int64_t V) {
 template <class F>
 void swiglu_forward(F* out, const F* gate, const F* up, int64_t T, int64_t Fdim) {
   check_rows("swiglu_forward", T, Fdim);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * Fdim >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = t * Fdim; i < (t + 1) * Fdim; ++i) {
       const F g = gate[i];
@@ -72,7 +72,7 @@ void swiglu_backward(F* dgate, F* dup, const F* dout, const F* gate, const F* up
                      int64_t Fdim) {
   check_rows("swiglu_backward", T, Fdim);
   // silu'(g) = σ(g) · (1 + g · (1 − σ(g))), σ(g) = 1 / (1 + exp(−g)).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * Fdim >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = t * Fdim; i < (t + 1) * Fdim; ++i) {
       const F g = gate[i];
@@ -88,7 +88,7 @@ void swiglu_backward(F* dgate, F* dup, const F* dout, const F* gate, const F* up
 template <class F>
 void log_softmax_forward(F* out, const F* logits, int64_t T, int64_t V) {
   check_rows("log_softmax_forward", T, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     const F* x = logits + t * V;
     F* o = out + t * V;
@@ -101,7 +101,7 @@ template <class F>
 void log_softmax_backward(F* dlogits, const F* dout, const F* out, int64_t T, int64_t V) {
   check_rows("log_softmax_backward", T, V);
   // d/dx_v Σ_u dout_u (x_u − lse) = dout_v − softmax_v · Σ_u dout_u; softmax = exp(log-probs).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     const F* dy = dout + t * V;
     const F* y = out + t * V;
@@ -121,7 +121,7 @@ double cross_entropy_forward(F* losses, const F* logits, const int32_t* targets,
   check_rows("cross_entropy_forward", T, V);
   check_targets("cross_entropy_forward", targets, T, V);
   std::vector<double> row_loss(static_cast<size_t>(T), 0.0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     if (targets[t] < 0) continue;
     const F* x = logits + t * V;
@@ -158,7 +158,7 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
                             int64_t V, double scale) {
   check_rows("cross_entropy_backward", T, V);
   check_targets("cross_entropy_backward", targets, T, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t)
     cross_entropy_backward_row(dlogits + t * V, logits + t * V, targets[t], V, scale);
 }
@@ -168,7 +168,7 @@ void cross_entropy_backward_rows(F* dlogits, const F* logits, const int32_t* tar
                                  int64_t V, const double* row_scale) {
   check_rows("cross_entropy_backward_rows", T, V);
   check_targets("cross_entropy_backward_rows", targets, T, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t)
     cross_entropy_backward_row(dlogits + t * V, logits + t * V, targets[t], V, row_scale[t]);
 }

@@ -39,7 +39,7 @@ template <class F>
 void rope_apply(F* x, const int32_t* positions, int64_t T, int64_t H, int64_t D,
                 const RopeTable& table, double sign) {
   const int64_t half = D / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * H * D >= kOpParallelMinElements)
   for (int64_t t = 0; t < T; ++t) {
     const double* cos_row = table.cos.data() + static_cast<int64_t>(positions[t]) * half;
     const double* sin_row = table.sin.data() + static_cast<int64_t>(positions[t]) * half;

@@ -259,6 +259,7 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
         const int64_t kc = std::min(kKC, K - pc);
         const int64_t words = P::b_words(kc);
         const bool load_c = accumulate || pc > 0;
+        const bool last_step = jc + kNC >= N && pc + kKC >= K;
         if (prepacked == nullptr) {
 #pragma omp for schedule(static)
           for (int64_t p = 0; p < panels; ++p) {
@@ -266,7 +267,10 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
                       b_pack + p * kNR * words);
           }
         }
-#pragma omp for schedule(dynamic, 1)
+        // nowait + the barrier below: the next step's packing and tiles wait for this step's
+        // tiles; after the last step the region's own join is the only wait (one barrier less
+        // per call; under the passive wait policy each barrier is a sleep and a wake-up).
+#pragma omp for schedule(dynamic, 1) nowait
         for (int64_t unit = 0; unit < m_blocks * n_parts; ++unit) {
           const int64_t ic = (unit / n_parts) * kMC;
           const int64_t mc = std::min(kMC, M - ic);
@@ -297,6 +301,9 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
               for (int64_t r = 0; r < mr; ++r) std::copy_n(edge + r * kNR, nr, c + r * ldc);
             }
           }
+        }
+        if (!last_step) {
+#pragma omp barrier
         }
       }
     }
