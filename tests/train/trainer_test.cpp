@@ -229,9 +229,22 @@ TEST(Trainer, ResumingACheckpointOfAnotherRunIsAnError) {
     EXPECT_NE(m.find("step-00000004"), std::string::npos) << m;
     EXPECT_NE(m.find("'train.seed' (1 there, 2 in this config)"), std::string::npos) << m;
   }
-  // A checkpoint that records no config (an older concord's) is not trusted either.
   const fs::path state = fs::path(c.out) / "checkpoints/step-00000004/state.json";
   nlohmann::json j = nlohmann::json::parse(read_file(state));
+  // A damaged state.json names itself (it was nlohmann's type_error, exit 3).
+  const std::string good = j.dump();
+  j["optimizer_steps"] = "4";
+  std::ofstream(state) << j.dump();
+  std::ofstream(fs::path(c.out) / "config.json") << c.to_json().dump(2);
+  try {
+    train(c, o);
+    FAIL() << "resumed with a damaged state.json";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("state.json: 'optimizer_steps' must be an integer"), std::string::npos)
+        << e.what();
+  }
+  j = nlohmann::json::parse(good);
+  // A checkpoint that records no config (an older concord's) is not trusted either.
   j.erase("config");
   std::ofstream(state) << j.dump();
   std::ofstream(fs::path(c.out) / "config.json") << c.to_json().dump(2);

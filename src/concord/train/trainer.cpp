@@ -271,7 +271,11 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                      (ckpt.dir / "model.safetensors").string(), specs[p].name));
       master[p] = t->values;
     }
-    restore_adamw_state(optimizer, ckpt.optimizer, ckpt.state.value("optimizer_steps", ckpt.step));
+    const json& optimizer_steps = ckpt.state.contains("optimizer_steps") ? ckpt.state.at("optimizer_steps") : json(ckpt.step);
+    if (!optimizer_steps.is_number_integer() || optimizer_steps.get<int64_t>() < 0)
+      throw InputError(fmt::format("[train] {}: 'optimizer_steps' must be an integer >= 0, got {}",
+                                   (ckpt.dir / "state.json").string(), optimizer_steps.dump()));
+    restore_adamw_state(optimizer, ckpt.optimizer, optimizer_steps.get<int64_t>());
     restore_export_state(*exporter, ckpt.state_tensors, master_views(), ckpt.dir / "state.safetensors");
     step = ckpt.step;
     result.start_step = step;
