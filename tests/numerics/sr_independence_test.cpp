@@ -68,32 +68,43 @@ void expect_independent_neighbours(const std::vector<bool>& away, const std::str
 
 constexpr size_t kN = 8192;
 
-// Scalar SR through encode_array on every ISA: bf16 values 1 + k * 2^-9 (the bf16 step at 1 is
-// 2^-7, so delta = k/4), from element index `first`.
+// Scalar SR through encode_array on every ISA, from element index `first`: values lo + k/4 of
+// the step between two codes (delta = k/4) for bf16 (the SIMD codecs; step 2^-7 at 1) and for
+// int8 / int4 (formats without a fast codec: encode_array's scalar loop).
+struct Between {
+  Format format;
+  float lo, hi;  // two neighbouring codes' values
+};
+const Between kBetween[] = {{Format::bf16, 1.0f, 1.0f + 0x1p-7f}, {Format::int8, 10.0f, 11.0f},
+                            {Format::int4, 2.0f, 3.0f}};
+
 TEST(StochasticRounding, EncodeArrayUsesThePhiloxWordOfEachElement) {
   const Isa saved = active_isa();
   for (Isa isa : supported_isas()) {
     set_active_isa(isa);
-    for (const auto& [seed, stream, first] : {std::tuple<uint64_t, uint32_t, uint64_t>{7, 0, 0},
-                                              {7, 1, 0}, {8, 0, 0}, {0x123456789abcull, 3, 1001}}) {
-      for (int k = 1; k <= 3; ++k) {
-        const float x = 1.0f + static_cast<float>(k) * 0x1p-9f;
-        const std::vector<float> in(kN, x);
-        std::vector<uint16_t> codes(kN);
-        encode_array(Format::bf16, Rounding::stochastic, Overflow::saturate, in.data(), codes.data(), kN,
-                     RandomStream{seed, stream}, first);
-        std::vector<bool> away(kN);
-        size_t mismatches = 0;
-        for (size_t i = 0; i < kN; ++i) {
-          const float v = decode_ref(Format::bf16, codes[i]);
-          ASSERT_TRUE(v == 1.0f || v == 1.0f + 0x1p-7f) << v;
-          away[i] = v > x;
-          mismatches += away[i] != away_expected(philox_word(seed, stream, first + i), k);
+    for (const Between& b : kBetween) {
+      for (const auto& [seed, stream, first] : {std::tuple<uint64_t, uint32_t, uint64_t>{7, 0, 0},
+                                                {7, 1, 0}, {8, 0, 0}, {0x123456789abcull, 3, 1001}}) {
+        for (int k = 1; k <= 3; ++k) {
+          const float x = b.lo + static_cast<float>(k) * (b.hi - b.lo) / 4;
+          const std::vector<float> in(kN, x);
+          std::vector<uint8_t> codes(code_bytes(b.format, static_cast<int64_t>(kN)));
+          encode_array(b.format, Rounding::stochastic, Overflow::saturate, in.data(), codes.data(), kN,
+                       RandomStream{seed, stream}, first);
+          std::vector<bool> away(kN);
+          size_t mismatches = 0;
+          for (size_t i = 0; i < kN; ++i) {
+            const float v = decode_ref(b.format, get_code(b.format, codes, static_cast<int64_t>(i)));
+            ASSERT_TRUE(v == b.lo || v == b.hi) << v;
+            away[i] = v > x;
+            mismatches += away[i] != away_expected(philox_word(seed, stream, first + i), k);
+          }
+          const std::string what = std::string(isa_name(isa)) + " " + std::string(traits(b.format).name) +
+                                   " delta " + std::to_string(k) + "/4 seed " + std::to_string(seed) +
+                                   " stream " + std::to_string(stream);
+          EXPECT_EQ(mismatches, 0u) << what << ": decisions that are not the Philox word's";
+          if (k == 2) expect_independent_neighbours(away, what);
         }
-        const std::string what = std::string(isa_name(isa)) + " bf16 delta " + std::to_string(k) + "/4 seed " +
-                                 std::to_string(seed) + " stream " + std::to_string(stream);
-        EXPECT_EQ(mismatches, 0u) << what << ": decisions that are not the Philox word's";
-        if (k == 2) expect_independent_neighbours(away, what);
       }
     }
   }
