@@ -243,6 +243,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated mutation ids (prefixes)")
     ap.add_argument("--out", default="mutation-results.md")
     ap.add_argument("--keep-worktree", action="store_true")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an existing --out table for the mutations not run now")
     args = ap.parse_args()
 
     chosen = [m for m in MUTATIONS
@@ -263,6 +265,9 @@ def main():
     rank = {m[0]: i for i, m in enumerate(MUTATIONS)}
     first = lambda m: next((i for i, p in enumerate(RUN_FIRST) if p in m[0]), len(RUN_FIRST))
     rows = []
+    kept = read_table(args.out) if args.merge else {}
+    ran = {m[0] for m in chosen}
+    kept = {k: v for k, v in kept.items() if k not in ran and k in rank}
     try:
         for mid, area, path, old, new, tests, desc in sorted(chosen, key=lambda m: (first(m), rank[m[0]])):
             full = os.path.join(args.worktree, path)
@@ -270,7 +275,7 @@ def main():
                 original = f.read()
             t0 = time.time()
             if original.count(old) != 1:
-                rows.append((mid, area, path, desc, "error", f"snippet found {original.count(old)} times", 0))
+                rows.append((mid, area, path, desc, "error", f"snippet found {original.count(old)} times", 0, sha))
                 continue
             try:
                 with open(full, "w", encoding="utf-8") as f:
@@ -284,27 +289,49 @@ def main():
             finally:
                 with open(full, "w", encoding="utf-8") as f:
                     f.write(original)
-            rows.append((mid, area, path, desc, verdict, detail, time.time() - t0))
-            write_table(args.out, sha, sorted(rows, key=lambda r: rank[r[0]]))
+            rows.append((mid, area, path, desc, verdict, detail, time.time() - t0, sha))
+            write_table(args.out, sorted(rows + list(kept.values()), key=lambda r: rank[r[0]]))
             print(f"{verdict:9s} {mid}  {detail[:100]}", flush=True)
     finally:
         git(args.worktree, "checkout", "--", ".")
-        write_table(args.out, sha, sorted(rows, key=lambda r: rank[r[0]]))
+        write_table(args.out, sorted(rows + list(kept.values()), key=lambda r: rank[r[0]]))
         if not args.keep_worktree:
             run(["git", "-C", args.repo, "worktree", "remove", "--force", args.worktree])
     survived = [r for r in rows if r[4] != "killed"]
     print(f"{len(rows) - len(survived)} of {len(rows)} killed; table in {args.out}")
 
 
-def write_table(out, sha, rows):
+HEADER = "| id | area | file | mutation | verdict | first failure | s | commit |"
+
+
+def write_table(out, rows):
     killed = sum(r[4] == "killed" for r in rows)
     with open(out, "w", encoding="utf-8") as f:
-        f.write(f"Mutation pass at {sha[:10]}: {killed} of {len(rows)} killed.\n\n")
-        f.write("| id | area | file | mutation | verdict | first failure | s |\n")
-        f.write("|---|---|---|---|---|---|---|\n")
-        for mid, area, path, desc, verdict, detail, secs in rows:
+        f.write(f"{killed} of {len(rows)} mutations killed.\n\n")
+        f.write(HEADER + "\n|---|---|---|---|---|---|---|---|\n")
+        for mid, area, path, desc, verdict, detail, secs, sha in rows:
             cell = detail.replace("|", "\\|")
-            f.write(f"| {mid} | {area} | {os.path.basename(path)} | {desc} | **{verdict}** | {cell} | {secs:.0f} |\n")
+            f.write(f"| {mid} | {area} | {os.path.basename(path)} | {desc} | **{verdict}** | {cell} | "
+                    f"{secs:.0f} | {sha[:10]} |\n")
+
+
+def read_table(out):
+    """The rows of a table written by write_table, by mutation id ({} when there is none)."""
+    if not os.path.exists(out):
+        return {}
+    paths = {os.path.basename(m[2]): m[2] for m in MUTATIONS}
+    rows = {}
+    with open(out, encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("| ") or line.startswith(HEADER[:6]):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            if len(cells) != 8 or cells[0] == "id":
+                continue
+            mid, area, base, desc, verdict, detail, secs, sha = cells
+            rows[mid] = (mid, area, paths.get(base, base), desc, verdict.strip("*"), detail.replace("\\|", "|"),
+                         float(secs), sha)
+    return rows
 
 
 if __name__ == "__main__":
