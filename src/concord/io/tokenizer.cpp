@@ -369,9 +369,9 @@ Tokenizer::~Tokenizer() = default;
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   const Impl& t = *impl_;
   if (const size_t bad = invalid_utf8_offset(text); bad != std::string_view::npos) {
-    throw InputError(fmt::format("[tokenizer] {}: the text is not valid UTF-8 (byte {}); only "
-                                 "UTF-8 text can be encoded",
-                                 t.label, bad));
+    // A problem of the text, not of the tokenizer: the caller names where the text came from.
+    throw InputError(fmt::format("[tokenizer] encode: the text is not valid UTF-8 (byte {}); only "
+                                 "UTF-8 text can be encoded", bad));
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 16);

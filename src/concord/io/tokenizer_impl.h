@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "concord/io/tokenizer.h"
+#include "concord/io/utf8.h"
 
 namespace concord::io::tokenizer_detail {
 
 // --- Unicode (tokenizer_unicode.cpp) ---------------------------------------------------------
 
-// Offset of the first byte that is not part of well-formed UTF-8, or npos when all of it is.
-size_t invalid_utf8_offset(std::string_view text);
+using io::invalid_utf8_offset;  // io/utf8.h
+using io::utf8_lossy;
 // The code point at text[pos], advancing pos; text must be valid UTF-8.
 char32_t next_code_point(std::string_view text, size_t& pos);
 void append_utf8(std::string& out, char32_t cp);
@@ -39,8 +40,6 @@ inline bool is_white_space(char32_t cp) { return (char_flags(cp) & kWhitespace) 
 
 // NFC (utf8proc); text must be valid UTF-8.
 std::string nfc(std::string_view text);
-// Rust's String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD.
-std::string utf8_lossy(std::string_view bytes);
 
 // GPT-2's bytes_to_unicode: byte b <-> one code point, as UTF-8 text.
 const std::array<std::string, 256>& byte_to_char();

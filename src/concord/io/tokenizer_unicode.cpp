@@ -1,5 +1,5 @@
-// Unicode for the tokenizer: UTF-8 checks, the character classes of the split patterns
-// (categories from utf8proc), NFC, lossy UTF-8 and GPT-2's byte-level alphabet.
+// Unicode for the tokenizer: code points, the character classes of the split patterns
+// (categories from utf8proc), NFC and GPT-2's byte-level alphabet (UTF-8 validity: io/utf8.h).
 #include <cstdlib>
 #include <memory>
 
@@ -10,40 +10,6 @@
 
 namespace concord::io::tokenizer_detail {
 namespace {
-
-bool is_continuation(uint8_t b) { return (b & 0xC0) == 0x80; }
-
-// Length of the well-formed UTF-8 sequence at bytes[i], or 0 with `valid_prefix` set to the
-// length of its longest prefix that could still start a valid sequence (at least 1): the
-// "maximal subpart" that Rust's from_utf8_lossy replaces by one U+FFFD.
-size_t utf8_sequence(std::string_view bytes, size_t i, size_t& valid_prefix) {
-  const auto b0 = static_cast<uint8_t>(bytes[i]);
-  valid_prefix = 1;
-  if (b0 < 0x80) return 1;
-  size_t need = 0;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 1;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    need = 2;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    need = 3;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k <= need; ++k) {
-    if (i + k >= bytes.size()) return 0;
-    const auto b = static_cast<uint8_t>(bytes[i + k]);
-    const bool ok = k == 1 ? (b >= lo && b <= hi) : is_continuation(b);
-    if (!ok) return 0;
-    valid_prefix = k + 1;
-  }
-  return need + 1;
-}
 
 struct ByteLevelTables {
   std::array<std::string, 256> byte_to_char;
@@ -94,20 +60,6 @@ struct AsciiFlags {
 };
 
 }  // namespace
-
-size_t invalid_utf8_offset(std::string_view text) {
-  size_t i = 0, prefix = 0;
-  while (i < text.size()) {
-    if (static_cast<uint8_t>(text[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    const size_t n = utf8_sequence(text, i, prefix);
-    if (n == 0) return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
 
 char32_t next_code_point(std::string_view text, size_t& pos) {
   const auto b0 = static_cast<uint8_t>(text[pos]);
@@ -183,23 +135,6 @@ std::string nfc(std::string_view text) {
   CONCORD_CHECK(n >= 0, "utf8proc_map failed on valid UTF-8");
   const std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(out, &std::free);
   return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
-}
-
-std::string utf8_lossy(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  size_t i = 0, prefix = 0;
-  while (i < bytes.size()) {
-    const size_t n = utf8_sequence(bytes, i, prefix);
-    if (n > 0) {
-      out.append(bytes.substr(i, n));
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      i += prefix;
-    }
-  }
-  return out;
 }
 
 const std::array<std::string, 256>& byte_to_char() { return byte_level_tables().byte_to_char; }

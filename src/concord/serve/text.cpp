@@ -1,10 +1,11 @@
-// Chat-template rendering by family and UTF-8 stream buffering (text.h).
+// Chat-template rendering by family and UTF-8-safe streaming (text.h).
 #include "concord/serve/text.h"
 
 #include <ctime>
 
 #include <fmt/format.h>
 
+#include "concord/io/utf8.h"
 #include "concord/numerics/check.h"
 
 namespace concord::serve {
@@ -101,24 +102,27 @@ std::string render_chat(std::string_view tpl, std::string_view user, const ChatO
 
 std::string Utf8Stream::push(std::string_view bytes) {
   pending_ += bytes;
-  // Find where the last character starts; hold it back if its bytes are not all here.
-  size_t cut = pending_.size();
-  const size_t n = pending_.size();
-  for (size_t back = 1; back <= 4 && back <= n; ++back) {
-    const auto c = static_cast<unsigned char>(pending_[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    const size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                        : (c & 0xF8) == 0xF0 ? 4 : 1;  // an invalid lead passes through
-    if (need > back) cut = n - back;
-    break;
+  std::string ready;
+  ready.reserve(pending_.size() + 8);
+  size_t i = 0, prefix = 0;
+  while (i < pending_.size()) {
+    const size_t n = io::utf8_sequence(pending_, i, prefix);
+    if (n > 0) {
+      ready.append(pending_, i, n);
+      i += n;
+    } else if (io::utf8_incomplete_at_end(pending_, i)) {
+      break;  // the rest of this character is still to come
+    } else {
+      ready += io::kReplacementCharacter;  // one per maximal invalid subpart, as utf8_lossy
+      i += prefix;
+    }
   }
-  std::string ready = pending_.substr(0, cut);
-  pending_.erase(0, cut);
+  pending_.erase(0, i);
   return ready;
 }
 
 std::string Utf8Stream::flush() {
-  std::string rest = std::move(pending_);
+  std::string rest = io::utf8_lossy(pending_);  // an unfinished character: one U+FFFD
   pending_.clear();
   return rest;
 }

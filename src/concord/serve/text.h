@@ -31,15 +31,18 @@ struct ChatOptions {
 std::string render_chat(std::string_view chat_template, std::string_view user,
                         const ChatOptions& options = {});
 
-// Bytes of streamed tokens in, complete UTF-8 characters out: a character split across tokens
-// is held back until its last byte arrives. Bytes that can never form a character (a stray
-// continuation byte, an invalid lead byte) are passed through as they are.
+// Bytes of streamed tokens in, valid UTF-8 out: a character split across tokens is held back
+// until its last byte arrives; bytes that cannot form a character (a stray continuation byte,
+// an invalid lead, an overlong form, a surrogate, a code point above U+10FFFF, a character
+// cut short by a byte that cannot continue it) become U+FFFD, one per maximal subpart
+// (io/utf8.h). Every push and flush returns valid UTF-8, and the concatenation of a stream's
+// outputs is io::utf8_lossy of its input, however the input was split.
 class Utf8Stream {
  public:
-  // Appends bytes; returns the longest prefix of the pending bytes that ends on a character
-  // boundary (removed from the pending bytes).
+  // Appends bytes; returns the decoded text up to the last character that is complete (or
+  // replaced); an unfinished character at the end stays pending.
   std::string push(std::string_view bytes);
-  // Whatever is left (an incomplete character at the end of the stream).
+  // The end of the stream: an unfinished character becomes one U+FFFD.
   std::string flush();
 
  private:
