@@ -88,12 +88,6 @@ void dump_tensor(const io::TensorInfo& t) {
 
 // --- GGUF ---
 
-bool has_gguf_magic(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
 // One metadata element on one line: strings JSON-quoted, floats as the shortest decimal that
 // reads back exactly in their own width, uint64 unsigned, bool true/false.
 std::string gguf_element_text(const io::GgufValue& v, size_t i) {
@@ -170,7 +164,7 @@ void inspect_gguf(const InspectOptions& o) {
 }
 
 void run_inspect(const InspectOptions& o) {
-  if (has_gguf_magic(o.path)) {
+  if (io::is_gguf_path(o.path)) {
     inspect_gguf(o);
     return;
   }
@@ -217,8 +211,8 @@ void add_inspect_command(CLI::App& app) {
       "inspect",
       "List the tensors, metadata and quantization formats of a safetensors or GGUF file");
   inspect->footer(
-      "\nA file starting with the \"GGUF\" magic is read as GGUF (docs/gguf.md), any other as "
-      "safetensors\n(docs/safetensors.md). The file is validated strictly first; a corrupt file "
+      "\nA file named *.gguf or starting with the \"GGUF\" magic is read as GGUF (docs/gguf.md), any "
+      "other as\nsafetensors (docs/safetensors.md). The file is validated strictly first; a corrupt file "
       "prints one line naming\nthe file and the problem, and exits 2. With --dump NAME, prints "
       "the values of tensor NAME one per\nline (floats: shortest decimal that reads back exactly; "
       "integers in decimal; BOOL 0/1; F8, F6, F4\nand C64 as hex bytes; GGUF F16, BF16, Q8_0 and "

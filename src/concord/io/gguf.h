@@ -93,6 +93,11 @@ struct GgufTensorInfo {
   int64_t numel() const;
 };
 
+// Whether `path` is to be read as GGUF: it starts with the "GGUF" magic, or its name ends in
+// ".gguf" (any case). A damaged GGUF file (bad magic, truncated) is then reported by the GGUF
+// reader, naming the format the user gave, and never as a bad file of another format.
+bool is_gguf_path(const std::filesystem::path& path);
+
 class GgufFile {
  public:
   static GgufFile open(const std::filesystem::path& path);

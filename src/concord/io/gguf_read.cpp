@@ -5,6 +5,8 @@
 // encoding), so a small file cannot make the reader allocate more than a small multiple of its
 // own size; tensor extents use overflow-checked arithmetic.
 #include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <limits>
 #include <numeric>
 #include <unordered_set>
@@ -265,6 +267,15 @@ int64_t GgufTensorInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   return n;
+}
+
+bool is_gguf_path(const std::filesystem::path& path) {
+  std::string ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".gguf") return true;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::equal(magic, magic + 4, "GGUF");
 }
 
 GgufFile GgufFile::open(const std::filesystem::path& path) {

@@ -36,10 +36,17 @@ void check_source(const ModelSource& source) {
 
 namespace {
 
-bool is_gguf_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::equal(magic, magic + 4, "GGUF");
+// A path that is not a folder: a GGUF file (by name or magic, io::is_gguf_path: a damaged one is
+// reported by the GGUF reader), or an error saying what a model is.
+void check_model_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail(path, "no such file or folder");
+  if (io::is_gguf_path(path)) return;
+  if (path.extension() == ".safetensors")
+    fail(path, "a .safetensors file alone is not a model: give the folder that holds it with its "
+               "config.json (and tokenizer.json), or a GGUF file");
+  fail(path, "not a model: expected a folder with config.json, a training run with final/, or a "
+             "GGUF file");
 }
 
 // A training run directory (`concord train --out DIR`) holds its served model in final/ (its
@@ -56,10 +63,7 @@ fs::path resolve_folder(const fs::path& dir) {
 ModelSource inspect_model(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return files_detail::inspect_hf_folder(resolve_folder(path));
-  if (!fs::exists(path, ec)) fail(path, "no such file or folder");
-  if (!is_gguf_file(path))
-    fail(path, "not a model: expected a folder with config.json, a training run with final/, or a "
-               "GGUF file");
+  check_model_file(path);
   return files_detail::inspect_gguf(io::GgufFile::open(path));
 }
 
@@ -72,10 +76,7 @@ LoadedModel load_model(const fs::path& path, PrecisionPolicy policy) {
     files_detail::read_hf_weights(dir, model);
     return LoadedModel{std::move(source), std::move(model)};
   }
-  if (!fs::exists(path, ec)) fail(path, "no such file or folder");
-  if (!is_gguf_file(path))
-    fail(path, "not a model: expected a folder with config.json, a training run with final/, or a "
-               "GGUF file");
+  check_model_file(path);
   const io::GgufFile file = io::GgufFile::open(path);
   ModelSource source = files_detail::inspect_gguf(file);
   Model model(source.config, std::move(policy));
