@@ -17,8 +17,10 @@ $(BUILD)/build.ninja:
 build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Sets up, builds (Release) and runs the main job on its embedded defaults.
-demo: setup build
+# Sets up, builds (Release) the concord binary alone (not the tests and benchmarks that `build`
+# and `test` compile) and runs the main job on its embedded defaults.
+demo: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target concord
 	$(BUILD)/bin/concord demo
 
 # Sets up, builds and runs every test (C++ and the Python reference comparisons) with ctest.
