@@ -31,6 +31,75 @@ expect_error "unknown subcommand" "concord:" "$CONCORD" no-such-command
 expect_error "unknown quant format" "unknown --format 'mxfp3'" "$CONCORD" quant a b --format mxfp3
 expect_error "bad skip regex" "--skip '(' is not a valid regular expression" "$CONCORD" quant a b --format mxfp4 --skip "("
 
+# Unknown commands and options name what was given and list the commands of that level.
+expect_error "unknown command lists the commands" "unknown command 'frobnicate'; the commands are codec, quant," \
+  "$CONCORD" frobnicate
+expect_error "unknown top-level option" "unknown option '--frob'; the commands are codec," "$CONCORD" --frob
+expect_error "no command" "a command is required: codec, quant," "$CONCORD"
+expect_error "unknown codec command" "codec: unknown command 'frob'; the commands are encode, decode, quantize, dequantize" \
+  "$CONCORD" codec frob
+expect_error "unknown option of a command" "inspect: unknown option '--frob' (see concord inspect --help)" \
+  "$CONCORD" inspect x --frob
+
+# --- numeric flags: every one has a domain, checked when parsed (issue 26 item 3: -1 was "not
+# given"). COMMAND|ARGS IT REQUIRES|FLAG|BAD VALUE|DOMAIN NAMED. The rl flags: rl_test.sh.
+# (demo's bad --arm makes a binary that ignored the flag fail at once instead of running.)
+cat >"$WORK/flags.table" <<'TABLE'
+codec encode|-f e4m3|--seed|-1|an integer in [0, 2^64 - 1]
+codec quantize|-f mxfp4|--seed|18446744073709551616|an integer in [0, 2^64 - 1]
+quant|a.safetensors b.safetensors -f mxfp4|--seed|-1|an integer in [0, 2^64 - 1]
+quant|a.safetensors b.safetensors -f mxfp4|--seed|0x10|an integer in [0, 2^64 - 1]
+demo|--arm bf16/fp7:rne|--steps|-1|an integer in [1, 99999999]
+demo|--arm bf16/fp7:rne|--steps|0|an integer in [1, 99999999]
+demo|--arm bf16/fp7:rne|--seed|-1|an integer in [0, 2^64 - 1]
+train|--config c.json|--steps|-1|an integer in [1, 99999999]
+train|--config c.json|--steps|100000000|an integer in [1, 99999999]
+train|--config c.json|--steps|1e3|an integer in [1, 99999999]
+train|--config c.json|--seed|-1|an integer in [0, 2^64 - 1]
+generate|--model m --prompt p|--max-tokens|0|an integer >= 1
+generate|--model m --prompt p|--temp|-1|a number >= 0
+generate|--model m --prompt p|--temp|nan|a number >= 0
+generate|--model m --prompt p|--temp|inf|a number >= 0
+generate|--model m --prompt p|--temp|1e39|a number >= 0 that a 32-bit float can hold
+generate|--model m --prompt p|--top-k|-1|an integer in [0, 2^31 - 1]
+generate|--model m --prompt p|--top-k|2147483648|an integer in [0, 2^31 - 1]
+generate|--model m --prompt p|--top-p|0|a number in (0, 1]
+generate|--model m --prompt p|--top-p|1.5|a number in (0, 1]
+generate|--model m --prompt p|--min-p|-0.1|a number in [0, 1]
+generate|--model m --prompt p|--min-p|2|a number in [0, 1]
+generate|--model m --prompt p|--seed|-1|an integer in [0, 2^64 - 1]
+generate|--model m --prompt p|--prefill-chunk|0|an integer >= 1
+generate|--model m --prompt p|--prefill-chunk|x|an integer >= 1
+contract dump|--model m --kernel fp32 --out o.npy|--count|0|an integer >= 1
+contract dump|--model m --kernel fp32 --out o.npy|--difficulty|0|an integer in [1, 2^31 - 1]
+contract dump|--model m --kernel fp32 --out o.npy|--seed|-1|an integer in [0, 2^64 - 1]
+contract dump|--model m --kernel fp32 --out o.npy|--max-new|-1|an integer >= 0
+contract dump|--model m --kernel fp32 --out o.npy|--batch|0|an integer >= 1
+contract measure|--ref a --cand b --out o|--count|-5|an integer >= 1
+contract measure|--ref a --cand b --out o|--difficulty|-1|an integer in [1, 2^31 - 1]
+contract measure|--ref a --cand b --out o|--seed|1.5|an integer in [0, 2^64 - 1]
+contract measure|--ref a --cand b --out o|--max-new|-2|an integer >= 0
+contract measure|--ref a --cand b --out o|--batch|-1|an integer >= 1
+contract measure|--ref a --cand b --out o|--decided-margin|-1|a number >= 0
+contract measure|--ref a --cand b --out o|--position-edges|-3|an integer in [1, 2^31 - 1]
+contract measure|--ref a --cand b --out o|--prompt-length-edges|0|an integer in [1, 2^31 - 1]
+contract measure|--ref a --cand b --out o|--headroom|0.5|a number >= 1
+contract measure|--ref a --cand b --out o|--quantile|0|a number in (0, 1]
+contract measure|--ref a --cand b --out o|--quantile|1.01|a number in (0, 1]
+contract check|--contract c --ref a --cand b|--count|0|an integer >= 1
+contract check|--contract c --ref a --cand b|--difficulty|0|an integer in [1, 2^31 - 1]
+contract check|--contract c --ref a --cand b|--seed|-2|an integer in [0, 2^64 - 1]
+contract check|--contract c --ref a --cand b|--max-new|-1|an integer >= 0
+contract check|--contract c --ref a --cand b|--batch|0|an integer >= 1
+contract check|--contract c --ref a --cand b|--decided-margin|-0.5|a number >= 0
+contract check|--contract c --ref a --cand b|--position-edges|0|an integer in [1, 2^31 - 1]
+contract check|--contract c --ref a --cand b|--prompt-length-edges|-16|an integer in [1, 2^31 - 1]
+TABLE
+bad_flag_values "$WORK/flags.table"
+expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
+  "$CONCORD" contract measure --ref a --cand b --out o --position-edges 16,-3
+numeric_flags_covered "$WORK/flags.table" EXCLUDE rl
+
 # --- a generated checkpoint (python3 standard library only) ---
 python3 - "$WORK/model.safetensors" <<'PY'
 import json, random, struct, sys
@@ -122,6 +191,29 @@ expect_error "inspect missing file" "[safetensors] $WORK/none.safetensors: canno
 expect_error "dump unknown tensor" "no tensor named 'nope'" \
   "$CONCORD" inspect "$WORK/model.safetensors" --dump nope
 [[ ! -e "$WORK/x.safetensors" ]] && pass "failed commands write no output" || fail "x.safetensors written"
+# A damaged .gguf is reported by the GGUF reader, whatever its bytes, by every command that reads
+# model or tensor files; the safetensors commands say they read safetensors (issue 26 item 7).
+printf 'GGUX\003\000\000\000' >"$WORK/magic.gguf"
+printf 'GGU' >"$WORK/three.gguf"
+for f in magic three; do
+  expect_error "inspect $f.gguf names GGUF" "[gguf] $WORK/$f.gguf:" "$CONCORD" inspect "$WORK/$f.gguf"
+  expect_error "generate $f.gguf names GGUF" "[gguf] $WORK/$f.gguf:" "$CONCORD" generate --model "$WORK/$f.gguf" --prompt hi
+  expect_error "export $f.gguf names GGUF" "[gguf] $WORK/$f.gguf:" \
+    "$CONCORD" export --model "$WORK/$f.gguf" --to safetensors --out "$WORK/x"
+  expect_error "contract dump $f.gguf names GGUF" "[gguf] $WORK/$f.gguf:" \
+    "$CONCORD" contract dump --model "$WORK/$f.gguf" --kernel fp32 --task add --out "$WORK/x.npy"
+  expect_error "quant $f.gguf" "[quant] $WORK/$f.gguf: a GGUF file; quant reads safetensors" \
+    "$CONCORD" quant "$WORK/$f.gguf" "$WORK/x.safetensors" --format mxfp4
+  expect_error "dequant $f.gguf" "[dequant] $WORK/$f.gguf: a GGUF file; dequant reads safetensors" \
+    "$CONCORD" dequant "$WORK/$f.gguf" "$WORK/x.safetensors"
+done
+expect_error "inspect bad magic says so" "bad magic 47 47 55 58, expected \"GGUF\"" "$CONCORD" inspect "$WORK/magic.gguf"
+expect_error "inspect 3-byte gguf says truncated" "needs 4 bytes but the file ends 3 bytes later" \
+  "$CONCORD" inspect "$WORK/three.gguf"
+expect_error "a safetensors file is not a model" "a .safetensors file alone is not a model" \
+  "$CONCORD" generate --model "$WORK/model.safetensors" --prompt hi
+[[ ! -e "$WORK/x" && ! -e "$WORK/x.npy" && ! -e "$WORK/x.safetensors" ]] && pass "damaged GGUF: nothing written" \
+  || fail "output written for a damaged GGUF"
 
 # train: a few steps of a tiny model on a generated text file; errors name the config key/file.
 for i in $(seq 1 400); do echo "And it came to pass, in the $i th year, that the king went up."; done >"$WORK/corpus.txt"
@@ -167,10 +259,59 @@ expect_output "tokenize BPE round trip" "$TEXT" \
     | '$CONCORD' tokenize --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json' --decode" _ "$TEXT"
 expect_error "tokenize missing tokenizer" "tokenizer" \
   "$CONCORD" tokenize --tokenizer "$WORK/none/tokenizer.json"
+# Text that is not UTF-8 is the input's fault: stdin is named with the byte offset, the
+# tokenizer file is not (issue 26 item 8).
+expect_error "tokenize names stdin for bad UTF-8" "[tokenize] stdin: not valid UTF-8 (byte 3)" \
+  bash -c "printf 'ok \xff\xfe' | '$CONCORD' tokenize --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json'"
+grep -q "qwen3_kjv_4096.json" "$WORK/err" && fail "the UTF-8 error names the tokenizer: $(cat "$WORK/err")" \
+  || pass "the UTF-8 error does not blame the tokenizer file"
+expect_error "tokenize --batch names the text and its stdin offset" "stdin: not valid UTF-8 (byte 5, in text 2 of the batch)" \
+  bash -c "printf 'ab\0cd\xc3(' | '$CONCORD' tokenize --batch --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json'"
+expect_error "generate names --prompt for bad UTF-8" "[generate] --prompt: not valid UTF-8 (byte 1)" \
+  "$CONCORD" generate --model "$WORK/run" --prompt $'a\xff'
 
 "$CONCORD" export --model "$WORK/run" --to gguf --out "$WORK/run.gguf" >"$WORK/export.out" 2>&1 \
   && "$CONCORD" export --model "$WORK/run.gguf" --to safetensors --out "$WORK/from_gguf" >>"$WORK/export.out" 2>&1 \
   && pass "export run -> gguf -> safetensors" || fail "export: $(cat "$WORK/export.out")"
+# --out: no parent created silently, never the source or overlapping it, and a failed export
+# leaves nothing (issue 26 item 9).
+expect_error "export into a missing folder" "the folder $WORK/missing/deeper does not exist (create it first)" \
+  "$CONCORD" export --model "$WORK/run" --to safetensors --out "$WORK/missing/deeper/m"
+[[ ! -e "$WORK/missing" ]] && pass "export creates no parent folders" || fail "export created $WORK/missing"
+expect_error "export into its own run" "--out $WORK/run/final lies inside the source --model $WORK/run" \
+  "$CONCORD" export --model "$WORK/run" --to safetensors --out "$WORK/run/final"
+expect_error "export over its source" "is the source --model $WORK/from_gguf" \
+  "$CONCORD" export --model "$WORK/from_gguf" --to safetensors --out "$WORK/from_gguf/"
+expect_error "export over a folder holding the source" "--out $WORK/run contains the source --model $WORK/run/final" \
+  "$CONCORD" export --model "$WORK/run/final" --to safetensors --out "$WORK/run"
+expect_error "gguf export over its source" "is the source --model $WORK/run.gguf" \
+  "$CONCORD" export --model "$WORK/run.gguf" --to gguf --out "$WORK/run.gguf"
+[[ -f "$WORK/run/config.json" && -f "$WORK/run/final/model.safetensors" && -f "$WORK/run/metrics.jsonl" ]] \
+  && pass "refused exports leave the run as it was" || fail "the run changed: $(ls -R "$WORK/run")"
+# A model with a weight that f16 cannot hold: the f16 export fails once it has begun writing.
+cp -r "$WORK/from_gguf" "$WORK/huge"
+python3 - "$WORK/huge/model.safetensors" <<'PY'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+t = next(v for k, v in sorted(header.items()) if k != "__metadata__" and v["dtype"] == "F32")
+struct.pack_into("<f", raw, 8 + n + t["data_offsets"][0], 1e6)
+open(sys.argv[1], "wb").write(raw)
+PY
+expect_error "failed export" "which overflows F16" \
+  "$CONCORD" export --model "$WORK/huge" --to safetensors --dtype f16 --out "$WORK/failed"
+grep -q "export-tmp" "$WORK/err" && fail "the error names the temporary folder: $(cat "$WORK/err")" \
+  || pass "a failed export names --out, not its temporary folder"
+[[ ! -e "$WORK/failed" && -z "$(ls -A "$WORK" | grep export-)" ]] && pass "a failed export leaves nothing" \
+  || fail "a failed export left: $(ls -A "$WORK")"
+"$CONCORD" export --model "$WORK/run" --to safetensors --dtype bf16 --out "$WORK/from_gguf" >/dev/null 2>"$WORK/err" \
+  && python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['torch_dtype'] == 'bfloat16' else 1)" \
+    "$WORK/from_gguf/config.json" && pass "export replaces an earlier export" || fail "re-export: $(cat "$WORK/err")"
+mkdir -p "$WORK/notes" && echo keep >"$WORK/notes/mine.txt"
+expect_error "export into a folder with other files" "holds 'mine.txt', which an export does not write" \
+  "$CONCORD" export --model "$WORK/run" --to safetensors --out "$WORK/notes"
+[[ "$(ls "$WORK/notes")" == "mine.txt" ]] && pass "a folder with other files is left alone" || fail "notes/ changed"
 "$CONCORD" generate --model "$WORK/run" --prompt "And God" --max-tokens 12 --temp 0 \
   >"$WORK/gen_st.out" 2>"$WORK/gen_st.err"
 "$CONCORD" generate --model "$WORK/run.gguf" --prompt "And God" --max-tokens 12 --temp 0 \
@@ -188,6 +329,15 @@ b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --se
 c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 [[ -n "$a" && "$a" == "$c" && -n "$b" ]] && pass "generate is reproducible by seed; runs at mxfp8" \
   || fail "generate seeds: '$a' vs '$c' (mxfp8: '$b')"
+# At a huge temperature the byte-level model samples arbitrary bytes; stdout stays valid UTF-8
+# (invalid bytes become U+FFFD) (issue 26 item 10).
+if "$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 48 --temp 1e30 --seed 3 \
+    >"$WORK/hot.out" 2>"$WORK/hot.err" \
+    && python3 -c 'import sys; t = sys.stdin.buffer.read().decode("utf-8"); sys.exit(0 if len(t) > 10 else 1)' <"$WORK/hot.out"; then
+  pass "generate --temp 1e30 writes valid UTF-8"
+else
+  fail "generate --temp 1e30: not valid UTF-8 (or nothing): $(head -c 200 "$WORK/hot.out" | od -c | head -3) $(cat "$WORK/hot.err")"
+fi
 expect_error "generate --chat without a template" "chat template" \
   "$CONCORD" generate --model "$WORK/run" --prompt "hi" --chat
 expect_error "generate missing model" "none" "$CONCORD" generate --model "$WORK/none" --prompt "hi"

@@ -53,3 +53,61 @@ finish() {
   fi
   echo "all $1 tests passed"
 }
+
+# bad_flag_values TABLE : each line of TABLE (a file; "#" lines skipped) is
+# "COMMAND|ARGS|FLAG|VALUE|DOMAIN": `concord COMMAND ARGS FLAG VALUE` must exit 2 with one line
+# "COMMAND FLAG: 'VALUE' is not DOMAIN" (the flag checked when parsed, before any work). Needs
+# $CONCORD.
+bad_flag_values() {
+  local table="$1" command args flag value domain
+  while IFS='|' read -r command args flag value domain; do
+    [[ -z "$command" || "$command" == \#* ]] && continue
+    local words=() extra=()
+    read -r -a words <<<"$command"
+    read -r -a extra <<<"$args"
+    expect_error "$command $flag $value" "$command $flag: '$value' is not $domain" \
+      "$CONCORD" "${words[@]}" "${extra[@]}" "$flag" "$value"
+  done <"$table"
+}
+
+# numeric_flags_covered TABLE INCLUDE|EXCLUDE COMMAND... : every numeric flag (INT, UINT, FLOAT in
+# --help) of every leaf command under the given top-level commands (INCLUDE), or under all but
+# them (EXCLUDE), has a row in TABLE, so a new flag cannot go unchecked.
+numeric_flags_covered() {
+  local table="$1"; shift
+  if python3 - "$CONCORD" "$table" "$@" <<'PY'
+import re, subprocess, sys
+concord, table, mode, chosen = sys.argv[1], sys.argv[2], sys.argv[3], set(sys.argv[4:])
+def help_of(words):
+    return subprocess.run([concord, *words, "--help"], capture_output=True, text=True).stdout
+def leaves(words):
+    text = help_of(words)
+    subs = []
+    if "\nSubcommands:\n" in text:
+        for line in text.split("\nSubcommands:\n", 1)[1].splitlines():
+            m = re.match(r"^  (\S+)\s", line)
+            if not m: break
+            subs.append(m.group(1))
+    if not subs:
+        yield words, text
+    for s in subs:
+        if words == [] and ((mode == "INCLUDE") != (s in chosen)): continue
+        yield from leaves(words + [s])
+rows = set()
+for line in open(table):
+    if line.strip() and not line.startswith("#"):
+        f = line.rstrip("\n").split("|")
+        rows.add((f[0], f[2]))
+missing = []
+count = 0
+for words, text in leaves([]):
+    for flag in re.findall(r"^  (--[\w-]+) (?:INT|UINT|FLOAT)\b", text, re.M):
+        count += 1
+        if (" ".join(words), flag) not in rows: missing.append(" ".join(words) + " " + flag)
+print(f"{count} numeric flags listed by --help")
+if missing or count == 0:
+    print("no bad-value row for: " + ", ".join(missing))
+    sys.exit(1)
+PY
+  then pass "every numeric flag has a bad-value case"; else fail "numeric flags without a bad-value case"; fi
+}

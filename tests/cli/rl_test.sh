@@ -44,6 +44,15 @@ if run_rc "demo --quick" 0 "$CONCORD" demo --quick --out "$WORK/demo"; then
     "len(j['arms']) == 3 and all(a['sync_failures'] == 0 and 0 <= a['final_reward'] <= 1 for a in j['arms'])"
   json_check "matched bf16/bf16 has no mismatch" "$WORK/demo/summary.json" \
     "[a for a in j['arms'] if a['dir'] == 'bf16_bf16_rne'][0]['mean_k3_kl'] < 1e-12"
+  # Everything the demo writes for an arm is named in docs/rl.md's demo section (issue 26 item 14:
+  # checkpoints/ was not).
+  DEMO_DOC="$(python3 -c 'import sys; t = open(sys.argv[1]).read(); print(t.split("## The demo", 1)[1].split("\n## ", 1)[0])' \
+    "$(dirname "$0")/../../docs/rl.md")"
+  for entry in $(ls "$WORK/demo/bf16_bf16_rne"); do
+    grep -qF "$entry" <<<"$DEMO_DOC" || fail "docs/rl.md's demo section does not name an arm's $entry"
+  done
+  [[ -d "$WORK/demo/bf16_bf16_rne/checkpoints" ]] && grep -qF "OUT/<arm>/checkpoints/" <<<"$DEMO_DOC" \
+    && pass "docs/rl.md names what each demo arm writes" || fail "demo arm entries vs docs/rl.md"
   run_rc "demo --quick again" 0 "$CONCORD" demo --quick --out "$WORK/demo" --arm bf16/bf16:sr \
     && grep -q 'warmed-up model from' "$WORK/err" && pass "a second demo reuses the warmed-up model" \
     || fail "demo rerun did not reuse base: $(cat "$WORK/err")"
@@ -92,6 +101,35 @@ else
   echo "skip: mpirun not installed or concord built without MPI"
 fi
 
+# The README's own mpirun line, as written (issue 26 item 11: it needed --oversubscribe on a
+# 2-core machine, and was not runnable as written). Its --out goes to the scratch directory.
+README="$(dirname "$0")/../../README.md"
+README_MPI=$(grep -m1 '^mpirun -np ' "$README" | sed 's/   *(.*$//')
+if command -v mpirun >/dev/null 2>&1 && ldd "$CONCORD" 2>/dev/null | grep -q libmpi; then
+  read -r -a words <<<"$README_MPI"
+  for i in "${!words[@]}"; do
+    [[ "${words[$i]}" == concord ]] && words[$i]="$CONCORD"
+    [[ "${words[$i]}" == runs/rl-mpi ]] && words[$i]="$WORK/readme_mpi"
+  done
+  if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_rc "README: $README_MPI" 0 "${words[@]}"; then
+    grep -q 'over mpi (2 samplers)' "$WORK/out" && [[ -s "$WORK/readme_mpi/summary.json" ]] \
+      && pass "the README's mpirun command runs" || fail "README mpirun output: $(cat "$WORK/out")"
+  fi
+else
+  echo "skip: the README's mpirun line (mpirun not installed or concord built without MPI)"
+fi
+
+# `make demo` builds the concord binary alone; `make test` builds everything (issue 26 item 14).
+if command -v make >/dev/null 2>&1; then
+  ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+  demo_builds=$(make -s -n -C "$ROOT" demo BUILD="$WORK/no-build" | grep 'cmake --build')
+  test_builds=$(make -s -n -C "$ROOT" test BUILD="$WORK/no-build" | grep 'cmake --build')
+  [[ -n "$demo_builds" && -z "$(grep -v -- '--target concord$' <<<"$demo_builds")" ]] \
+    && [[ -n "$test_builds" && -z "$(grep -- '--target' <<<"$test_builds")" ]] \
+    && pass "make demo builds only concord; make test builds everything" \
+    || fail "make demo: '$demo_builds'; make test: '$test_builds'"
+fi
+
 # --- bad input: exit 2, one line ---
 expect_error "unknown transport" "unknown --transport 'tcp'" "$CONCORD" rl --quick --transport tcp --out "$WORK/x"
 expect_error "unknown fault" "melted" "$CONCORD" rl --quick --fault melted@2 --out "$WORK/x"
@@ -107,6 +145,45 @@ expect_error "config that is not JSON" "bad_json.json: not valid JSON" "$CONCORD
 expect_error "missing config" "cannot open the RL config" "$CONCORD" rl --config "$WORK/nope.json" --out "$WORK/x"
 expect_error "demo arm syntax" "SAMPLER/LEARNER:EXPORT" "$CONCORD" demo --quick --arm bf16-bf16 --out "$WORK/x"
 expect_error "demo arm preset" "fp7" "$CONCORD" demo --quick --arm bf16/fp7:rne --out "$WORK/x"
+
+# Numeric flags: a value outside the flag's domain is one line naming it, exit 2 (issue 26 item 3:
+# -1 meant "not given", so `--steps -5 --lr -1 --kl-coef -2` ran with the defaults). ARGS holds a
+# bad --sampler so that a binary ignoring the flag fails at once instead of running.
+cat >"$WORK/rl_flags.table" <<'TABLE'
+rl|--sampler fp7|--difficulty|0|an integer in [1, 2^31 - 1]
+rl|--sampler fp7|--steps|-5|an integer in [1, 99999999]
+rl|--sampler fp7|--steps|100000000|an integer in [1, 99999999]
+rl|--sampler fp7|--warmup-steps|-1|an integer >= 0
+rl|--sampler fp7|--prompts|0|an integer >= 1
+rl|--sampler fp7|--group|1|an integer >= 2
+rl|--sampler fp7|--max-new|0|an integer >= 1
+rl|--sampler fp7|--lr|-1|a number >= 0
+rl|--sampler fp7|--lr|inf|a number >= 0
+rl|--sampler fp7|--kl-coef|-2|a number >= 0
+rl|--sampler fp7|--kl-coef|nan|a number >= 0
+rl|--sampler fp7|--seed|-1|an integer in [0, 2^64 - 1]
+rl|--sampler fp7|--samplers|0|an integer in [1, 4096]
+rl|--sampler fp7|--samplers|4097|an integer in [1, 4096]
+rl|--sampler fp7|--checkpoint-every|-1|an integer >= 0
+rl|--sampler fp7|--rank|0|an integer in [1, 4096]
+TABLE
+bad_flag_values "$WORK/rl_flags.table"
+numeric_flags_covered "$WORK/rl_flags.table" INCLUDE rl
+expect_error "the issue's command" "rl --steps: '-5' is not an integer" \
+  "$CONCORD" rl --quick --steps -5 --lr -1 --kl-coef -2 --out "$WORK/x"
+
+# Messages list what is accepted, from the one table each (issue 26 item 6).
+expect_error "unknown task lists every choice" "unknown task 'nope' (known: add, mul, reverse, sort, count, mixed)" \
+  "$CONCORD" rl --quick --task nope --out "$WORK/x"
+"$CONCORD" rl --quick --fault melted@2 --out "$WORK/x" >/dev/null 2>"$WORK/fault_err"
+FAULTS=$(sed -n 's/.*(faults: none, \(.*\)).*/\1/p' "$WORK/fault_err")
+"$CONCORD" rl --help >"$WORK/rl_help"
+missing=""
+for f in ${FAULTS//,/ }; do grep -q -- "--fault .*[ ,]$f\b" <(tr -s ' \n' ' ' <"$WORK/rl_help") || missing="$missing $f"; done
+[[ -n "$FAULTS" && -z "$missing" ]] && pass "rl --help names every fault" \
+  || fail "rl --help lacks faults:${missing:- (no fault list in: $(cat "$WORK/fault_err"))}"
+grep -q -- "--task .*add, mul, reverse, sort, count, mixed" "$WORK/rl_help" && pass "rl --help names every task" \
+  || fail "rl --help tasks: $(grep -- --task "$WORK/rl_help")"
 [[ ! -e "$WORK/x" ]] && pass "failed commands write nothing" || fail "output written by a failed command"
 
 finish "rl CLI"

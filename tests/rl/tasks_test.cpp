@@ -284,9 +284,11 @@ TEST(Tasks, Errors) {
     task("divide");
     FAIL() << "no error";
   } catch (const InputError& err) {
-    EXPECT_STREQ(err.what(), "[rl] unknown task 'divide' (known: add, mul, reverse, sort, count)");
+    EXPECT_STREQ(err.what(), "[rl] unknown task 'divide' (known: add, mul, reverse, sort, count, mixed)");
   }
   EXPECT_THROW(task("mixed"), InputError);  // "mixed" is a generate_examples mode, not a task
+  EXPECT_EQ(task_choices().back(), "mixed");
+  EXPECT_EQ(task_choices().size(), task_names().size() + 1);
   for (const std::string& name : task_names()) {
     const Task& t = task(name);
     EXPECT_THROW(t.generate(0, 0, 0), InputError);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
 #include "concord/numerics/block.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/scalar.h"
@@ -259,7 +260,7 @@ void add_codec_command(CLI::App& app) {
     sub->add_option("--format,-f", opts->format, "Format name (see 'concord codec --help')")
         ->required();
     sub->add_option("--round", opts->round, "Rounding: rne (default), rtz, sr");
-    sub->add_option("--seed", opts->seed, "Seed for stochastic rounding");
+    add_seed_flag(sub, "--seed", opts->seed, "Seed for stochastic rounding (default 0)");
     sub->add_flag("--bits", opts->bits, "Read values as fp32 bit patterns (8 hex digits)");
   };
   auto* encode = codec->add_subcommand("encode", "Values -> codes, one per line");

@@ -3,6 +3,7 @@
 // two sides (kernels or dumps) per slice and fits a contract; `check` compares two sides against
 // a contract. Exit 0 on success, 1 when a guarantee or the contract is broken, 2 on bad input.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,7 +24,9 @@
 #include "concord/audit/measure.h"
 #include "concord/audit/report.h"
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
+#include "concord/io/utf8.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/tasks.h"
@@ -57,14 +60,15 @@ void add_source_options(CLI::App* cmd, SourceArgs& s) {
       "--prompts", s.prompts,
       "prompts file: one prompt per line, or JSON lines {\"prompt\", \"label\", \"task\"}");
   cmd->add_option("--task", s.task,
-                  "generate prompts of a verifiable task (add, mul, reverse, "
-                  "sort, count, mixed; docs/tasks.md)");
-  cmd->add_option("--count", s.count, "prompts generated with --task (default 32)");
-  cmd->add_option("--difficulty", s.difficulty, "--task difficulty (default 3)");
-  cmd->add_option("--seed", s.seed, "--task seed (default 0)");
-  cmd->add_option("--max-new", s.max_new,
-                  "tokens generated after each prompt, greedy (default 32)");
-  cmd->add_option("--batch", s.batch, "sequences per forward pass (default 8)");
+                  fmt::format("generate prompts of a verifiable task ({}; docs/tasks.md)",
+                              fmt::join(rl::task_choices(), ", ")));
+  add_integer_flag(cmd, "--count", s.count, at_least(1), "prompts generated with --task (default 32)");
+  add_integer_flag(cmd, "--difficulty", s.difficulty, at_least(1),
+                   "--task difficulty (default 3; each task has its maximum, docs/tasks.md)");
+  add_seed_flag(cmd, "--seed", s.seed, "--task seed (default 0)");
+  add_integer_flag(cmd, "--max-new", s.max_new, at_least(0),
+                   "tokens generated after each prompt, greedy (default 32; 0: the prompts alone)");
+  add_integer_flag(cmd, "--batch", s.batch, at_least(1), "sequences per forward pass (default 8)");
   cmd->add_flag("--quiet", s.quiet, "no progress on stderr");
 }
 
@@ -139,6 +143,9 @@ std::vector<audit::EvalSequence> read_prompts_file(const std::string& path,
       s.label = j.value("label", "");
       s.task = j.value("task", "");
     }
+    if (const size_t bad = io::invalid_utf8_offset(line); bad != std::string::npos)
+      throw InputError(fmt::format("[contract] {}:{}: not valid UTF-8 (byte {} of the line); prompts "
+                                   "are UTF-8 text", path, number, bad));
     s.tokens = tokenizer.encode(text);
     if (s.tokens.empty())
       throw InputError(
@@ -404,13 +411,12 @@ void add_measure_options(CLI::App* cmd, MeasureArgs& a) {
   cmd->add_option("--cand", a.cand, "candidate: a kernel name or a dump")->required();
   cmd->add_option("--model", a.model, "model folder or .gguf (needed for a kernel side)");
   add_source_options(cmd, a.source);
-  cmd->add_option("--decided-margin", a.decided_margin,
-                  "top-1 margin (nats) above which a token counts as decided (default 1)");
-  cmd->add_option("--position-edges", a.position_edges, "position slice edges (default 16,64)")
-      ->delimiter(',');
-  cmd->add_option("--prompt-length-edges", a.prompt_length_edges,
-                  "prompt-length slice edges (default 16,64)")
-      ->delimiter(',');
+  add_real_flag(cmd, "--decided-margin", a.decided_margin, non_negative(),
+                "top-1 margin (nats) above which a token counts as decided (default 1)");
+  add_integer_list_flag(cmd, "--position-edges", a.position_edges, at_least(1),
+                        "position slice edges, ascending (default 16,64)");
+  add_integer_list_flag(cmd, "--prompt-length-edges", a.prompt_length_edges, at_least(1),
+                        "prompt-length slice edges, ascending (default 16,64)");
 }
 
 }  // namespace
@@ -454,9 +460,10 @@ void add_contract_command(CLI::App& app) {
       "DIR/measurement.json, DIR/contract.json (fitted) and DIR/report.html. Exit 1 "
       "when a guarantee broke.");
   add_measure_options(measure, *m);
-  measure->add_option("--headroom", m->headroom,
-                      "fitted budgets = headroom x measured (default 2)");
-  measure->add_option("--quantile", m->quantile, "contract quantile of osc (default 0.99)");
+  add_real_flag(measure, "--headroom", m->headroom, real_at_least(1),
+                "fitted budgets = headroom x measured (default 2)");
+  add_real_flag(measure, "--quantile", m->quantile, real_in(0, 1, true, false),
+                "contract quantile of osc (default 0.99)");
   measure->add_option("--out", m->out, "output folder")->required();
   measure->callback([m]() {
     const int rc = run_measure(*m);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 
 #include "concord/cli/commands.h"
 #include "concord/cli/demo_numerics.h"
+#include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
@@ -34,7 +36,7 @@ struct DemoOptions {
   std::string out = "demo-out";
   uint64_t seed = 20261202;
   bool quick = false, numerics = false, quiet = false;
-  int64_t steps = -1;
+  std::optional<int64_t> steps;
   std::vector<std::string> arms;  // "SAMPLER/LEARNER:EXPORT"; empty: the defaults
 };
 
@@ -94,7 +96,7 @@ rl::RlConfig demo_config(const DemoOptions& o) {
   c.max_new_tokens = 4;
   c.lr = 5e-4;
   c.grad_clip = 1.0;
-  if (o.steps >= 0) c.steps = o.steps;
+  if (o.steps) c.steps = *o.steps;
   return c;
 }
 
@@ -183,8 +185,9 @@ void add_demo_command(CLI::App& app) {
       "then GRPO arms at bf16/bf16, mxfp8/mxfp8, bf16/mxfp8, fp8-tensor/mxfp8 and nvfp4/nvfp4 with "
       "rne/sr/ef export; prints a comparison table and writes OUT/report.html");
   demo->add_option("--out", opts->out, "Output folder (default: demo-out)");
-  demo->add_option("--seed", opts->seed, "Seed for the model, prompts and sampling");
-  demo->add_option("--steps", opts->steps, "GRPO steps per arm (default 200; --quick 3)");
+  add_seed_flag(demo, "--seed", opts->seed, "Seed for the model, prompts and sampling (default 20261202)");
+  add_integer_flag(demo, "--steps", opts->steps, between(1, kMaxSteps),
+                   "GRPO steps per arm (default 200; --quick 3)");
   demo->add_option("--arm", opts->arms, "Run this arm instead of the defaults: SAMPLER/LEARNER:EXPORT[@LR] (repeatable)");
   demo->add_flag("--quick", opts->quick, "Three small arms of three steps, for CI");
   demo->add_flag("--quiet", opts->quiet, "No progress on stderr");

@@ -1,6 +1,10 @@
 // `concord export`: a model folder, GGUF file or training run -> an HF folder or a GGUF file.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,8 +14,104 @@
 
 #include "concord/cli/commands.h"
 #include "concord/model/files.h"
+#include "concord/numerics/check.h"
 
 namespace concord::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The files a safetensors export writes (model/files_hf.cpp).
+constexpr const char* kExportFiles[] = {"model.safetensors", "config.json", "generation_config.json",
+                                        "tokenizer.json", "tokenizer_config.json"};
+
+// Whether `inner` is `outer` or lies inside it (both absolute and normal).
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end() && !o->empty(); ++i, ++o)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
+}
+
+fs::path absolute_normal(const fs::path& p) {
+  std::error_code ec;
+  fs::path out = fs::weakly_canonical(p, ec);
+  if (ec) out = fs::absolute(p).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "dir/" -> "dir"
+  return out;
+}
+
+// Refuses an --out that would lose data or that the export cannot write whole: a missing parent
+// folder (never created silently), the source itself, a path inside the source or containing it,
+// and for a folder, an existing one holding files an export does not write.
+void check_out(const std::string& model, const std::string& out_text, bool gguf) {
+  fs::path out = fs::path(out_text).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec))
+    throw InputError(fmt::format("[export] --out {}: the folder {} does not exist (create it first)",
+                                 out_text, parent.string()));
+  const fs::path source = absolute_normal(model), target = absolute_normal(out);
+  if (within(target, source) || within(source, target)) {
+    const char* how = target == source ? "is" : within(target, source) ? "lies inside" : "contains";
+    throw InputError(fmt::format("[export] --out {} {} the source --model {}; export to a path "
+                                 "outside it", out_text, how, model));
+  }
+  if (!fs::exists(out, ec)) return;
+  if (gguf) {
+    if (fs::is_directory(out, ec))
+      throw InputError(fmt::format("[export] --out {} is a folder; a GGUF export writes one file", out_text));
+    return;  // an existing file is replaced atomically
+  }
+  if (!fs::is_directory(out, ec))
+    throw InputError(fmt::format("[export] --out {} exists and is not a folder", out_text));
+  for (const fs::directory_entry& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::find(std::begin(kExportFiles), std::end(kExportFiles), name) == std::end(kExportFiles))
+      throw InputError(fmt::format("[export] --out {} holds '{}', which an export does not write; "
+                                   "give a new or empty folder, or an earlier export to replace",
+                                   out_text, name));
+  }
+}
+
+// Writes the folder `out` whole: fill(tmp) writes into a hidden sibling, which then takes the
+// place of `out` (an earlier export is moved aside and deleted). On failure the sibling is
+// deleted and `out` is as it was.
+void write_folder_whole(const fs::path& out, const std::function<void(const fs::path&)>& fill) {
+  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  const std::string name = out.filename().string();
+  const fs::path tmp = parent / fmt::format(".{}.export-tmp-{}", name, ::getpid());
+  const fs::path old = parent / fmt::format(".{}.export-old-{}", name, ::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  try {
+    fs::create_directory(tmp);
+    fill(tmp);
+    if (fs::exists(out)) {
+      fs::rename(out, old);
+      fs::rename(tmp, out);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, out);
+    }
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw InputError(fmt::format("[export] {}: {}", out.string(), e.what()));
+  } catch (const InputError& e) {
+    fs::remove_all(tmp, ec);
+    // The writer names the folder it wrote into; the user knows it as `out`.
+    std::string message = e.what();
+    for (size_t at; (at = message.find(tmp.string())) != std::string::npos;)
+      message.replace(at, tmp.string().size(), out.string());
+    throw InputError(message);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace
 
 void add_export_command(CLI::App& app) {
   struct Args {
@@ -30,21 +130,31 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--to", args->to, "output format")
       ->required()
       ->check(CLI::IsMember({"gguf", "safetensors"}));
-  cmd->add_option("--out", args->out, "output folder (safetensors) or file (gguf)")->required();
+  cmd->add_option("--out", args->out,
+                  "output folder (safetensors) or file (gguf); its parent folder must exist, and it "
+                  "must not be, contain or lie inside --model. An existing folder is replaced only "
+                  "when it holds nothing but an earlier export's files")
+      ->required();
   cmd->add_option("--dtype", args->dtype,
                   "weight type: safetensors f32, bf16, f16; gguf f32, f16, bf16, q8_0, mxfp4 "
                   "(1-D tensors stay f32)");
   cmd->callback([args]() {
-    namespace fs = std::filesystem;
+    const bool gguf = args->to == "gguf";
+    check_out(args->model, args->out, gguf);
     model::LoadedModel loaded = model::load_model(args->model);
     model::ExportOptions options;
-    options.format = args->to == "gguf" ? model::ExportFormat::gguf : model::ExportFormat::safetensors;
+    options.format = gguf ? model::ExportFormat::gguf : model::ExportFormat::safetensors;
     options.dtype = args->dtype;
     options.tokenizer = loaded.source.tokenizer;
     options.chat_template = loaded.source.chat_template;
     options.stop_token_ids = loaded.source.stop_token_ids;
-    const fs::path out = args->out;
-    model::export_model(loaded.model, out, options);
+    fs::path out = fs::path(args->out).lexically_normal();
+    if (!out.has_filename()) out = out.parent_path();
+    if (gguf) {
+      model::export_model(loaded.model, out, options);  // one file, written atomically
+    } else {
+      write_folder_whole(out, [&](const fs::path& tmp) { model::export_model(loaded.model, tmp, options); });
+    }
 
     uint64_t bytes = 0;
     std::vector<std::string> files;
@@ -52,8 +162,7 @@ void add_export_command(CLI::App& app) {
       bytes = fs::file_size(out);
       files.push_back(out.filename().string());
     } else {
-      for (const char* name : {"model.safetensors", "config.json", "generation_config.json",
-                               "tokenizer.json", "tokenizer_config.json"})
+      for (const char* name : kExportFiles)
         if (fs::exists(out / name)) {
           bytes += fs::file_size(out / name);
           files.push_back(name);

@@ -2,10 +2,13 @@
 // model's chat template), and stream sampled tokens to stdout; a throughput summary on stderr.
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
+#include "concord/io/utf8.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 #include "concord/serve/engine.h"
@@ -33,17 +36,24 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template (ChatML, Llama 3)");
   cmd->add_option("--system", a->system, "system message (with --chat)");
   cmd->add_flag("--no-think", a->no_think, "Qwen3 chat: thinking off (an empty <think> block)");
-  cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate at most (default 256)");
-  cmd->add_option("--temp", a->temperature, "temperature (0: greedy; default 1)");
-  cmd->add_option("--top-k", a->top_k, "keep the k most probable tokens (0: off)");
-  cmd->add_option("--top-p", a->top_p, "keep the smallest set with this probability (1: off)");
-  cmd->add_option("--min-p", a->min_p, "drop tokens below min_p x the top probability (0: off)");
-  cmd->add_option("--seed", a->seed, "sampling seed (default 0)");
+  add_integer_flag(cmd, "--max-tokens", a->max_tokens, at_least(1), "tokens to generate at most (default 256)");
+  add_real_flag(cmd, "--temp", a->temperature, non_negative(), "temperature (0: greedy; default 1)");
+  add_integer_flag(cmd, "--top-k", a->top_k, at_least(0), "keep the k most probable tokens (0: off)");
+  add_real_flag(cmd, "--top-p", a->top_p, real_in(0, 1, true, false),
+                "keep the smallest set with this probability (1: off)");
+  add_real_flag(cmd, "--min-p", a->min_p, real_in(0, 1, false, false),
+                "drop tokens below min_p x the top probability (0: off)");
+  add_seed_flag(cmd, "--seed", a->seed, "sampling seed (default 0)");
   cmd->add_option("--policy", a->policy,
                   "precision preset (fp32, bf16, mxfp8, fp8-tensor, nvfp4, mxfp4) or policy JSON");
-  cmd->add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per forward pass (default 512)");
+  add_integer_flag(cmd, "--prefill-chunk", a->prefill_chunk, at_least(1),
+                   "prompt tokens per forward pass (default 512)");
   cmd->callback([a]() {
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
+    for (const auto& [flag, text] : {std::pair{"--prompt", &a->prompt}, std::pair{"--system", &a->system}})
+      if (const size_t bad = io::invalid_utf8_offset(*text); bad != std::string::npos)
+        throw InputError(fmt::format("[generate] {}: not valid UTF-8 (byte {}); only UTF-8 text can "
+                                     "be encoded", flag, bad));
     serve::SamplingParams sampling;
     sampling.temperature = a->temperature;
     sampling.top_k = a->top_k;

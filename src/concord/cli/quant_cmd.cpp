@@ -10,7 +10,9 @@
 #include <fmt/format.h>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
 #include "concord/cli/quant_checkpoint.h"
+#include "concord/io/gguf.h"
 #include "concord/io/quantized_safetensors.h"
 #include "concord/io/safetensors.h"
 #include "concord/numerics/block.h"
@@ -57,7 +59,16 @@ QuantDesc desc_of(const QuantOptions& o) {
   return *desc;
 }
 
+// quant and dequant read safetensors; a GGUF file (by name or magic) is named as one rather
+// than reported as a damaged safetensors file.
+void require_safetensors(const std::string& command, const std::string& path) {
+  if (io::is_gguf_path(path))
+    throw InputError(fmt::format("[{}] {}: a GGUF file; {} reads safetensors files (concord inspect "
+                                 "reads both)", command, path, command));
+}
+
 void run_quant(const QuantOptions& o) {
+  require_safetensors("quant", o.input);
   QuantCheckpointOptions options;
   options.desc = desc_of(o);
   options.format_name = o.format;
@@ -67,6 +78,7 @@ void run_quant(const QuantOptions& o) {
 }
 
 void run_dequant(const QuantOptions& o) {
+  require_safetensors("dequant", o.input);
   const io::SafetensorsFile in = io::SafetensorsFile::open(o.input);
   const std::vector<io::QuantizedEntry> entries = io::quantized_entries(in);
   std::set<std::string> replaced;
@@ -129,7 +141,7 @@ void add_quant_command(CLI::App& app) {
                     "e.g. 'norm|router|lm_head'");
   quant->add_option("--scale-rule", opts->scale_rule, "MX scale rule: floor (default), ceil, even, rceil");
   quant->add_option("--round", opts->round, "Rounding: rne (default), rtz, sr");
-  quant->add_option("--seed", opts->seed, "Seed for --round sr");
+  add_seed_flag(quant, "--seed", opts->seed, "Seed for --round sr (default 0)");
   quant->callback([opts] { run_quant(*opts); });
 
   auto* dequant = app.add_subcommand(

@@ -10,13 +10,17 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
 #include "concord/model/model.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
 #include "concord/rl/loop.h"
+#include "concord/rl/sync.h"
+#include "concord/rl/tasks.h"
 
 namespace concord::cli {
 namespace {
@@ -25,12 +29,14 @@ struct RlArgs {
   std::string config, out, name, sampler, learner, export_rule, task, init_from, base, is_mode;
   std::string transport, role = "learner", shm_name;
   std::vector<std::string> faults;
-  int64_t steps = -1, warmup_steps = -1, prompts = -1, group = -1, max_new = -1, difficulty = -1;
-  int64_t seed = -1, samplers = 1, rank = 0;
-  double lr = -1, kl_coef = -1;
+  // Empty: not given (the config's value, or its default).
+  std::optional<int64_t> steps, warmup_steps, prompts, group, max_new, checkpoint_every;
+  std::optional<int> difficulty;
+  std::optional<uint64_t> seed;
+  std::optional<double> lr, kl_coef;
+  int samplers = 1, rank = 0;
   bool loss_on_master = false, quick = false, quiet = false, log_rollouts = false;
   bool no_resume = false;
-  int64_t checkpoint_every = -1;
 };
 
 // --quick: a run that shows every part in seconds (CI).
@@ -63,16 +69,16 @@ rl::RlConfig resolve(const RlArgs& a) {
   if (!a.is_mode.empty()) c.loss.is = rl::is_mode_from_name(a.is_mode);
   if (a.loss_on_master) c.loss_on_served = false;
   if (a.log_rollouts) c.log_rollouts = true;
-  if (a.difficulty >= 0) c.difficulty = static_cast<int>(a.difficulty);
-  if (a.steps >= 0) c.steps = a.steps;
-  if (a.warmup_steps >= 0) c.warmup_steps = a.warmup_steps;
-  if (a.prompts >= 0) c.prompts_per_step = a.prompts;
-  if (a.group >= 0) c.group_size = a.group;
-  if (a.max_new >= 0) c.max_new_tokens = a.max_new;
-  if (a.seed >= 0) c.seed = static_cast<uint64_t>(a.seed);
-  if (a.lr >= 0) c.lr = a.lr;
-  if (a.kl_coef >= 0) c.loss.kl_coef = a.kl_coef;
-  if (a.checkpoint_every >= 0) c.checkpoint_every = a.checkpoint_every;
+  if (a.difficulty) c.difficulty = *a.difficulty;
+  if (a.steps) c.steps = *a.steps;
+  if (a.warmup_steps) c.warmup_steps = *a.warmup_steps;
+  if (a.prompts) c.prompts_per_step = *a.prompts;
+  if (a.group) c.group_size = *a.group;
+  if (a.max_new) c.max_new_tokens = *a.max_new;
+  if (a.seed) c.seed = *a.seed;
+  if (a.lr) c.lr = *a.lr;
+  if (a.kl_coef) c.loss.kl_coef = *a.kl_coef;
+  if (a.checkpoint_every) c.checkpoint_every = *a.checkpoint_every;
   for (const std::string& f : a.faults) c.faults.push_back(rl::parse_fault(f));
   if (!a.out.empty()) c.out = a.out;
   // Re-validate what the flags touched, naming them as the source.
@@ -124,7 +130,6 @@ void run(const RlArgs& a) {
     throw InputError(fmt::format("[rl] unknown --transport '{}' (in-process, shm, mpi)", transport));
   if (a.role != "learner" && a.role != "sampler")
     throw InputError(fmt::format("[rl] unknown --role '{}' (learner, sampler)", a.role));
-  if (a.samplers < 1) throw InputError("[rl] --samplers must be at least 1");
   if (transport == "in-process" && a.samplers != 1)
     throw InputError("[rl] --samplers needs --transport shm (or mpirun); in process there is one sampler");
   if (a.role == "sampler" && transport != "shm")
@@ -155,13 +160,13 @@ void run(const RlArgs& a) {
     return;
   }
 
-  const int samplers = static_cast<int>(a.samplers);
+  const int samplers = a.samplers;
   if (a.role == "sampler") {
     if (a.shm_name.empty()) throw InputError("[rl] --role sampler needs --shm-name");
     if (a.rank < 1 || a.rank > samplers)
       throw InputError(fmt::format("[rl] --rank {} outside [1, {}]", a.rank, samplers));
     rl::ShmOptions o;  // capacities 0: the learner's
-    auto channel = rl::make_shm_channel(a.shm_name, static_cast<int>(a.rank), samplers, o);
+    auto channel = rl::make_shm_channel(a.shm_name, a.rank, samplers, o);
     rl::run_rl(c, *channel, false);
     return;
   }
@@ -204,33 +209,40 @@ void add_rl_command(CLI::App& app) {
   cmd->add_option("--export", a->export_rule, "fp32 master -> served copy: rne, sr, ef");
   cmd->add_flag("--loss-on-master", a->loss_on_master,
                 "compute the learner's loss on the fp32 master instead of the served copy");
-  cmd->add_option("--task", a->task, "add, mul, reverse, sort, count or mixed");
-  cmd->add_option("--difficulty", a->difficulty, "task difficulty (default 1)");
+  cmd->add_option("--task", a->task,
+                  fmt::format("verifiable task: {} (docs/tasks.md)", fmt::join(rl::task_choices(), ", ")));
+  add_integer_flag(cmd, "--difficulty", a->difficulty, at_least(1),
+                   "task difficulty (default 1; each task has its maximum, docs/tasks.md)");
   cmd->add_option("--init-from", a->init_from, "model folder (HF layout) to start from");
   cmd->add_option("--base", a->base, "folder caching the warmed-up model (reused when it matches)");
-  cmd->add_option("--steps", a->steps, "GRPO steps");
-  cmd->add_option("--warmup-steps", a->warmup_steps, "supervised warm-up steps");
-  cmd->add_option("--prompts", a->prompts, "prompts per step");
-  cmd->add_option("--group", a->group, "completions per prompt (GRPO group size, >= 2)");
-  cmd->add_option("--max-new", a->max_new, "tokens generated per completion at most");
-  cmd->add_option("--lr", a->lr, "GRPO learning rate");
-  cmd->add_option("--kl-coef", a->kl_coef, "KL penalty to the warmed-up model (0: none)");
+  add_integer_flag(cmd, "--steps", a->steps, between(1, kMaxSteps), "GRPO steps");
+  add_integer_flag(cmd, "--warmup-steps", a->warmup_steps, at_least(0), "supervised warm-up steps (0: none)");
+  add_integer_flag(cmd, "--prompts", a->prompts, at_least(1), "prompts per step");
+  add_integer_flag(cmd, "--group", a->group, at_least(2),
+                   "completions per prompt (GRPO compares completions within a group)");
+  add_integer_flag(cmd, "--max-new", a->max_new, at_least(1), "tokens generated per completion at most");
+  add_real_flag(cmd, "--lr", a->lr, non_negative(),
+                "GRPO learning rate (0: the master never moves, a control run)");
+  add_real_flag(cmd, "--kl-coef", a->kl_coef, non_negative(), "KL penalty to the warmed-up model (0: none)");
   cmd->add_option("--is", a->is_mode, "importance sampling: none, token_tis, seq_tis, token_mask, seq_mask");
-  cmd->add_option("--seed", a->seed, "seed for init, prompts, sampling and stochastic rounding");
-  cmd->add_option("--fault", a->faults, "inject a weight-sync fault, NAME@STEP (repeatable)");
+  add_seed_flag(cmd, "--seed", a->seed, "seed for init, prompts, sampling and stochastic rounding");
+  cmd->add_option("--fault", a->faults,
+                  fmt::format("inject a weight-sync fault at a GRPO step, NAME@STEP (repeatable); NAME: {}",
+                              fmt::join(rl::fault_names(), ", ")));
   cmd->add_option("--transport", a->transport,
                   "in-process (default), shm (sampler processes on this machine), mpi (under mpirun)");
-  cmd->add_option("--samplers", a->samplers, "sampler processes with --transport shm (default 1)");
+  add_integer_flag(cmd, "--samplers", a->samplers, between(1, 4096),
+                   "sampler processes with --transport shm (default 1)");
   cmd->add_flag("--log-rollouts", a->log_rollouts, "also write rollouts.jsonl (every completion, reward, log-probs)");
-  cmd->add_option("--checkpoint-every", a->checkpoint_every,
-                  "write a checkpoint every N steps (default 25; 0: only after the last step)");
+  add_integer_flag(cmd, "--checkpoint-every", a->checkpoint_every, at_least(0),
+                   "write a checkpoint every N steps (default 25; 0: only after the last step)");
   cmd->add_flag("--no-resume", a->no_resume,
                 "start over even when --out holds a checkpoint (default: resume from it)");
   cmd->add_flag("--quick", a->quick, "a few small steps (CI)");
   cmd->add_flag("--quiet", a->quiet, "no progress on stderr");
   cmd->add_option("--role", a->role, "internal: learner or sampler (processes --transport shm starts)")
       ->group("");
-  cmd->add_option("--rank", a->rank, "internal: sampler rank")->group("");
+  add_integer_flag(cmd, "--rank", a->rank, between(1, 4096), "internal: sampler rank")->group("");
   cmd->add_option("--shm-name", a->shm_name, "internal: shared-memory segment")->group("");
   cmd->callback([a]() { run(*a); });
 }

@@ -13,6 +13,7 @@
 #include "concord/cli/commands.h"
 #include "concord/io/atomic_file.h"
 #include "concord/io/tokenizer.h"
+#include "concord/io/utf8.h"
 #include "concord/numerics/check.h"
 
 namespace concord::cli {
@@ -64,23 +65,33 @@ void run_tokenize(const TokenizeOptions& o) {
   const std::string input = read_stdin();
   // --batch: NUL-separated texts (encode) or one line of ids per text (decode), each alone.
   std::vector<std::string> parts;
+  std::vector<size_t> starts;  // byte offset of each part in stdin
   const char separator = o.decode ? '\n' : '\0';
   if (o.batch) {
     size_t start = 0;
     while (start < input.size()) {
       const size_t end = std::min(input.find(separator, start), input.size());
       parts.push_back(input.substr(start, end - start));
+      starts.push_back(start);
       start = end + 1;
     }
   } else {
     parts.push_back(input);
+    starts.push_back(0);
   }
   std::string out;
-  for (const std::string& part : parts) {
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const std::string& part = parts[k];
     if (o.decode) {
       out += tokenizer.decode(parse_ids(part), o.no_special);
       if (o.batch) out += '\0';
       continue;
+    }
+    // The text's own problem, named with where it is (the tokenizer is not at fault).
+    if (const size_t bad = io::invalid_utf8_offset(part); bad != std::string::npos) {
+      throw InputError(fmt::format(
+          "[tokenize] stdin: not valid UTF-8 (byte {}{}); only UTF-8 text can be encoded",
+          starts[k] + bad, o.batch ? fmt::format(", in text {} of the batch", k + 1) : ""));
     }
     const std::vector<int32_t> ids = tokenizer.encode(part, !o.no_special);
     for (size_t i = 0; i < ids.size(); ++i) {

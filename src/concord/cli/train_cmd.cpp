@@ -1,9 +1,11 @@
 // `concord train`: train a model from a JSON training config (configs/<name>.json).
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
 #include "concord/model/policy.h"
 #include "concord/train/trainer.h"
 
@@ -15,8 +17,8 @@ void add_train_command(CLI::App& app) {
     std::string out;
     std::string policy;
     std::string export_rule;
-    int64_t steps = -1;
-    int64_t seed = -1;
+    std::optional<int64_t> steps;
+    std::optional<uint64_t> seed;
     bool no_resume = false;
     bool quiet = false;
   };
@@ -32,16 +34,18 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--policy", args->policy,
                   "precision preset (fp32, bf16, mxfp8, fp8-tensor, nvfp4, mxfp4) or policy JSON");
   cmd->add_option("--export", args->export_rule, "export rule master -> served: rne, sr, ef");
-  cmd->add_option("--steps", args->steps, "number of optimizer steps");
-  cmd->add_option("--seed", args->seed, "seed for init, batches and stochastic rounding");
+  add_integer_flag(cmd, "--steps", args->steps, between(1, kMaxSteps),
+                   "number of optimizer steps (default: the config's train.steps)");
+  add_seed_flag(cmd, "--seed", args->seed,
+                "seed for init, batches and stochastic rounding (default: the config's train.seed)");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args]() {
     train::TrainConfig config = train::TrainConfig::load(args->config);
     if (!args->policy.empty()) config.policy = model::PrecisionPolicy::from_name_or_file(args->policy);
     if (!args->export_rule.empty()) config.export_rule = args->export_rule;
-    if (args->steps >= 0) config.steps = args->steps;
-    if (args->seed >= 0) config.seed = static_cast<uint64_t>(args->seed);
+    if (args->steps) config.steps = *args->steps;
+    if (args->seed) config.seed = *args->seed;
     if (!args->out.empty()) config.out = args->out;
     // Re-validate what the overrides touched.
     config = train::TrainConfig::from_json(config.to_json(), args->config);

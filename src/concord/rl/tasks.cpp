@@ -231,19 +231,27 @@ std::vector<std::string> task_names() {
   return names;
 }
 
+std::vector<std::string> task_choices() {
+  std::vector<std::string> names = task_names();
+  names.emplace_back(kMixedTask);
+  return names;
+}
+
 const Task& task(std::string_view name) {
   for (const Task* t : registry()) {
     if (t->name() == name) return *t;
   }
+  if (name == kMixedTask)
+    throw InputError(fmt::format("[rl] '{}' is every task in turn, not one task", kMixedTask));
   throw InputError(
-      fmt::format("[rl] unknown task '{}' (known: {})", name, fmt::join(task_names(), ", ")));
+      fmt::format("[rl] unknown task '{}' (known: {})", name, fmt::join(task_choices(), ", ")));
 }
 
 std::vector<TaskExample> generate_examples(std::string_view name, uint64_t seed, int64_t n,
                                            int difficulty) {
   if (n < 0) throw InputError(fmt::format("[rl] example count {} must be >= 0", n));
   std::vector<const Task*> tasks;
-  if (name == "mixed") {
+  if (name == kMixedTask) {
     tasks.assign(registry().begin(), registry().end());
   } else {
     tasks.push_back(&task(name));

@@ -42,10 +42,15 @@ class Task {
   double reward(const TaskExample& example, std::string_view completion) const;
 };
 
+// The task name that selects every task in turn.
+inline constexpr std::string_view kMixedTask = "mixed";
+// The tasks of the registry, in its order (add, mul, reverse, sort, count).
 std::vector<std::string> task_names();
-// InputError "[rl] unknown task 'x' (known: add, mul, reverse, sort, count)".
+// What a "task" setting accepts: task_names() and then "mixed".
+std::vector<std::string> task_choices();
+// InputError "[rl] unknown task 'x' (known: add, mul, reverse, sort, count, mixed)".
 const Task& task(std::string_view name);
-// n examples of one task (or of every task in turn when name == "mixed").
+// n examples of one task (or of every task in turn when name == kMixedTask).
 std::vector<TaskExample> generate_examples(std::string_view name, uint64_t seed, int64_t n,
                                            int difficulty);
 

@@ -1,0 +1,102 @@
+// Strict parsing of numeric flags against their domains (flags.h).
+#include "concord/cli/flags.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace concord::cli {
+
+std::string IntegerDomain::text() const {
+  if (max == std::numeric_limits<int64_t>::max()) return fmt::format("integer >= {}", min);
+  // An int32 flag's own limit, written as a reader recognises it.
+  const std::string high = max == std::numeric_limits<int32_t>::max() ? "2^31 - 1" : fmt::format("{}", max);
+  return fmt::format("integer in [{}, {}]", min, high);
+}
+
+bool RealDomain::contains(double v) const {
+  if (!std::isfinite(v)) return false;
+  if (min_open ? !(v > min) : !(v >= min)) return false;
+  if (max_open ? !(v < max) : !(v <= max)) return false;
+  return true;
+}
+
+std::string RealDomain::text() const {
+  const bool has_min = std::isfinite(min), has_max = std::isfinite(max);
+  if (has_min && has_max)
+    return fmt::format("number in {}{:g}, {:g}{}", min_open ? "(" : "[", min, max, max_open ? ")" : "]");
+  if (has_min) return fmt::format("number {} {:g}", min_open ? ">" : ">=", min);
+  if (has_max) return fmt::format("number {} {:g}", max_open ? "<" : "<=", max);
+  return "finite number";
+}
+
+namespace flags_detail {
+namespace {
+
+[[noreturn]] void reject(const std::string& flag, const std::string& text, const std::string& article,
+                         const std::string& domain, const std::string& why = "") {
+  throw CLI::ValidationError(flag, fmt::format("'{}' is not {} {}{}", text, article, domain, why));
+}
+
+// [-]digits, decimal (no '+', spaces, hex or octal), into an int64 or a uint64.
+template <class T>
+bool parse_decimal(const std::string& text, T& value) {
+  if (text.empty()) return false;
+  const size_t digits = text[0] == '-' ? 1 : 0;
+  if (digits == text.size()) return false;
+  for (size_t i = digits; i < text.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) return false;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return ec == std::errc() && ptr == text.data() + text.size();
+}
+
+}  // namespace
+
+int64_t parse_integer(const std::string& flag, const std::string& text, const IntegerDomain& domain) {
+  int64_t v = 0;
+  if (!parse_decimal(text, v) || v < domain.min || v > domain.max) reject(flag, text, "an", domain.text());
+  return v;
+}
+
+uint64_t parse_seed(const std::string& flag, const std::string& text) {
+  uint64_t v = 0;
+  if (!parse_decimal(text, v)) reject(flag, text, "an", "integer in [0, 2^64 - 1]");
+  return v;
+}
+
+double parse_real(const std::string& flag, const std::string& text, const RealDomain& domain,
+                  bool as_float) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) reject(flag, text, "a", domain.text());
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !domain.contains(v)) reject(flag, text, "a", domain.text());
+  if (as_float && !domain.contains(static_cast<double>(static_cast<float>(v))))
+    reject(flag, text, "a", domain.text(), " that a 32-bit float can hold");
+  return v;
+}
+
+std::string with_domain(const std::string& help, const std::string& domain) {
+  return fmt::format("{} [{}]", help, domain);
+}
+
+}  // namespace flags_detail
+
+CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
+                                   IntegerDomain domain, const std::string& help) {
+  const IntegerDomain d = flags_detail::clamp_to<int32_t>(domain);
+  return cmd
+      ->add_option_function<std::vector<std::string>>(
+          name, [&out, name, d](const std::vector<std::string>& texts) {
+            out.clear();
+            for (const std::string& text : texts)
+              out.push_back(static_cast<int32_t>(flags_detail::parse_integer(name, text, d)));
+          },
+          flags_detail::with_domain(help, "comma-separated, each an " + d.text()))
+      ->type_name("INT,...")
+      ->delimiter(',');
+}
+
+}  // namespace concord::cli

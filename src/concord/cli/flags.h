@@ -1,0 +1,112 @@
+// Numeric flags with a domain. Each is parsed strictly (integers: decimal digits with an optional
+// '-'; reals: a finite number; no trailing text) and checked against its domain when parsed: a
+// value outside it is a CLI::ValidationError naming the flag and the domain, which main.cpp
+// prints as one line, exit 2. The domain is written into the flag's help. A flag that was not
+// given leaves its std::optional empty: no value of the domain doubles as "not given".
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace concord::cli {
+
+// Step counts stay below 10^8: checkpoint folders are named with 8 digits (train/checkpoint.h),
+// and the train and RL configs reject more.
+inline constexpr int64_t kMaxSteps = 99'999'999;
+
+// The integers in [min, max].
+struct IntegerDomain {
+  int64_t min = std::numeric_limits<int64_t>::min();
+  int64_t max = std::numeric_limits<int64_t>::max();
+  std::string text() const;  // "integer >= 1", "integer in [1, 4096]"
+};
+inline IntegerDomain at_least(int64_t min) { return {min, std::numeric_limits<int64_t>::max()}; }
+inline IntegerDomain between(int64_t min, int64_t max) { return {min, max}; }
+
+// The finite reals between min and max, each end open or closed; an infinite end is no bound.
+struct RealDomain {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false, max_open = false;
+  bool contains(double v) const;
+  std::string text() const;  // "number > 0", "number in (0, 1]"
+};
+inline RealDomain positive() { return {0, std::numeric_limits<double>::infinity(), true, false}; }
+inline RealDomain non_negative() { return {0, std::numeric_limits<double>::infinity(), false, false}; }
+inline RealDomain real_at_least(double min) { return {min, std::numeric_limits<double>::infinity(), false, false}; }
+inline RealDomain real_in(double min, double max, bool min_open, bool max_open) {
+  return {min, max, min_open, max_open};
+}
+
+namespace flags_detail {
+// Each throws CLI::ValidationError(flag, "'TEXT' is not <domain>") for text outside the domain.
+int64_t parse_integer(const std::string& flag, const std::string& text, const IntegerDomain& domain);
+uint64_t parse_seed(const std::string& flag, const std::string& text);
+double parse_real(const std::string& flag, const std::string& text, const RealDomain& domain,
+                  bool as_float);
+std::string with_domain(const std::string& help, const std::string& domain);
+
+template <class T>
+IntegerDomain clamp_to(IntegerDomain d) {
+  static_assert(std::is_signed_v<T> || sizeof(T) < sizeof(int64_t), "use add_seed_flag for uint64_t");
+  d.min = std::max<int64_t>(d.min, static_cast<int64_t>(std::numeric_limits<T>::min()));
+  d.max = std::min<int64_t>(d.max, static_cast<int64_t>(std::numeric_limits<T>::max()));
+  return d;
+}
+template <class T> struct Target { using type = T; };
+template <class T> struct Target<std::optional<T>> { using type = T; };
+}  // namespace flags_detail
+
+// An integer flag into `out` (an integer type, or std::optional of one: empty when not given).
+template <class Out>
+CLI::Option* add_integer_flag(CLI::App* cmd, const std::string& name, Out& out, IntegerDomain domain,
+                              const std::string& help) {
+  using T = typename flags_detail::Target<Out>::type;
+  const IntegerDomain d = flags_detail::clamp_to<T>(domain);
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&out, name, d](const std::string& text) {
+            out = static_cast<T>(flags_detail::parse_integer(name, text, d));
+          },
+          flags_detail::with_domain(help, d.text()))
+      ->type_name("INT");
+}
+
+// A seed: any integer in [0, 2^64 - 1], into a uint64_t or std::optional<uint64_t>.
+template <class Out>
+CLI::Option* add_seed_flag(CLI::App* cmd, const std::string& name, Out& out, const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&out, name](const std::string& text) { out = flags_detail::parse_seed(name, text); },
+          flags_detail::with_domain(help, "integer in [0, 2^64 - 1]"))
+      ->type_name("UINT");
+}
+
+// A real flag into a float or double (or std::optional of one); a float flag also rejects
+// values that a 32-bit float cannot hold inside the domain (1e39, or 1e-50 for "> 0").
+template <class Out>
+CLI::Option* add_real_flag(CLI::App* cmd, const std::string& name, Out& out, RealDomain domain,
+                           const std::string& help) {
+  using T = typename flags_detail::Target<Out>::type;
+  static_assert(std::is_floating_point_v<T>);
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&out, name, domain](const std::string& text) {
+            out = static_cast<T>(flags_detail::parse_real(name, text, domain, std::is_same_v<T, float>));
+          },
+          flags_detail::with_domain(help, domain.text()))
+      ->type_name("FLOAT");
+}
+
+// A comma-separated list of integers, each in `domain` (replaces the default when given).
+CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
+                                   IntegerDomain domain, const std::string& help);
+
+}  // namespace concord::cli
