@@ -99,6 +99,7 @@ bad_flag_values "$WORK/flags.table"
 expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
   "$CONCORD" contract measure --ref a --cand b --out o --position-edges 16,-3
 numeric_flags_covered "$WORK/flags.table" EXCLUDE rl
+empty_values_refused EXCLUDE rl
 
 # --- a generated checkpoint (python3 standard library only) ---
 python3 - "$WORK/model.safetensors" <<'PY'

@@ -111,3 +111,46 @@ if missing or count == 0:
 PY
   then pass "every numeric flag has a bad-value case"; else fail "numeric flags without a bad-value case"; fi
 }
+
+# empty_values_refused INCLUDE|EXCLUDE COMMAND... : every option that takes a value (in --help) of
+# every leaf command under the given top-level commands (or all but them) refuses "" with one
+# line "COMMAND OPTION: an empty value", exit 2 (commands read "" as "not given": `rl --out ""`
+# wrote to runs/rl). demo and rl get a bad arm or preset as well, so that a binary that took ""
+# fails at once instead of running.
+empty_values_refused() {
+  if python3 - "$CONCORD" "$@" <<'PY'
+import re, subprocess, sys
+concord, mode, chosen = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+def help_of(words):
+    return subprocess.run([concord, *words, "--help"], capture_output=True, text=True).stdout
+def leaves(words):
+    text = help_of(words)
+    subs = []
+    if "\nSubcommands:\n" in text:
+        for line in text.split("\nSubcommands:\n", 1)[1].splitlines():
+            m = re.match(r"^  (\S+)\s", line)
+            if not m: break
+            subs.append(m.group(1))
+    if not subs:
+        yield words, text
+    for s in subs:
+        if words == [] and ((mode == "INCLUDE") != (s in chosen)): continue
+        yield from leaves(words + [s])
+bad, count = [], 0
+for words, text in leaves([]):
+    for option in re.findall(r"^  (?:-\w,)?(--[\w-]+) [A-Z]", text, re.M):
+        guard = {"demo": ["--arm", "bf16/fp7:rne"],
+                 "rl": ["--learner" if option == "--sampler" else "--sampler", "fp7"]}.get(" ".join(words), [])
+        r = subprocess.run([concord, *words, option, "", *guard], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=60)
+        count += 1
+        want = f"{' '.join(words)} {option}: an empty value"
+        if r.returncode != 2 or r.stderr.count("\n") != 1 or want not in r.stderr:
+            bad.append(f"{' '.join(words)} {option} '' -> exit {r.returncode}: {r.stderr.strip()[:120]}")
+print(f"{count} options that take a value tried with ''")
+if bad or count == 0:
+    print("\n".join(bad))
+    sys.exit(1)
+PY
+  then pass "every option refuses an empty value"; else fail "options that take an empty value"; fi
+}

@@ -169,6 +169,8 @@ rl|--sampler fp7|--rank|0|an integer in [1, 4096]
 TABLE
 bad_flag_values "$WORK/rl_flags.table"
 numeric_flags_covered "$WORK/rl_flags.table" INCLUDE rl
+empty_values_refused INCLUDE rl
+expect_error "rl --out ''" "rl --out: an empty value" "$CONCORD" rl --quick --out ""
 expect_error "the issue's command" "rl --steps: '-5' is not an integer" \
   "$CONCORD" rl --quick --steps -5 --lr -1 --kl-coef -2 --out "$WORK/x"
 

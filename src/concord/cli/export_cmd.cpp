@@ -129,7 +129,14 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--model", args->model, "source: model folder, .gguf file or run directory")->required();
   cmd->add_option("--to", args->to, "output format")
       ->required()
-      ->check(CLI::IsMember({"gguf", "safetensors"}));
+      ->check(CLI::Validator(
+          [](std::string& to) {
+            // "" is refused by refuse_empty_values (main.cpp) with its own message.
+            return to.empty() || to == "gguf" || to == "safetensors"
+                       ? std::string()
+                       : fmt::format("'{}' is not a format concord exports (gguf, safetensors)", to);
+          },
+          "", "FORMAT"));
   cmd->add_option("--out", args->out,
                   "output folder (safetensors) or file (gguf); its parent folder must exist, and it "
                   "must not be, contain or lie inside --model. An existing folder is replaced only "

@@ -84,6 +84,17 @@ std::string with_domain(const std::string& help, const std::string& domain) {
 
 }  // namespace flags_detail
 
+void refuse_empty_values(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& value) {
+        return value.empty() ? std::string("an empty value (give one, or leave the option out)") : std::string();
+      },
+      "", "NONEMPTY");
+  for (CLI::Option* option : app.get_options([](CLI::Option* o) { return o->get_type_size() != 0; }))
+    option->check(non_empty);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_values(*sub);
+}
+
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
                                    IntegerDomain domain, const std::string& help) {
   const IntegerDomain d = flags_detail::clamp_to<int32_t>(domain);

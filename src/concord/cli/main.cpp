@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
 #include "concord/cli/runtime.h"
 #include "concord/numerics/check.h"
 
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   concord::cli::add_generate_command(app);
   concord::cli::add_contract_command(app);
   concord::cli::add_rl_command(app);
+  concord::cli::refuse_empty_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
