@@ -100,6 +100,8 @@ expect_error "a list flag checks every element" "contract measure --position-edg
   "$CONCORD" contract measure --ref a --cand b --out o --position-edges 16,-3
 numeric_flags_covered "$WORK/flags.table" EXCLUDE rl
 empty_values_refused EXCLUDE rl
+expect_error "an option value that is not UTF-8" "train --out: not valid UTF-8 (byte 1)" \
+  "$CONCORD" train --config c.json --out $'a\xff'
 
 # --- a generated checkpoint (python3 standard library only) ---
 python3 - "$WORK/model.safetensors" <<'PY'
@@ -268,7 +270,7 @@ grep -q "qwen3_kjv_4096.json" "$WORK/err" && fail "the UTF-8 error names the tok
   || pass "the UTF-8 error does not blame the tokenizer file"
 expect_error "tokenize --batch names the text and its stdin offset" "stdin: not valid UTF-8 (byte 5, in text 2 of the batch)" \
   bash -c "printf 'ab\0cd\xc3(' | '$CONCORD' tokenize --batch --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json'"
-expect_error "generate names --prompt for bad UTF-8" "[generate] --prompt: not valid UTF-8 (byte 1)" \
+expect_error "generate names --prompt for bad UTF-8" "generate --prompt: not valid UTF-8 (byte 1)" \
   "$CONCORD" generate --model "$WORK/run" --prompt $'a\xff'
 
 "$CONCORD" export --model "$WORK/run" --to gguf --out "$WORK/run.gguf" >"$WORK/export.out" 2>&1 \

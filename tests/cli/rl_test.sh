@@ -171,6 +171,8 @@ bad_flag_values "$WORK/rl_flags.table"
 numeric_flags_covered "$WORK/rl_flags.table" INCLUDE rl
 empty_values_refused INCLUDE rl
 expect_error "rl --out ''" "rl --out: an empty value" "$CONCORD" rl --quick --out ""
+expect_error "rl --name that is not UTF-8" "rl --name: not valid UTF-8 (byte 1)" \
+  "$CONCORD" rl --quick --name $'a\xff' --out "$WORK/x"
 expect_error "the issue's command" "rl --steps: '-5' is not an integer" \
   "$CONCORD" rl --quick --steps -5 --lr -1 --kl-coef -2 --out "$WORK/x"
 

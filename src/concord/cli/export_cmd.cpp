@@ -131,7 +131,7 @@ void add_export_command(CLI::App& app) {
       ->required()
       ->check(CLI::Validator(
           [](std::string& to) {
-            // "" is refused by refuse_empty_values (main.cpp) with its own message.
+            // "" is refused by check_text_values (main.cpp) with its own message.
             return to.empty() || to == "gguf" || to == "safetensors"
                        ? std::string()
                        : fmt::format("'{}' is not a format concord exports (gguf, safetensors)", to);

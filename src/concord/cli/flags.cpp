@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "concord/io/utf8.h"
+
 namespace concord::cli {
 
 std::string IntegerDomain::text() const {
@@ -84,15 +86,18 @@ std::string with_domain(const std::string& help, const std::string& domain) {
 
 }  // namespace flags_detail
 
-void refuse_empty_values(CLI::App& app) {
-  const CLI::Validator non_empty(
+void check_text_values(CLI::App& app) {
+  const CLI::Validator text(
       [](std::string& value) {
-        return value.empty() ? std::string("an empty value (give one, or leave the option out)") : std::string();
+        if (value.empty()) return std::string("an empty value (give one, or leave the option out)");
+        if (const size_t bad = io::invalid_utf8_offset(value); bad != std::string::npos)
+          return fmt::format("not valid UTF-8 (byte {}); option values are UTF-8 text", bad);
+        return std::string();
       },
-      "", "NONEMPTY");
+      "", "TEXT");
   for (CLI::Option* option : app.get_options([](CLI::Option* o) { return o->get_type_size() != 0; }))
-    option->check(non_empty);
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_values(*sub);
+    option->check(text);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) check_text_values(*sub);
 }
 
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,

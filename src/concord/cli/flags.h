@@ -105,10 +105,11 @@ CLI::Option* add_real_flag(CLI::App* cmd, const std::string& name, Out& out, Rea
       ->type_name("FLOAT");
 }
 
-// Every option that takes a value, in `app` and its subcommands, refuses an empty one: the
-// commands read an empty string as "not given" (`--out ""` would write to the default folder).
+// Every option that takes a value, in `app` and its subcommands, refuses an empty one (the
+// commands read an empty string as "not given": `--out ""` would write to the default folder)
+// and one that is not UTF-8 (values end up in JSON files and reports; a prompt must be text).
 // Call after every option is added.
-void refuse_empty_values(CLI::App& app);
+void check_text_values(CLI::App& app);
 
 // A comma-separated list of integers, each in `domain` (replaces the default when given).
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,

@@ -2,13 +2,11 @@
 // model's chat template), and stream sampled tokens to stdout; a throughput summary on stderr.
 #include <cstdio>
 #include <string>
-#include <utility>
 
 #include <fmt/format.h>
 
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
-#include "concord/io/utf8.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 #include "concord/serve/engine.h"
@@ -50,10 +48,6 @@ void add_generate_command(CLI::App& app) {
                    "prompt tokens per forward pass (default 512)");
   cmd->callback([a]() {
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
-    for (const auto& [flag, text] : {std::pair{"--prompt", &a->prompt}, std::pair{"--system", &a->system}})
-      if (const size_t bad = io::invalid_utf8_offset(*text); bad != std::string::npos)
-        throw InputError(fmt::format("[generate] {}: not valid UTF-8 (byte {}); only UTF-8 text can "
-                                     "be encoded", flag, bad));
     serve::SamplingParams sampling;
     sampling.temperature = a->temperature;
     sampling.top_k = a->top_k;

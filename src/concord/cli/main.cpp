@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   concord::cli::add_generate_command(app);
   concord::cli::add_contract_command(app);
   concord::cli::add_rl_command(app);
-  concord::cli::refuse_empty_values(app);
+  concord::cli::check_text_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
