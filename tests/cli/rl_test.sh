@@ -145,6 +145,10 @@ expect_error "config that is not JSON" "bad_json.json: not valid JSON" "$CONCORD
 expect_error "missing config" "cannot open the RL config" "$CONCORD" rl --config "$WORK/nope.json" --out "$WORK/x"
 expect_error "demo arm syntax" "SAMPLER/LEARNER:EXPORT" "$CONCORD" demo --quick --arm bf16-bf16 --out "$WORK/x"
 expect_error "demo arm preset" "fp7" "$CONCORD" demo --quick --arm bf16/fp7:rne --out "$WORK/x"
+for lr in inf nan 0 -1e-3 " 1e-3" 1e-3x; do
+  expect_error "demo arm lr '$lr'" "the learning rate after '@' must be a finite number > 0" \
+    "$CONCORD" demo --quick --arm "bf16/bf16:rne@$lr" --out "$WORK/x"
+done
 
 # Numeric flags: a value outside the flag's domain is one line naming it, exit 2 (issue 26 item 3:
 # -1 meant "not given", so `--steps -5 --lr -1 --kl-coef -2` ran with the defaults). ARGS holds a

@@ -6,6 +6,7 @@
 // comparison table (reward, mismatch KL, Fair Cast lag, time split) and writes per-arm
 // metrics.jsonl / report.html / summary.json and one combined OUT/report.html.
 // `concord demo --numerics` runs the earlier numerics showcase instead (demo_numerics.cpp).
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -72,8 +73,9 @@ Arm parse_arm(const std::string& text) {
     const std::string lr = text.substr(at + 1);
     char* end = nullptr;
     arm.lr = std::strtod(lr.c_str(), &end);
-    if (lr.empty() || *end != '\0' || !(arm.lr > 0))
-      throw InputError(fmt::format("[demo] arm '{}': the learning rate after '@' must be a number > 0", text));
+    if (lr.empty() || std::isspace(static_cast<unsigned char>(lr[0])) || *end != '\0' ||
+        !positive().contains(arm.lr))
+      throw InputError(fmt::format("[demo] arm '{}': the learning rate after '@' must be a finite number > 0", text));
   }
   return arm;
 }
