@@ -210,6 +210,8 @@ for f in magic three; do
   expect_error "dequant $f.gguf" "[dequant] $WORK/$f.gguf: a GGUF file; dequant reads safetensors" \
     "$CONCORD" dequant "$WORK/$f.gguf" "$WORK/x.safetensors"
 done
+expect_error "contract --ref with a GGUF file" "[contract] --ref $WORK/three.gguf: a GGUF file is a model (give it as --model)" \
+  "$CONCORD" contract measure --ref "$WORK/three.gguf" --cand fp32 --out "$WORK/x"
 expect_error "inspect bad magic says so" "bad magic 47 47 55 58, expected \"GGUF\"" "$CONCORD" inspect "$WORK/magic.gguf"
 expect_error "inspect 3-byte gguf says truncated" "needs 4 bytes but the file ends 3 bytes later" \
   "$CONCORD" inspect "$WORK/three.gguf"

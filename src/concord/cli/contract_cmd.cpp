@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "concord/audit/contract.h"
@@ -26,6 +27,7 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
+#include "concord/io/gguf.h"
 #include "concord/io/utf8.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
@@ -220,6 +222,11 @@ audit::Measurement measure_sides(const MeasureArgs& a) {
   slices.position_edges = a.position_edges;
   slices.prompt_length_edges = a.prompt_length_edges;
   slices.decided_margin = a.decided_margin;
+  for (const auto& [flag, side] : {std::pair{"--ref", &a.ref}, std::pair{"--cand", &a.cand}})
+    if (io::is_gguf_path(*side))
+      throw InputError(fmt::format("[contract] {} {}: a GGUF file is a model (give it as --model); a "
+                                   "side is a kernel name or a logit dump (.npy, .safetensors)",
+                                   flag, *side));
   const bool ref_dump = is_dump_path(a.ref), cand_dump = is_dump_path(a.cand);
   std::vector<audit::RowRecord> rows;
   int64_t vocab = 0;
