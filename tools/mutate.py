@@ -230,7 +230,9 @@ def run_tests(build_dir, tests):
         except subprocess.TimeoutExpired:
             return False, f"{exe}: timed out"
         if r.returncode != 0:
-            failed = [ln for ln in r.stdout.splitlines() if ln.startswith("[  FAILED  ]")]
+            # "[  FAILED  ] Suite.Test/param, where GetParam() = <bytes> (3 ms)": the name only.
+            failed = [ln.split(", where GetParam()")[0].split(" (")[0].replace("[  FAILED  ] ", "")
+                      for ln in r.stdout.splitlines() if ln.startswith("[  FAILED  ]")]
             return False, f"{exe}: " + ("; ".join(failed[:3]) if failed else f"exit {r.returncode}")
     return True, ""
 
