@@ -208,6 +208,8 @@ void check_args(const char* op, Trans ta, Trans tb, int64_t M, int64_t N, int64_
 
 // The blocked driver. Loop order jc (N by kNC) > pc (K by kKC, in order) > M x N work units;
 // every C element is owned by one unit per pc step, so its k loop runs in order on one thread.
+// With one M block and one N block, column slices own their tiles for the whole K instead
+// (pc inside the unit: no barrier between K steps).
 // prepacked (gemm_packed): op(B)'s panels packed for the whole K (PackedB layout); the driver
 // reads the kc-step slice of each instead of packing B (B and ldb are then unused).
 template <class P>
@@ -239,9 +241,77 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
                           : omp_get_max_threads();
   const int64_t m_blocks = (M + kMC - 1) / kMC;
 
+  static thread_local AlignedBuffer<AWord> a_buffer;  // each thread's own
+
+  // The tiles of rows [ic, ic + mc) x panels [p_begin, p_end) of column block jc for one K step
+  // of kc: packs the A block, then one kernel call per microtile. Panel p's words for this step
+  // are at b_first + (p - p_begin) * b_stride.
+  auto run_tiles = [&](AWord* a_pack, float* edge, int64_t jc, int64_t ic, int64_t mc,
+                       int64_t p_begin, int64_t p_end, int64_t pc, int64_t kc, bool load_c,
+                       const BWord* b_first, int64_t b_stride) {
+    P::pack_a(ta, A, lda, ic, mc, pc, kc, a_pack);
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const int64_t j = jc + p * kNR;
+      const int64_t nr = std::min<int64_t>(kNR, N - j);
+      const BWord* b_panel = b_first + (p - p_begin) * b_stride;
+      for (int64_t ir = 0; ir < mc; ir += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, mc - ir);
+        const AWord* a_panel = a_pack + ir * kc;
+        float* c = C + (ic + ir) * ldc + j;
+        if (mr == kMR && nr == kNR) {
+          kernel(kc, a_panel, b_panel, c, ldc, load_c);
+          continue;
+        }
+        // Edge tile: run the full tile on a scratch copy, write back the valid part.
+        if (load_c) {
+          for (int64_t r = 0; r < mr; ++r) std::copy_n(c + r * ldc, nr, edge + r * kNR);
+        }
+        kernel(kc, a_panel, b_panel, edge, kNR, load_c);
+        for (int64_t r = 0; r < mr; ++r) std::copy_n(edge + r * kNR, nr, c + r * ldc);
+      }
+    }
+  };
+
+  // One M block and one N block (the weight-gradient shapes of small models: M = 32..144,
+  // K = the batch's tokens): column slices own their C tiles for the whole K, each packing its
+  // own B panels, so the K steps need no barrier at all — the same kernel calls in the same
+  // order per C element as below, hence the same bits.
+  if (m_blocks == 1 && N <= kNC) {
+    static thread_local AlignedBuffer<BWord> slice_buffer;  // each thread's own B panels
+    const int64_t panels = (N + kNR - 1) / kNR;
+    const int64_t n_parts = std::min<int64_t>(panels, 4 * threads);
+    const int64_t panels_per_part = (panels + n_parts - 1) / n_parts;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t part = 0; part < n_parts; ++part) {
+      const int64_t p_begin = part * panels_per_part;
+      const int64_t p_end = std::min(panels, p_begin + panels_per_part);
+      if (p_begin >= p_end) continue;
+      AWord* a_pack = a_buffer.get(kMC * kc_max);
+      BWord* b_slice = prepacked != nullptr
+                           ? nullptr
+                           : slice_buffer.get(panels_per_part * kNR * P::b_words(kc_max));
+      alignas(64) float edge[kMR * kNR];
+      for (int64_t pc = 0; pc < K; pc += kKC) {
+        const int64_t kc = std::min(kKC, K - pc);
+        const int64_t words = P::b_words(kc);
+        if (prepacked == nullptr) {
+          for (int64_t p = p_begin; p < p_end; ++p) {
+            P::pack_b(tb, B, ldb, pc, kc, p * kNR, std::min<int64_t>(kNR, N - p * kNR),
+                      b_slice + (p - p_begin) * kNR * words);
+          }
+        }
+        const BWord* b_first = prepacked != nullptr
+                                   ? prepacked + p_begin * prepacked_panel_words + P::b_words(pc) * kNR
+                                   : b_slice;
+        run_tiles(a_pack, edge, 0, 0, M, p_begin, p_end, pc, kc, accumulate || pc > 0, b_first,
+                  prepacked != nullptr ? prepacked_panel_words : kNR * words);
+      }
+    }
+    return;
+  }
+
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    static thread_local AlignedBuffer<AWord> a_buffer;
     AWord* a_pack = a_buffer.get(kMC * kc_max);
     alignas(64) float edge[kMR * kNR];
 
@@ -273,34 +343,15 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t unit = 0; unit < m_blocks * n_parts; ++unit) {
           const int64_t ic = (unit / n_parts) * kMC;
-          const int64_t mc = std::min(kMC, M - ic);
           const int64_t p_begin = (unit % n_parts) * panels_per_part;
           const int64_t p_end = std::min(panels, p_begin + panels_per_part);
           if (p_begin >= p_end) continue;
-          P::pack_a(ta, A, lda, ic, mc, pc, kc, a_pack);
-          for (int64_t p = p_begin; p < p_end; ++p) {
-            const int64_t j = jc + p * kNR;
-            const int64_t nr = std::min<int64_t>(kNR, N - j);
-            const BWord* b_panel =
-                prepacked != nullptr
-                    ? prepacked + (jc / kNR + p) * prepacked_panel_words + P::b_words(pc) * kNR
-                    : b_pack + p * kNR * words;
-            for (int64_t ir = 0; ir < mc; ir += kMR) {
-              const int64_t mr = std::min<int64_t>(kMR, mc - ir);
-              const AWord* a_panel = a_pack + ir * kc;
-              float* c = C + (ic + ir) * ldc + j;
-              if (mr == kMR && nr == kNR) {
-                kernel(kc, a_panel, b_panel, c, ldc, load_c);
-                continue;
-              }
-              // Edge tile: run the full tile on a scratch copy, write back the valid part.
-              if (load_c) {
-                for (int64_t r = 0; r < mr; ++r) std::copy_n(c + r * ldc, nr, edge + r * kNR);
-              }
-              kernel(kc, a_panel, b_panel, edge, kNR, load_c);
-              for (int64_t r = 0; r < mr; ++r) std::copy_n(edge + r * kNR, nr, c + r * ldc);
-            }
-          }
+          const BWord* b_first =
+              prepacked != nullptr
+                  ? prepacked + (jc / kNR + p_begin) * prepacked_panel_words + P::b_words(pc) * kNR
+                  : b_pack + p_begin * kNR * words;
+          run_tiles(a_pack, edge, jc, ic, std::min(kMC, M - ic), p_begin, p_end, pc, kc, load_c,
+                    b_first, prepacked != nullptr ? prepacked_panel_words : kNR * words);
         }
         if (!last_step) {
 #pragma omp barrier
