@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "concord/io/atomic_file.h"
 #include "concord/io/safetensors.h"
 #include "concord/numerics/check.h"
 #include "concord/train/progress.h"
@@ -515,10 +517,10 @@ TEST(RunDir, DiscardRemovesTheNamedFilesAndLeftovers) {
 TEST(RunDir, AFolderIsWrittenAsAWholeOrNotAtAll) {
   TempDir tmp;
   const fs::path target = tmp.path / "final";
-  write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "a") << "one"; });
+  io::write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "a") << "one"; });
   EXPECT_TRUE(fs::exists(target / "a"));
   // A writer that fails half-way leaves the old folder as it was, and no temporary one.
-  EXPECT_THROW(write_directory_atomic(target,
+  EXPECT_THROW(io::write_directory_atomic(target,
                                       [](const fs::path& dir) {
                                         std::ofstream(dir / "b") << "half";
                                         throw InputError("disk full");
@@ -530,9 +532,21 @@ TEST(RunDir, AFolderIsWrittenAsAWholeOrNotAtAll) {
   EXPECT_TRUE(fs::exists(target / "a"));
   EXPECT_FALSE(fs::exists(target / "b"));
   // A second write replaces the whole folder (no file of the old one survives).
-  write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "c") << "two"; });
+  io::write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "c") << "two"; });
   EXPECT_FALSE(fs::exists(target / "a"));
   EXPECT_TRUE(fs::exists(target / "c"));
+  // Temporaries of a killed writer (a pid that cannot run) go; a running writer's stays.
+  fs::create_directories(tmp.path / "final.tmp-999999999");
+  fs::create_directories(tmp.path / "final.tmp-999999999.old");
+  fs::create_directories(tmp.path / "final.tmp-1");  // pid 1 runs
+  fs::create_directories(tmp.path / "final.tmp-x");   // not a temporary of ours
+  io::write_directory_atomic(target, [](const fs::path& dir) { std::ofstream(dir / "d") << "three"; });
+  left.clear();
+  for (const auto& e : fs::directory_iterator(tmp.path)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"final", "final.tmp-1", "final.tmp-x"}));
+  // The parent is never created.
+  EXPECT_THROW(io::write_directory_atomic(tmp.path / "missing" / "final", [](const fs::path&) {}), InputError);
 }
 
 TEST(RunDir, FirstDifferenceNamesTheDottedKey) {

@@ -1,6 +1,4 @@
 // `concord export`: a model folder, GGUF file or training run -> an HF folder or a GGUF file.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "concord/cli/commands.h"
+#include "concord/io/atomic_file.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 
@@ -75,39 +74,21 @@ void check_out(const std::string& model, const std::string& out_text, bool gguf)
   }
 }
 
-// Writes the folder `out` whole: fill(tmp) writes into a hidden sibling, which then takes the
-// place of `out` (an earlier export is moved aside and deleted). On failure the sibling is
-// deleted and `out` is as it was.
+// Writes the folder `out` whole (io::write_directory_atomic). The writer names the temporary
+// folder it wrote into; the user knows it as `out`.
 void write_folder_whole(const fs::path& out, const std::function<void(const fs::path&)>& fill) {
-  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-  const std::string name = out.filename().string();
-  const fs::path tmp = parent / fmt::format(".{}.export-tmp-{}", name, ::getpid());
-  const fs::path old = parent / fmt::format(".{}.export-old-{}", name, ::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
+  fs::path tmp;
   try {
-    fs::create_directory(tmp);
-    fill(tmp);
-    if (fs::exists(out)) {
-      fs::rename(out, old);
-      fs::rename(tmp, out);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, out);
-    }
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw InputError(fmt::format("[export] {}: {}", out.string(), e.what()));
+    io::write_directory_atomic(out, [&](const fs::path& dir) {
+      tmp = dir;
+      fill(dir);
+    });
   } catch (const InputError& e) {
-    fs::remove_all(tmp, ec);
-    // The writer names the folder it wrote into; the user knows it as `out`.
     std::string message = e.what();
-    for (size_t at; (at = message.find(tmp.string())) != std::string::npos;)
-      message.replace(at, tmp.string().size(), out.string());
+    if (!tmp.empty())
+      for (size_t at; (at = message.find(tmp.string())) != std::string::npos;)
+        message.replace(at, tmp.string().size(), out.string());
     throw InputError(message);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
   }
 }
 

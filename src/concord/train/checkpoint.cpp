@@ -60,20 +60,6 @@ long tmp_writer_pid(std::string_view name) {
   return pid;
 }
 
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    throw InputError(fmt::format("[checkpoint] {}: cannot open directory: {}", dir.string(),
-                                 std::strerror(errno)));
-  }
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) {
-    throw InputError(fmt::format("[checkpoint] {}: fsync failed: {}", dir.string(),
-                                 std::strerror(errno)));
-  }
-}
-
 // Removes step-*.tmp-<pid>* directories whose writer is this process or no longer runs.
 void remove_stale_tmp_dirs(const fs::path& checkpoints) {
   std::error_code ec;
@@ -157,20 +143,6 @@ nlohmann::json read_state(const fs::path& path, int64_t step) {
   return state;
 }
 
-// Replaces `target` (an existing checkpoint of the same step) by `fresh` atomically where the
-// file system can exchange two names; `fresh` then holds the old checkpoint, to be deleted.
-void replace_existing(const fs::path& fresh, const fs::path& target) {
-  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    return;
-  }
-  // No exchange (an old kernel or file system): move the old one aside, then the new one in.
-  fs::path aside = fresh;
-  aside += ".old";
-  fs::rename(target, aside);
-  fs::rename(fresh, target);
-  fs::rename(aside, fresh);
-}
-
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) {
@@ -206,34 +178,19 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, std::span<const 
 
   const fs::path checkpoints = run_dir / "checkpoints";
   const fs::path final_dir = checkpoints / name;
-  const fs::path tmp_dir = checkpoints / fmt::format("{}{}{}", name, kTmpMarker, ::getpid());
   try {
     fs::create_directories(checkpoints);
     remove_stale_tmp_dirs(checkpoints);
-    fs::remove_all(tmp_dir);
-    fs::create_directory(tmp_dir);
-    write_tensors(tmp_dir / kModelFile, model, step);
-    write_tensors(tmp_dir / kOptimizerFile, optimizer, step);
-    if (!state_tensors.empty()) write_tensors(tmp_dir / kStateTensorsFile, state_tensors, step);
-    io::write_file_atomic(tmp_dir / kStateFile, std::string_view(state_text));
-    fsync_dir(tmp_dir);
-    if (fs::exists(final_dir)) {
-      replace_existing(tmp_dir, final_dir);
-      fs::remove_all(tmp_dir);
-    } else {
-      fs::rename(tmp_dir, final_dir);
-    }
-    fsync_dir(checkpoints);
-    io::write_file_atomic(checkpoints / kLatestFile, std::string_view(name + "\n"));
   } catch (const fs::filesystem_error& e) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-    throw InputError(fmt::format("[checkpoint] {}: {}", final_dir.string(), e.what()));
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-    throw;
+    throw InputError(fmt::format("[checkpoint] {}: {}", checkpoints.string(), e.what()));
   }
+  io::write_directory_atomic(final_dir, [&](const fs::path& dir) {
+    write_tensors(dir / kModelFile, model, step);
+    write_tensors(dir / kOptimizerFile, optimizer, step);
+    if (!state_tensors.empty()) write_tensors(dir / kStateTensorsFile, state_tensors, step);
+    io::write_file_atomic(dir / kStateFile, std::string_view(state_text));
+  });
+  io::write_file_atomic(checkpoints / kLatestFile, std::string_view(name + "\n"));
 
   // Pruning: the new checkpoint and the keep - 1 newest below it stay. Checkpoints of higher
   // steps (left by a continuation abandoned when the run was resumed from an earlier one) are
@@ -470,35 +427,10 @@ namespace {
 
 constexpr std::string_view kDiscardedPrefix = ".discarded.tmp-";
 
-// The pid after `marker` in `name` ("<prefix><marker><pid>"), or -1.
-long pid_after(std::string_view name, std::string_view prefix_and_marker) {
-  if (!name.starts_with(prefix_and_marker) || name.size() == prefix_and_marker.size()) return -1;
-  long pid = 0;
-  for (const char c : name.substr(prefix_and_marker.size())) {
-    if (c < '0' || c > '9' || pid > 1'000'000'000) return -1;
-    pid = pid * 10 + (c - '0');
-  }
-  return pid;
-}
-
-bool writer_alive(long pid) {
-  return pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-}
-
-// Deletes the entries of `dir` named <prefix_and_marker><pid> whose writer no longer runs (or is
-// this process: a folder of its own left by an earlier, failed call).
-void remove_stale(const fs::path& dir, std::string_view prefix_and_marker) {
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-    const long pid = pid_after(entry.path().filename().string(), prefix_and_marker);
-    if (pid >= 0 && (pid == ::getpid() || !writer_alive(pid))) fs::remove_all(entry.path(), ec);
-  }
-}
-
 }  // namespace
 
 void discard_run_files(const fs::path& run_dir, std::span<const std::string> names) {
-  remove_stale(run_dir, kDiscardedPrefix);
+  io::remove_stale_temporaries(run_dir, kDiscardedPrefix);
   const fs::path trash = run_dir / fmt::format("{}{}", kDiscardedPrefix, ::getpid());
   try {
     bool made = false;
@@ -512,40 +444,12 @@ void discard_run_files(const fs::path& run_dir, std::span<const std::string> nam
       fs::rename(run_dir / name, trash / name);
     }
     if (made) {
-      fsync_dir(run_dir);
+      io::fsync_directory(run_dir);
       fs::remove_all(trash);
     }
   } catch (const fs::filesystem_error& e) {
     throw InputError(fmt::format("[run] {}: cannot discard the previous run's files ({}); remove them or "
                                  "use another --out", run_dir.string(), e.what()));
-  }
-}
-
-void write_directory_atomic(const fs::path& target, const std::function<void(const fs::path&)>& fill) {
-  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  const std::string marker = target.filename().string() + ".tmp-";
-  const fs::path tmp = parent / fmt::format("{}{}", marker, ::getpid());
-  try {
-    fs::create_directories(parent);
-    remove_stale(parent, marker);
-    fs::create_directory(tmp);
-    fill(tmp);
-    fsync_dir(tmp);
-    if (fs::exists(target)) {
-      replace_existing(tmp, target);
-      fs::remove_all(tmp);
-    } else {
-      fs::rename(tmp, target);
-    }
-    fsync_dir(parent);
-  } catch (const fs::filesystem_error& e) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw InputError(fmt::format("[run] {}: {}", target.string(), e.what()));
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
   }
 }
 

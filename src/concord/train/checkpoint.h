@@ -22,7 +22,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -132,13 +131,6 @@ void check_checkpoint_config(const LoadedCheckpoint& ckpt, const nlohmann::json&
 // over by a killed process, it is deleted by the next call). List config.json first: a kill at
 // any point then leaves either the old run whole or no config.json beside what remains of it.
 void discard_run_files(const std::filesystem::path& run_dir, std::span<const std::string> names);
-
-// Writes the folder `target` as a whole: fill(tmp) writes into <target>.tmp-<pid>, which is
-// fsynced and renamed to `target` (atomically exchanged with an existing `target`, which is then
-// deleted). A folder named `target` is therefore always complete; a kill leaves the old one or
-// the new one, and at most a .tmp-<pid> folder that the next call for `target` deletes.
-void write_directory_atomic(const std::filesystem::path& target,
-                            const std::function<void(const std::filesystem::path&)>& fill);
 
 // FNV-1a (64-bit) of `text` as 16 hex digits: a short, stable tag of a config's identity.
 std::string identity_tag(std::string_view text);

@@ -80,13 +80,13 @@ std::map<std::string, std::string> final_metadata(const TrainConfig& config, con
 
 // final/: an HF-layout model folder of the served weights (fp32 values), with the byte
 // tokenizer as a tokenizer.json, so that `concord generate --model run/final` and HF tools read
-// it as they read any model folder. Written as a whole (write_directory_atomic): a final/ is
+// it as they read any model folder. Written as a whole (io::write_directory_atomic): a final/ is
 // never half written.
 void write_served_model(const fs::path& dir, model::Model& m, const std::map<std::string, std::string>& metadata) {
   model::ExportOptions options;
   options.tokenizer = io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
   options.metadata = metadata;
-  write_directory_atomic(dir, [&](const fs::path& tmp) { model::export_model(m, tmp, options); });
+  io::write_directory_atomic(dir, [&](const fs::path& tmp) { model::export_model(m, tmp, options); });
 }
 
 // Whether `dir` holds this run's final model of `step`: every file there, and model.safetensors
