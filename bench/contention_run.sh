@@ -33,13 +33,22 @@ stop_spinner() {
 }
 trap stop_spinner EXIT
 
-# Load not our own: the 1-minute load average minus the runnable tasks we account for.
+# Load not our own, checked while no benchmark of ours runs: the CPU time the whole machine used
+# over 2 s (/proc/stat user+nice+system+irq+softirq), in cores. The load average is printed too,
+# but it cannot tell other load from the rounds just run (it decays over minutes).
+busy_cores() {
+  local a b
+  a=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+  sleep 2
+  b=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+  python3 -c "a = '$a'.split(); b = '$b'.split(); print(f'{(float(b[0]) - float(a[0])) / max(1.0, float(b[1]) - float(a[1])) * $cpus:.2f}')"
+}
 check_load() {
-  local load
-  load=$(cut -d' ' -f1 /proc/loadavg)
-  echo "load average $(cut -d' ' -f1-3 /proc/loadavg) ($1)"
-  if python3 -c "import sys; sys.exit(0 if float('$load') > 0.5 else 1)"; then
-    echo "WARNING: other load is present (1-min load average $load > 0.5): the figures are unreliable; rerun on a quiet machine" >&2
+  local busy
+  busy=$(busy_cores)
+  echo "load average $(cut -d' ' -f1-3 /proc/loadavg); CPU in use by others over 2 s: $busy cores ($1)"
+  if python3 -c "import sys; sys.exit(0 if $busy > 0.2 else 1)"; then
+    echo "WARNING: other load is present ($busy cores busy between our runs): the figures are unreliable; rerun on a quiet machine" >&2
   fi
 }
 
