@@ -17,7 +17,8 @@ export OMP_WAIT_POLICY=passive
 : > "$OUT/faults.jsonl"
 for preset in bf16 mxfp8 nvfp4; do
   for fault in none stale_version dropped_tensor swapped_tensors transposed_tensor untied_lm_head \
-               stale_derived zeroed_scales partial_sync wrong_rounding flipped_bit stale_weights; do
+               stale_derived zeroed_scales partial_sync wrong_rounding flipped_bit stale_weights \
+               overwritten_codes wrong_tensor_scale; do
     dir="$OUT/faults/$preset-$fault"
     args=(rl --quiet --steps 4 --sampler "$preset" --learner "$preset" --base "$OUT/base" --out "$dir")
     [ "$fault" != none ] && args+=(--fault "$fault@3")
