@@ -2,6 +2,7 @@
 # exit, pass/fail counting, the checks the scripts have in common, and `finish NAME`, which ends
 # a script with its verdict (exit 1 when anything failed).
 WORK="$(mktemp -d)"
+CLI_TEST_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # help_walk.py lives here
 trap 'rm -rf "$WORK"' EXIT
 FAILURES=0
 
@@ -75,24 +76,10 @@ bad_flag_values() {
 # them (EXCLUDE), has a row in TABLE, so a new flag cannot go unchecked.
 numeric_flags_covered() {
   local table="$1"; shift
-  if python3 - "$CONCORD" "$table" "$@" <<'PY'
-import re, subprocess, sys
+  if PYTHONPATH="$CLI_TEST_DIR" python3 - "$CONCORD" "$table" "$@" <<'PY'
+import re, sys
+from help_walk import leaves
 concord, table, mode, chosen = sys.argv[1], sys.argv[2], sys.argv[3], set(sys.argv[4:])
-def help_of(words):
-    return subprocess.run([concord, *words, "--help"], capture_output=True, text=True).stdout
-def leaves(words):
-    text = help_of(words)
-    subs = []
-    if "\nSubcommands:\n" in text:
-        for line in text.split("\nSubcommands:\n", 1)[1].splitlines():
-            m = re.match(r"^  (\S+)\s", line)
-            if not m: break
-            subs.append(m.group(1))
-    if not subs:
-        yield words, text
-    for s in subs:
-        if words == [] and ((mode == "INCLUDE") != (s in chosen)): continue
-        yield from leaves(words + [s])
 rows = set()
 for line in open(table):
     if line.strip() and not line.startswith("#"):
@@ -100,7 +87,7 @@ for line in open(table):
         rows.add((f[0], f[2]))
 missing = []
 count = 0
-for words, text in leaves([]):
+for words, text in leaves(concord, mode, chosen):
     for flag in re.findall(r"^  (--[\w-]+) (?:INT|UINT|FLOAT)\b", text, re.M):
         count += 1
         if (" ".join(words), flag) not in rows: missing.append(" ".join(words) + " " + flag)
@@ -118,26 +105,12 @@ PY
 # wrote to runs/rl). demo and rl get a bad arm or preset as well, so that a binary that took ""
 # fails at once instead of running.
 empty_values_refused() {
-  if python3 - "$CONCORD" "$@" <<'PY'
+  if PYTHONPATH="$CLI_TEST_DIR" python3 - "$CONCORD" "$@" <<'PY'
 import re, subprocess, sys
+from help_walk import leaves
 concord, mode, chosen = sys.argv[1], sys.argv[2], set(sys.argv[3:])
-def help_of(words):
-    return subprocess.run([concord, *words, "--help"], capture_output=True, text=True).stdout
-def leaves(words):
-    text = help_of(words)
-    subs = []
-    if "\nSubcommands:\n" in text:
-        for line in text.split("\nSubcommands:\n", 1)[1].splitlines():
-            m = re.match(r"^  (\S+)\s", line)
-            if not m: break
-            subs.append(m.group(1))
-    if not subs:
-        yield words, text
-    for s in subs:
-        if words == [] and ((mode == "INCLUDE") != (s in chosen)): continue
-        yield from leaves(words + [s])
 bad, count = [], 0
-for words, text in leaves([]):
+for words, text in leaves(concord, mode, chosen):
     for option in re.findall(r"^  (?:-\w,)?(--[\w-]+) [A-Z]", text, re.M):
         guard = {"demo": ["--arm", "bf16/fp7:rne"],
                  "rl": ["--learner" if option == "--sampler" else "--sampler", "fp7"]}.get(" ".join(words), [])
