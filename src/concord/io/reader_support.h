@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "concord/io/utf8.h"
 #include "concord/numerics/check.h"
 
 namespace concord::io {
@@ -77,38 +78,10 @@ inline FileImage owned_file_image(std::vector<uint8_t> image) {
 }
 
 // Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points
-// above U+10FFFF included), or nullopt when the text is valid.
+// above U+10FFFF included), or nullopt when the text is valid (io/utf8.h).
 inline std::optional<size_t> first_invalid_utf8(std::span<const uint8_t> s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const uint8_t c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t extra = 0;
-    uint32_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + extra >= s.size()) return i;  // cut off by the end
-    if (s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (size_t k = 2; k <= extra; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-    }
-    i += extra + 1;
-  }
-  return std::nullopt;
+  const size_t at = invalid_utf8_offset({reinterpret_cast<const char*>(s.data()), s.size()});
+  return at == std::string_view::npos ? std::nullopt : std::optional<size_t>(at);
 }
 
 // Text from a file made safe to print on one line: control bytes as \xNN, cut at 80 bytes.

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "concord/io/atomic_file.h"
+#include "concord/io/utf8.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
 
@@ -33,39 +34,6 @@ constexpr std::string_view kFirstVerse =
 constexpr std::string_view kLastVerse =
     "Rev22:21 The grace of our Lord Jesus Christ be with you all. Amen.\n";
 constexpr size_t kKjvMinBytes = 4'000'000;
-
-// Position of the first byte that breaks UTF-8 (overlong forms, surrogates and code points
-// above U+10FFFF included), or npos when the text is valid.
-size_t first_invalid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int extra;
-    uint32_t cp, min_cp;
-    if ((c & 0xE0) == 0xC0) {
-      extra = 1, cp = c & 0x1Fu, min_cp = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2, cp = c & 0x0Fu, min_cp = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3, cp = c & 0x07u, min_cp = 0x10000;
-    } else {
-      return i;
-    }
-    if (i + static_cast<size_t>(extra) >= s.size()) return i;  // truncated sequence
-    for (int k = 1; k <= extra; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-      if ((cc & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (cc & 0x3Fu);
-    }
-    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += static_cast<size_t>(extra) + 1;
-  }
-  return std::string_view::npos;
-}
 
 // Reads the whole file into `out`; false when it cannot be opened or read.
 bool read_file(const fs::path& path, std::string& out) {
@@ -168,7 +136,7 @@ std::string load_corpus(std::string_view spec) {
                                  path.string(), std::strerror(errno)));
   }
   if (text.empty()) throw InputError(fmt::format("[corpus] {}: the file is empty", path.string()));
-  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
+  if (const size_t bad = io::invalid_utf8_offset(text); bad != std::string_view::npos) {
     throw InputError(fmt::format("[corpus] {}: not UTF-8 text (invalid byte 0x{:02X} at offset {})",
                                  path.string(), static_cast<unsigned char>(text[bad]), bad));
   }
