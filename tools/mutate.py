@@ -14,7 +14,7 @@ a ctest regex also matches tests of executables the pass did not build, which ct
 reports as failures (a false kill).
 
 Usage (stdlib only; builds and tests run under nice -n 19 with one job):
-  tools/mutate.py [--repo /work/main] [--worktree /work/mut] [--commit HEAD]
+  tools/mutate.py [--repo DIR] [--worktree DIR] [--commit HEAD]
                   [--only ID,ID...] [--out mutation-results.md] [--keep-worktree]
 The worktree is created at the commit (or moved to it, discarding its changes), configured once
 (cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DCONCORD_BUILD_BENCH=OFF) and removed at the end
@@ -22,6 +22,7 @@ unless --keep-worktree; an interrupted run restores the mutated file before it e
 """
 import argparse
 import os
+import tempfile
 import signal
 import subprocess
 import sys
@@ -239,8 +240,10 @@ def run_tests(build_dir, tests):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repo", default="/work/main")
-    ap.add_argument("--worktree", default="/work/mut")
+    ap.add_argument("--repo", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    help="the repository (default: the one holding this script)")
+    ap.add_argument("--worktree", default=os.path.join(tempfile.gettempdir(), "concord-mutate"),
+                    help="where the worktree goes (default: $TMPDIR/concord-mutate)")
     ap.add_argument("--commit", default="HEAD")
     ap.add_argument("--only", default="", help="comma-separated mutation ids (prefixes)")
     ap.add_argument("--out", default="mutation-results.md")
