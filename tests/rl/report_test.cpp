@@ -4,12 +4,12 @@
 // realization caption says why the ratio exceeds 1.
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "audit/svg_bars.h"
 #include "concord/rl/loop.h"
 #include "concord/rl/report.h"
 #include "concord/train/fair_cast.h"
@@ -60,14 +60,12 @@ TEST(RlReport, LagHistogramHasOneVisibleBarPerBinOnALogCountAxis) {
   const std::string html = rl_report_html("t", arms);
   const std::string svg = figure_with_title(html, "lag: bf16/bf16 rne");
   ASSERT_FALSE(svg.empty()) << html;
-  const std::regex bar(R"re(<rect x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)" height="([0-9.]+)" fill="#4e79a7")re");
-  int bars = 0;
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), bar); it != std::sregex_iterator(); ++it) {
-    ++bars;
-    EXPECT_GT(std::stod((*it)[1]), 20.0) << "every bin is a bar a reader can see";
-    EXPECT_GT(std::stod((*it)[2]), 1.0) << "even the bin with one event has a visible height";
+  const auto bars = concord::test::svg_bars(svg);
+  for (const auto& [width, height] : bars) {
+    EXPECT_GT(width, 20.0) << "every bin is a bar a reader can see";
+    EXPECT_GT(height, 1.0) << "even the bin with one event has a visible height";
   }
-  EXPECT_EQ(bars, train::LagSummary::kBins);
+  EXPECT_EQ(bars.size(), static_cast<size_t>(train::LagSummary::kBins));
   for (const char* label : {">0<", ">1<", ">2<", ">4<", ">512<", ">1024+<", ">1e5<"})
     EXPECT_NE(svg.find(label), std::string::npos) << label;
   EXPECT_NE(html.find("counts on a log axis"), std::string::npos);
