@@ -1,7 +1,8 @@
 // GGUF reader/writer: round trips of every metadata and tensor type, the byte layout against a
 // file assembled by hand, hostile files (each with its own one-line error, none crashing), and
-// the Q8_0/MXFP4/F16/BF16 codecs against scalar re-implementations written here from the
-// format definitions (ggml-quants.c), sharing no code with src/.
+// the codecs (Q4_0/Q4_1/Q8_0/MXFP4/F16/BF16 encode; every legacy and k-quant decode) against
+// scalar re-implementations written here from the format definitions (ggml-quants.c, their
+// loops transliterated), sharing no code with src/; hand-built blocks pin the layouts.
 #include "concord/io/gguf.h"
 
 #include <gtest/gtest.h>
@@ -275,27 +276,21 @@ TEST(GgufRoundTrip, EveryTensorTypeKeepsItsBytes) {
 
 TEST(GgufRoundTrip, DecodedValuesOfEncodedTensors) {
   const std::vector<float> x = random_values(64, 5);
-  for (GgmlType type : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q8_0, GgmlType::mxfp4}) {
+  for (GgmlType type : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q4_0,
+                        GgmlType::q4_1, GgmlType::q8_0, GgmlType::mxfp4}) {
     const std::vector<uint8_t> bytes = encode_gguf_tensor(type, x);
     const GgufFile f = GgufFile::from_bytes(serialize_gguf({}, {{"w", {32, 2}, type, bytes}}), "d.gguf");
     const std::vector<float> y = gguf_tensor_to_floats(f.get("w"));
     ASSERT_EQ(y.size(), x.size());
     const double tolerance = type == GgmlType::f32    ? 0.0
                              : type == GgmlType::mxfp4 ? 0.5
+                             : type == GgmlType::q4_0 || type == GgmlType::q4_1 ? 0.4
                              : type == GgmlType::q8_0  ? 0.03
                                                        : 0.01;
     for (size_t i = 0; i < x.size(); ++i) {
       EXPECT_LE(std::fabs(y[i] - x[i]), tolerance * std::max(1.0f, std::fabs(x[i])))
           << ggml_type_traits(static_cast<uint32_t>(type))->name << " " << i;
     }
-  }
-  const std::vector<uint8_t> q4(18 * 2, 0);
-  const GgufFile f = GgufFile::from_bytes(serialize_gguf({}, {{"q", {64}, GgmlType::q4_0, q4}}), "q.gguf");
-  try {
-    gguf_tensor_to_floats(f.get("q"));
-    ADD_FAILURE() << "Q4_0 should not convert";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor 'q' has type Q4_0"), std::string::npos);
   }
 }
 
@@ -734,7 +729,7 @@ TEST(GgufCodec, BlockFormatsRejectNonFinite) {
   std::vector<float> x(32, 1.0f);
   for (float bad : {NAN, INFINITY, -INFINITY}) {
     x[17] = bad;
-    for (GgmlType type : {GgmlType::q8_0, GgmlType::mxfp4}) {
+    for (GgmlType type : {GgmlType::q4_0, GgmlType::q4_1, GgmlType::q8_0, GgmlType::mxfp4}) {
       try {
         encode_gguf_tensor(type, x);
         ADD_FAILURE() << "expected an error";
@@ -754,6 +749,481 @@ TEST(GgufCodec, BlockFormatsRejectNonFinite) {
     ADD_FAILURE() << "expected an error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot encode Q4_K"), std::string::npos);
+  }
+}
+
+// --- legacy quants and k-quants (ggml-quants.c dequantize_row_*, quantize_row_q4_*_ref) ---
+
+// fp16 -> fp32 from the binary16 definition; a NaN keeps its payload (shifted up 13 bits).
+float ref_f16_to_f32(uint16_t h) {
+  if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0) {
+    return std::bit_cast<float>((static_cast<uint32_t>(h & 0x8000) << 16) | 0x7F800000u |
+                                (static_cast<uint32_t>(h & 0x3FF) << 13));
+  }
+  return static_cast<float>(ref_f16_value(h));
+}
+
+uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// ggml's dequantize_row_* transliterated (their loops, pointer walks and masks), one block.
+void ggml_q4_0(const uint8_t* x, float* y) {
+  const float d = ref_f16_to_f32(le16(x));
+  for (int j = 0; j < 16; ++j) {
+    const int x0 = (x[2 + j] & 0x0F) - 8, x1 = (x[2 + j] >> 4) - 8;
+    y[j] = static_cast<float>(x0) * d;
+    y[j + 16] = static_cast<float>(x1) * d;
+  }
+}
+void ggml_q4_1(const uint8_t* x, float* y) {
+  const float d = ref_f16_to_f32(le16(x)), m = ref_f16_to_f32(le16(x + 2));
+  for (int j = 0; j < 16; ++j) {
+    const int x0 = x[4 + j] & 0x0F, x1 = x[4 + j] >> 4;
+    y[j] = static_cast<float>(x0) * d + m;
+    y[j + 16] = static_cast<float>(x1) * d + m;
+  }
+}
+void ggml_q5_0(const uint8_t* x, float* y) {
+  const float d = ref_f16_to_f32(le16(x));
+  uint32_t qh;
+  std::memcpy(&qh, x + 2, 4);
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t xh_0 = ((qh >> (j + 0)) << 4) & 0x10;
+    const uint8_t xh_1 = ((qh >> (j + 12))) & 0x10;
+    const int32_t x0 = ((x[6 + j] & 0x0F) | xh_0) - 16;
+    const int32_t x1 = ((x[6 + j] >> 4) | xh_1) - 16;
+    y[j] = static_cast<float>(x0) * d;
+    y[j + 16] = static_cast<float>(x1) * d;
+  }
+}
+void ggml_q5_1(const uint8_t* x, float* y) {
+  const float d = ref_f16_to_f32(le16(x)), m = ref_f16_to_f32(le16(x + 2));
+  uint32_t qh;
+  std::memcpy(&qh, x + 4, 4);
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t xh_0 = ((qh >> (j + 0)) << 4) & 0x10;
+    const uint8_t xh_1 = ((qh >> (j + 12))) & 0x10;
+    const int x0 = (x[8 + j] & 0x0F) | xh_0, x1 = (x[8 + j] >> 4) | xh_1;
+    y[j] = static_cast<float>(x0) * d + m;
+    y[j + 16] = static_cast<float>(x1) * d + m;
+  }
+}
+void ggml_q2_k(const uint8_t* x, float* y) {  // scales[16] qs[64] d dmin
+  const float d = ref_f16_to_f32(le16(x + 80)), min = ref_f16_to_f32(le16(x + 82));
+  const uint8_t* q = x + 16;
+  int is = 0;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      uint8_t sc = x[is++];
+      float dl = d * static_cast<float>(sc & 0xF), ml = min * static_cast<float>(sc >> 4);
+      for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>(static_cast<int8_t>((q[l] >> shift) & 3)) - ml;
+      sc = x[is++];
+      dl = d * static_cast<float>(sc & 0xF), ml = min * static_cast<float>(sc >> 4);
+      for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>(static_cast<int8_t>((q[l + 16] >> shift) & 3)) - ml;
+      shift += 2;
+    }
+    q += 32;
+  }
+}
+void ggml_q3_k(const uint8_t* x, float* y) {  // hmask[32] qs[64] scales[12] d
+  const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  uint32_t aux[4];
+  const auto* scales = reinterpret_cast<const int8_t*>(aux);
+  const float d_all = ref_f16_to_f32(le16(x + 108));
+  const uint8_t* q = x + 32;
+  const uint8_t* hm = x;
+  uint8_t m = 1;
+  std::memcpy(aux, x + 96, 12);
+  const uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  int is = 0;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      float dl = d_all * static_cast<float>(scales[is++] - 32);
+      for (int l = 0; l < 16; ++l)
+        *y++ = dl * static_cast<float>(static_cast<int8_t>((q[l + 0] >> shift) & 3) - ((hm[l + 0] & m) ? 0 : 4));
+      dl = d_all * static_cast<float>(scales[is++] - 32);
+      for (int l = 0; l < 16; ++l)
+        *y++ = dl * static_cast<float>(static_cast<int8_t>((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+      shift += 2;
+      m = static_cast<uint8_t>(m << 1);
+    }
+    q += 32;
+  }
+}
+void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+  }
+}
+void ggml_q4_k(const uint8_t* x, float* y) {  // d dmin scales[12] qs[128]
+  const float d = ref_f16_to_f32(le16(x)), min = ref_f16_to_f32(le16(x + 2));
+  const uint8_t* q = x + 16;
+  int is = 0;
+  uint8_t sc, m;
+  for (int j = 0; j < 256; j += 64) {
+    get_scale_min_k4(is + 0, x + 4, &sc, &m);
+    const float d1 = d * sc, m1 = min * m;
+    get_scale_min_k4(is + 1, x + 4, &sc, &m);
+    const float d2 = d * sc, m2 = min * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    q += 32;
+    is += 2;
+  }
+}
+void ggml_q5_k(const uint8_t* x, float* y) {  // d dmin scales[12] qh[32] qs[128]
+  const float d = ref_f16_to_f32(le16(x)), min = ref_f16_to_f32(le16(x + 2));
+  const uint8_t* ql = x + 48;
+  const uint8_t* qh = x + 16;
+  int is = 0;
+  uint8_t sc, m, u1 = 1, u2 = 2;
+  for (int j = 0; j < 256; j += 64) {
+    get_scale_min_k4(is + 0, x + 4, &sc, &m);
+    const float d1 = d * sc, m1 = min * m;
+    get_scale_min_k4(is + 1, x + 4, &sc, &m);
+    const float d2 = d * sc, m2 = min * m;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+    ql += 32;
+    is += 2;
+    u1 = static_cast<uint8_t>(u1 << 2);
+    u2 = static_cast<uint8_t>(u2 << 2);
+  }
+}
+void ggml_q6_k(const uint8_t* x, float* y) {  // ql[128] qh[64] scales[16] d
+  const float d = ref_f16_to_f32(le16(x + 208));
+  const uint8_t* ql = x;
+  const uint8_t* qh = x + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(x + 192);
+  for (int n = 0; n < 256; n += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const auto q1 = static_cast<int8_t>(((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+      const auto q2 = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      const auto q3 = static_cast<int8_t>(((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      const auto q4 = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+      y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+void ggml_q8_k(const uint8_t* x, float* y) {  // float d, qs[256], bsums[16]
+  float d;
+  std::memcpy(&d, x, 4);
+  for (int j = 0; j < 256; ++j) y[j] = d * static_cast<float>(static_cast<int8_t>(x[4 + j]));
+}
+
+struct QuantCase {
+  GgmlType type;
+  void (*ref)(const uint8_t*, float*);
+  std::vector<int> f16_fields;  // byte offsets of the fp16 scales in a block
+};
+std::vector<QuantCase> quant_cases() {
+  return {{GgmlType::q4_0, ggml_q4_0, {0}},       {GgmlType::q4_1, ggml_q4_1, {0, 2}},
+          {GgmlType::q5_0, ggml_q5_0, {0}},       {GgmlType::q5_1, ggml_q5_1, {0, 2}},
+          {GgmlType::q2_k, ggml_q2_k, {80, 82}},  {GgmlType::q3_k, ggml_q3_k, {108}},
+          {GgmlType::q4_k, ggml_q4_k, {0, 2}},    {GgmlType::q5_k, ggml_q5_k, {0, 2}},
+          {GgmlType::q6_k, ggml_q6_k, {208}},     {GgmlType::q8_k, ggml_q8_k, {}}};
+}
+
+std::vector<float> decode_blocks(GgmlType type, const std::vector<uint8_t>& bytes) {
+  const auto traits = *ggml_type_traits(static_cast<uint32_t>(type));
+  GgufTensorInfo t;
+  t.name = "q";
+  t.type = type;
+  t.dims = {static_cast<int64_t>(bytes.size()) / traits.type_size * traits.block_size};
+  t.bytes = bytes;
+  return gguf_tensor_to_floats(t);
+}
+
+// Random codes with fp16 scales drawn from random finite values and the edge cases: zeros of
+// both signs, subnormals, the largest finite, negative, Inf and NaN (quiet, signalling).
+TEST(GgufQuant, DecodersMatchGgmlLoopsBitForBit) {
+  const uint16_t edges[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF,
+                            0x3C00, 0xBC00, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE55, 0x7DFF};
+  std::mt19937 rng(15);
+  for (const QuantCase& c : quant_cases()) {
+    const auto traits = *ggml_type_traits(static_cast<uint32_t>(c.type));
+    const size_t blocks = 96, size = static_cast<size_t>(traits.type_size);
+    std::vector<uint8_t> bytes(blocks * size);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    for (size_t blk = 0; blk < blocks; ++blk) {
+      for (size_t k = 0; k < c.f16_fields.size(); ++k) {
+        uint8_t* field = bytes.data() + blk * size + c.f16_fields[k];
+        uint16_t h = static_cast<uint16_t>(field[0] | (field[1] << 8));
+        if (blk < 64) {
+          if ((blk + k) % 4 != 0) h = edges[(blk * 7 + k * 3) % 16];
+          else h &= 0x7BFF;  // finite
+        }
+        field[0] = static_cast<uint8_t>(h);
+        field[1] = static_cast<uint8_t>(h >> 8);
+      }
+    }
+    if (c.type == GgmlType::q8_k) {  // fp32 scale: edge values too
+      const float f32_edges[] = {0.0f, -0.0f, 1e-45f, -1e-40f, 3.4e38f, INFINITY, -INFINITY,
+                                 std::bit_cast<float>(0x7FC01234u), std::bit_cast<float>(0xFF800001u)};
+      for (size_t blk = 0; blk < 9; ++blk) std::memcpy(bytes.data() + blk * size, &f32_edges[blk], 4);
+    }
+    const std::vector<float> got = decode_blocks(c.type, bytes);
+    ASSERT_EQ(got.size(), blocks * static_cast<size_t>(traits.block_size));
+    std::vector<float> want(got.size());
+    for (size_t blk = 0; blk < blocks; ++blk) {
+      c.ref(bytes.data() + blk * size, want.data() + blk * static_cast<size_t>(traits.block_size));
+    }
+    int nans = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      nans += std::isnan(want[i]);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+          << traits.name << " element " << i << ": " << got[i] << " vs " << want[i];
+    }
+    EXPECT_GT(nans, 0) << traits.name << ": the edge scales should produce NaN somewhere";
+  }
+}
+
+std::vector<uint8_t> block_with(GgmlType type, std::initializer_list<std::pair<int, uint8_t>> set) {
+  std::vector<uint8_t> b(static_cast<size_t>(ggml_type_traits(static_cast<uint32_t>(type))->type_size), 0);
+  for (const auto& [offset, value] : set) b[static_cast<size_t>(offset)] = value;
+  return b;
+}
+
+uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
+
+// Hand-built blocks: the element each code lands on, the min/max codes, and the scale edge
+// cases (zero of either sign, subnormal, negative, Inf, NaN payloads) in the legacy layouts.
+TEST(GgufQuant, LegacyLayoutsByHand) {
+  // Q4_0, d = 1: byte j's low nibble is element j, its high nibble element j+16; q - 8.
+  std::vector<float> y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{1, 0x3C}, {2, 0xF0}, {17, 0x8F}}));
+  EXPECT_EQ(y[0], -8.0f);   // code 0
+  EXPECT_EQ(y[16], 7.0f);   // code 15
+  EXPECT_EQ(y[15], 7.0f);
+  EXPECT_EQ(y[31], 0.0f);   // code 8
+  EXPECT_EQ(y[1], -8.0f);
+  // subnormal d = 2^-24 (0x0001), negative d = -2 (0xC000)
+  y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{0, 0x01}, {2, 0x0F}}));
+  EXPECT_EQ(y[0], 7.0f * std::ldexp(1.0f, -24));
+  EXPECT_EQ(y[16], -8.0f * std::ldexp(1.0f, -24));
+  y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{1, 0xC0}, {2, 0x0F}}));
+  EXPECT_EQ(y[0], -14.0f);
+  EXPECT_EQ(y[16], 16.0f);
+  // d = -0: code 15 gives -0, code 8 gives -0, code 0 gives +0.
+  y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{1, 0x80}, {2, 0x8F}, {3, 0x00}}));
+  EXPECT_EQ(bits(y[0]), 0x80000000u);
+  EXPECT_EQ(bits(y[16]), 0x80000000u);
+  EXPECT_EQ(bits(y[1]), 0x00000000u);
+  // d = +Inf: code 8 is 0 * Inf = NaN, code 9 is +Inf, code 0 is -Inf.
+  y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{1, 0x7C}, {2, 0x98}}));
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[16], INFINITY);
+  EXPECT_EQ(y[1], -INFINITY);
+  // NaN d: the payload widens unchanged and the product is the quiet NaN of it (IEEE), for a
+  // quiet (0x7E01) and a signalling (0xFC01) fp16 NaN alike.
+  y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{0, 0x01}, {1, 0x7E}, {2, 0x3C}}));
+  EXPECT_EQ(bits(y[0]), 0x7FC02000u);
+  y = decode_blocks(GgmlType::q4_0, block_with(GgmlType::q4_0, {{0, 0x01}, {1, 0xFC}, {2, 0x3C}}));
+  EXPECT_EQ(bits(y[0]), 0xFFC02000u);
+
+  // Q4_1, d = 0.5 (0x3800), m = -1 (0xBC00): q*d + m, codes 0..15 unsigned.
+  y = decode_blocks(GgmlType::q4_1, block_with(GgmlType::q4_1, {{1, 0x38}, {3, 0xBC}, {4, 0xF0}, {19, 0x0F}}));
+  EXPECT_EQ(y[0], -1.0f);
+  EXPECT_EQ(y[16], 6.5f);
+  EXPECT_EQ(y[15], 6.5f);
+  EXPECT_EQ(y[31], -1.0f);
+  // zero d, m = -0: every element is 0*q + (-0) = +0 + -0 = +0.
+  y = decode_blocks(GgmlType::q4_1, block_with(GgmlType::q4_1, {{3, 0x80}, {4, 0xFF}}));
+  EXPECT_EQ(bits(y[0]), 0u);
+  // Q5_0, d = 1: element j's fifth bit is bit j of qh (element 16+j: bit 16+j); q - 16.
+  y = decode_blocks(GgmlType::q5_0, block_with(GgmlType::q5_0, {{1, 0x3C}, {2, 0x01}, {4, 0x01}, {6, 0x0F}, {7, 0xF0}}));
+  EXPECT_EQ(y[0], 15.0f);    // 31 - 16
+  EXPECT_EQ(y[16], 0.0f);    // code 0 with qh bit 16 (byte 4, bit 0): 16 - 16
+  EXPECT_EQ(y[1], -16.0f);
+  EXPECT_EQ(y[17], -1.0f);   // code 15, no fifth bit
+  // Q5_1, d = 1, m = 0.5: q + 0.5, code 31 = 31.5
+  y = decode_blocks(GgmlType::q5_1, block_with(GgmlType::q5_1, {{1, 0x3C}, {3, 0x38}, {7, 0x80}, {8, 0x0F}, {23, 0xF0}}));
+  EXPECT_EQ(y[0], 15.5f);
+  EXPECT_EQ(y[31], 31.5f);  // qh bit 31, high nibble of byte 15
+  EXPECT_EQ(y[16], 0.5f);
+}
+
+TEST(GgufQuant, KQuantLayoutsByHand) {
+  // Q2_K: scale byte 0xF3 -> (d*3)*q - dmin*15; element 128 is qs[32] bits 0-1, element 32 is
+  // qs[0] bits 2-3. d = 1, dmin = 0.5.
+  std::vector<float> y = decode_blocks(GgmlType::q2_k, block_with(GgmlType::q2_k,
+      {{0, 0xF3}, {2, 0x01}, {8, 0x20}, {16, 0x0C}, {48, 0x03}, {81, 0x3C}, {83, 0x38}}));
+  EXPECT_EQ(y[0], -7.5f);        // q 0: 3*0 - 0.5*15
+  EXPECT_EQ(y[32], 3.0f);        // qs[0] bits 2-3 = 3, scale 2 = 0x01: 1*3 - 0
+  EXPECT_EQ(y[128], -1.0f);      // qs[32] bits 0-1 = 3, scale 8 = 0x20: 0*3 - 0.5*2
+  // Q3_K: scale 0 all-zero bits -> -32; hmask bit clear subtracts 4. d = 1.
+  y = decode_blocks(GgmlType::q3_k, block_with(GgmlType::q3_k, {{109, 0x3C}}));
+  EXPECT_EQ(y[0], 128.0f);  // (0 - 32) * (0 - 4)
+  // scale 15 = 63 (low: high nibble of byte 7, high: bits 6-7 of byte 11) -> +31; element 255
+  // (h 1, r 3, l 31): qs[63] bits 6-7 = 3, hmask[31] bit 7 set -> q 3.
+  y = decode_blocks(GgmlType::q3_k, block_with(GgmlType::q3_k,
+      {{31, 0x80}, {32 + 63, 0xC0}, {96 + 7, 0xF0}, {96 + 11, 0xC0}, {109, 0x3C}}));
+  EXPECT_EQ(y[255], 93.0f);   // 31 * 3
+  EXPECT_EQ(y[240], -124.0f);  // 31 * (0 - 4): hmask[16] bit 7 clear
+  // Q4_K: sub-block 7's scale = (byte 11 low nibble) | (byte 7 bits 6-7) << 4, min = (byte 11
+  // high nibble) | (byte 11 bits 6-7) << 4; element 255 is the high nibble of qs[127].
+  y = decode_blocks(GgmlType::q4_k, block_with(GgmlType::q4_k,
+      {{1, 0x3C}, {3, 0x3C}, {4 + 3, 0xC0}, {4 + 7, 0xC0}, {4 + 11, 0xFF}, {16 + 127, 0xF0}}));
+  EXPECT_EQ(y[255], 63.0f * 15.0f - 63.0f);
+  EXPECT_EQ(y[224], -63.0f);  // code 0 of sub-block 7 (high nibble of qs[96])
+  // Q5_K adds bit t of qh[l]: element 255 = sub-block 7, l 31 -> qh[31] bit 7.
+  y = decode_blocks(GgmlType::q5_k, block_with(GgmlType::q5_k,
+      {{1, 0x3C}, {4 + 0, 0x01}, {16 + 31, 0x80}, {4 + 3, 0x80}, {4 + 11, 0x01}, {48 + 127, 0xF0}, {48, 0x0F}, {16, 0x01}}));
+  EXPECT_EQ(y[255], 31.0f * (1 + 32));  // scale 0x01 | (0x80>>6)<<4 = 33, q 31
+  EXPECT_EQ(y[0], 31.0f);               // scale 1, q 15 + 16
+  // Q6_K: int8 scale -128, q = 6 bits - 32: code 0 -> -32, code 63 -> 31. d = 1.
+  y = decode_blocks(GgmlType::q6_k, block_with(GgmlType::q6_k,
+      {{0, 0xFF}, {128, 0xFF}, {192, 0x80}, {192 + 6, 0x7F}, {192 + 15, 0x01}, {209, 0x3C}}));
+  EXPECT_EQ(y[0], -128.0f * 31.0f);   // ql[0] low 15 | qh[0] bits 0-1 (3) << 4 = 63
+  EXPECT_EQ(y[64], 0.0f);             // ql[0] high 15 | qh[0] bits 4-5 (3) << 4 = 63; scale 4 = 0
+  EXPECT_EQ(y[96], 127.0f * 16.0f);   // ql[32] high 0 | qh[0] bits 6-7 (3) << 4 = 48; scale 6 = 127
+  EXPECT_EQ(y[255], 1.0f * -32.0f);   // scale 15 = 1, code 0
+  // Q8_K: fp32 d = -2.5, codes -128 and 127.
+  std::vector<uint8_t> q8k(292, 0);
+  const float d = -2.5f;
+  std::memcpy(q8k.data(), &d, 4);
+  q8k[4] = 0x80;
+  q8k[4 + 255] = 0x7F;
+  y = decode_blocks(GgmlType::q8_k, q8k);
+  EXPECT_EQ(y[0], 320.0f);
+  EXPECT_EQ(y[255], -317.5f);
+  EXPECT_EQ(bits(y[1]), 0x80000000u);  // 0 * -2.5
+}
+
+// quantize_row_q4_0_ref / quantize_row_q4_1_ref transliterated; the C casts of Inf/NaN (1/d
+// overflowed: undefined in C) taken as 0, which is what NumPy's cast gives.
+uint8_t ref_q4_cast(float v) {
+  if (!std::isfinite(v)) return 0;
+  return static_cast<uint8_t>(std::min<int>(15, static_cast<int8_t>(v)));
+}
+std::vector<uint8_t> ref_q4_0(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < x.size() / 32; ++i) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[i * 32 + j];
+      if (amax < std::fabs(v)) {
+        amax = std::fabs(v);
+        max = v;
+      }
+    }
+    const float d = max / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = ref_f16_code(d);
+    out.push_back(static_cast<uint8_t>(dh));
+    out.push_back(static_cast<uint8_t>(dh >> 8));
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = x[i * 32 + j] * id, x1 = x[i * 32 + 16 + j] * id;
+      out.push_back(static_cast<uint8_t>(ref_q4_cast(x0 + 8.5f) | (ref_q4_cast(x1 + 8.5f) << 4)));
+    }
+  }
+  return out;
+}
+std::vector<uint8_t> ref_q4_1(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < x.size() / 32; ++i) {
+    float min = std::numeric_limits<float>::max(), max = -std::numeric_limits<float>::max();
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[i * 32 + j];
+      if (v < min) min = v;
+      if (v > max) max = v;
+    }
+    const float d = (max - min) / ((1 << 4) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (uint16_t h : {ref_f16_code(d), ref_f16_code(min)}) {
+      out.push_back(static_cast<uint8_t>(h));
+      out.push_back(static_cast<uint8_t>(h >> 8));
+    }
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = (x[i * 32 + j] - min) * id, x1 = (x[i * 32 + 16 + j] - min) * id;
+      out.push_back(static_cast<uint8_t>(ref_q4_cast(x0 + 0.5f) | (ref_q4_cast(x1 + 0.5f) << 4)));
+    }
+  }
+  return out;
+}
+
+TEST(GgufQuant, Q4EncodersMatchScalarReference) {
+  const std::vector<float> x = codec_test_values();
+  EXPECT_EQ(encode_gguf_tensor(GgmlType::q4_0, x), ref_q4_0(x));
+  EXPECT_EQ(encode_gguf_tensor(GgmlType::q4_1, x), ref_q4_1(x));
+}
+
+TEST(GgufQuant, Q4EncoderEdgeBlocks) {
+  std::vector<float> x(32, 0.0f);
+  // All zero: Q4_0's max keeps its initial +0, d = 0/-8 = -0 (f16 0x8000), codes 8 (q = 0*0 +
+  // 8.5); Q4_1: d = +0, m = the first zero (here -0), codes 0.
+  x[0] = -0.0f;
+  EXPECT_EQ(encode_gguf_tensor(GgmlType::q4_0, x),
+            (std::vector<uint8_t>{0x00, 0x80, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88,
+                                  0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88}));
+  std::vector<uint8_t> q41 = encode_gguf_tensor(GgmlType::q4_1, x);
+  EXPECT_EQ(q41[0] | (q41[1] << 8), 0x0000);
+  EXPECT_EQ(q41[2] | (q41[3] << 8), 0x8000);
+  // The element of largest |x| decodes exactly (code 0 = -8 * d), the one of opposite sign
+  // saturates at code 15; Q4_1's min and max hit codes 0 and 15.
+  x.assign(32, 0.0f);
+  x[3] = -4.0f;
+  x[20] = 3.9f;
+  const std::vector<float> y0 = decode_blocks(GgmlType::q4_0, encode_gguf_tensor(GgmlType::q4_0, x));
+  EXPECT_EQ(y0[3], -4.0f);
+  EXPECT_EQ(y0[20], 3.5f);  // 7 * 0.5
+  const std::vector<uint8_t> b1 = encode_gguf_tensor(GgmlType::q4_1, x);
+  EXPECT_EQ(b1[4 + 3] & 0x0F, 0);
+  EXPECT_EQ(b1[4 + 4] >> 4, 15);  // element 20 is the high nibble of byte 4
+  // 1/d overflows (amax < 2^-125 or so): every code is 0, d is a signed f16 zero.
+  x.assign(32, 0.0f);
+  x[0] = 1e-39f;
+  x[1] = -5e-40f;
+  const std::vector<uint8_t> tiny = encode_gguf_tensor(GgmlType::q4_0, x);
+  EXPECT_EQ(tiny[0] | (tiny[1] << 8), 0x8000);  // d = 1e-39/-8 rounds to -0
+  for (size_t j = 2; j < tiny.size(); ++j) EXPECT_EQ(tiny[j], 0) << j;
+  // Scales beyond fp16 become Inf as in ggml (d = 3e6/-8 > 65504 for Q4_0).
+  x.assign(32, 1.0f);
+  x[9] = 3e6f;
+  const std::vector<uint8_t> big = encode_gguf_tensor(GgmlType::q4_0, x);
+  EXPECT_EQ(big[0] | (big[1] << 8), 0xFC00);
+}
+
+TEST(GgufQuant, UnsupportedTypesNameTheList) {
+  const std::vector<uint8_t> q81(40 * 2, 0);
+  const GgufFile f = GgufFile::from_bytes(serialize_gguf({}, {{"q", {64}, GgmlType::q8_1, q81}}), "q.gguf");
+  EXPECT_FALSE(gguf_type_converts_to_floats(GgmlType::q8_1));
+  EXPECT_TRUE(gguf_type_converts_to_floats(GgmlType::q2_k));
+  try {
+    gguf_tensor_to_floats(f.get("q"));
+    ADD_FAILURE() << "Q8_1 should not convert";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'q' has type Q8_1; only F32, F16, BF16, Q4_0"),
+              std::string::npos) << e.what();
+  }
+  GgufTensorInfo t;  // bytes that do not match dims (a truncated Q4_K row)
+  t.name = "k";
+  t.type = GgmlType::q4_k;
+  t.dims = {256};
+  const std::vector<uint8_t> short_block(143, 0);
+  t.bytes = short_block;
+  try {
+    gguf_tensor_to_floats(t);
+    ADD_FAILURE() << "a short Q4_K block should not convert";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("143 bytes do not match dims [256] of Q4_K"),
+              std::string::npos) << e.what();
   }
 }
 

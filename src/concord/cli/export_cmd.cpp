@@ -124,7 +124,7 @@ void add_export_command(CLI::App& app) {
                   "when it holds nothing but an earlier export's files")
       ->required();
   cmd->add_option("--dtype", args->dtype,
-                  "weight type: safetensors f32, bf16, f16; gguf f32, f16, bf16, q8_0, mxfp4 "
+                  "weight type: safetensors f32, bf16, f16; gguf f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4 "
                   "(1-D tensors stay f32)");
   cmd->callback([args]() {
     const bool gguf = args->to == "gguf";

@@ -63,7 +63,8 @@ struct GgufValue {
 using GgufMetadata = std::vector<std::pair<std::string, GgufValue>>;  // in file order
 
 // ggml tensor types. The reader knows the block layout of every type below so it can validate
-// any file; dequantization (gguf_tensor_to_floats) supports f32, f16, bf16, q8_0 and mxfp4.
+// any file; dequantization (gguf_tensor_to_floats) supports f32, f16, bf16, the legacy quants
+// q4_0, q4_1, q5_0, q5_1, q8_0, the k-quants q2_k, q3_k, q4_k, q5_k, q6_k, q8_k, and mxfp4.
 enum class GgmlType : uint32_t {
   f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q8_1 = 9, q2_k = 10,
   q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15, iq2_xxs = 16, iq2_xs = 17,
@@ -132,11 +133,20 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
 };
 
-// The values of an f32, f16, bf16, q8_0 or mxfp4 tensor as fp32 (numel floats, ne0 fastest);
-// InputError naming the tensor for other types.
+// The values of a tensor of a type gguf_type_converts_to_floats accepts, as fp32 (numel floats,
+// ne0 fastest), computed as ggml's dequantize_row_* does (fp16 scales widened exactly, the same
+// fp32 operations in the same order), so bit-identical to the PyPI gguf package's
+// gguf.quants.dequantize, NaN payloads included; InputError naming the tensor for other types
+// or a byte count that does not match dims and type.
 std::vector<float> gguf_tensor_to_floats(const GgufTensorInfo& tensor);
+// Whether gguf_tensor_to_floats converts `type`, and the list of those types for messages
+// ("F32, F16, BF16, Q4_0, ... and MXFP4").
+bool gguf_type_converts_to_floats(GgmlType type);
+std::string_view gguf_float_type_list();
 // Encodes fp32 values (ne0 fastest; numel a multiple of the block size) as `type`: f32, f16,
-// bf16 (round to nearest even), q8_0 (ggml's rule: d = amax/127 as f16, q = round(x/d)) or
+// bf16 (round to nearest even), q4_0 / q4_1 (quantize_row_q4_0_ref / _q4_1_ref: d = max/-8,
+// q = min(15, trunc(x/d + 8.5)); d = (max-min)/15, m = min, q = min(15, trunc((x-min)/d + 0.5));
+// d and m as f16), q8_0 (ggml's rule: d = amax/127 as f16, q = round(x/d)) or
 // mxfp4 (GGUF's block layout: e8m0 scale byte, then 16 bytes holding element j in the low
 // nibble and element j+16 in the high nibble of byte j; scale and codes as ggml's quantizer
 // chooses them).

@@ -1,4 +1,5 @@
-// GGUF tensor types: ggml's size table, and the f32/f16/bf16/q8_0/mxfp4 codecs (see gguf.h).
+// GGUF tensor types: ggml's size table, and the codecs (see gguf.h): f32, f16, bf16, the legacy
+// quants Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the k-quants Q2_K..Q6_K and Q8_K, and MXFP4.
 //
 // The codecs reproduce the PyPI gguf package (gguf/quants.py, itself bit-exact with ggml's
 // reference quantizers in ggml-quants.c) byte for byte; tests/python/test_gguf_interop.py checks
@@ -16,7 +17,20 @@
 //   - Q8_0: d = amax/127 in fp32, q = round-half-away(x * (1/d)); d is stored as f16. When 1/d
 //     overflows (amax below about 3.7e-37) the reference multiplies by Inf and casts NaN to
 //     int8, which NumPy turns into 0; concord writes the zero codes directly.
-//   - Non-finite input: Q8_0 and MXFP4 reject NaN and Inf (InputError). F16 and BF16 keep them:
+//   - Dequantization of the legacy and k-quants is ggml's dequantize_row_* (ggml-quants.c) with
+//     the same fp32 operations in the same order (no FMA: the build has -ffp-contract=off), so
+//     every value equals gguf-py's numpy port bit for bit, NaN payloads included (an f16 scale
+//     widens exactly, its NaN payload unchanged; Inf and NaN scales propagate as IEEE says):
+//       Q4_0 (q*d, q = nibble-8), Q4_1 (q*d + m), Q5_0 (q*d, q = 5 bits - 16), Q5_1 (q*d + m),
+//       Q2_K ((d*sc)*q - dmin*m, 4-bit sc and m per 16), Q3_K ((d*(sc-32))*q, 6-bit sc per 16,
+//       q = 2 low bits - (high bit ? 0 : 4)), Q4_K/Q5_K ((d*sc)*q - dmin*m, 6-bit sc and m per
+//       32), Q6_K ((d*sc)*q, int8 sc per 16, q = 6 bits - 32), Q8_K (d*q with an fp32 d).
+//   - Q4_0 / Q4_1 encode: quantize_row_q4_0_ref / _q4_1_ref. Q4_0: max = the first element of
+//     largest |x|, d = max/-8, q = min(15, trunc(x*(1/d) + 8.5)); Q4_1: d = (max-min)/15, m = min,
+//     q = min(15, trunc((x-min)*(1/d) + 0.5)). d and m are stored as f16 (round to nearest even;
+//     beyond 65504 they become Inf, as in ggml). When 1/d overflows (|d| below 2^-128) the
+//     reference casts Inf/NaN to an integer (undefined in C); NumPy gives 0, and so does concord.
+//   - Non-finite input: Q4_0, Q4_1, Q8_0 and MXFP4 reject NaN and Inf (InputError). F16 and BF16 keep them:
 //     NaN payloads follow the reference (f16: NumPy's conversion; bf16: ggml's, which sets the
 //     quiet bit), and decoding widens payloads unchanged, as the reference does.
 #include <algorithm>
@@ -85,6 +99,7 @@ constexpr std::array<GgmlTypeEntry, 34> kGgmlTypes = {{
 
 constexpr int kQ8Block = 32;
 constexpr int kMxBlock = 32;
+constexpr int kQ4Block = 32;  // QK4_0 = QK4_1 = QK5_0 = QK5_1 = 32
 
 const GgmlTypeTraits& traits_of(GgmlType type) {
   for (const GgmlTypeEntry& e : kGgmlTypes) {
@@ -95,6 +110,10 @@ const GgmlTypeTraits& traits_of(GgmlType type) {
 }
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t load_u32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
 
 // f16 -> f32 through the numerics codec; NaN payloads widen unchanged (NumPy's rule).
 float f16_to_f32(uint16_t h) {
@@ -166,6 +185,221 @@ void encode_q8_0_block(const float* x, uint8_t* out) {
     // |x * id| <= 127 (+ rounding), so the cast cannot overflow; an infinite id gives zeros.
     const float q = std::isfinite(id) ? std::round(x[j] * id) : 0.0f;
     out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  }
+}
+
+void store_f16(uint8_t* out, float x) {
+  const uint16_t h = f32_to_f16(x);
+  out[0] = static_cast<uint8_t>(h & 0xFF);
+  out[1] = static_cast<uint8_t>(h >> 8);
+}
+
+// A 4-bit code from v = x*id + offset as the reference computes it: truncation toward zero, at
+// most 15. v >= 0 for every finite input; a non-finite v (1/d overflowed) gives 0, as NumPy's
+// cast does (the C reference's cast is undefined there).
+uint8_t q4_code(float v) {
+  if (!std::isfinite(v)) return 0;
+  const auto t = static_cast<uint8_t>(static_cast<int32_t>(v));
+  return std::min<uint8_t>(t, 15);
+}
+
+void encode_q4_0_block(const float* x, uint8_t* out) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < kQ4Block; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  store_f16(out, d);
+  for (int j = 0; j < kQ4Block / 2; ++j) {
+    const uint8_t lo = q4_code(x[j] * id + 8.5f);
+    const uint8_t hi = q4_code(x[j + kQ4Block / 2] * id + 8.5f);
+    out[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+void encode_q4_1_block(const float* x, uint8_t* out) {
+  float min = std::numeric_limits<float>::max(), max = -std::numeric_limits<float>::max();
+  for (int j = 0; j < kQ4Block; ++j) {
+    if (x[j] < min) min = x[j];
+    if (x[j] > max) max = x[j];
+  }
+  const float d = (max - min) / 15.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  store_f16(out, d);
+  store_f16(out + 2, min);
+  for (int j = 0; j < kQ4Block / 2; ++j) {
+    const uint8_t lo = q4_code((x[j] - min) * id + 0.5f);
+    const uint8_t hi = q4_code((x[j + kQ4Block / 2] - min) * id + 0.5f);
+    out[4 + j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+// ---- dequantizers: one block from `b` into `y`, as ggml's dequantize_row_* computes it.
+
+void decode_q4_0(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b));
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
+    y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
+void decode_q4_1(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b));
+  const float m = f16_to_f32(load_u16(b + 2));
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+  }
+}
+
+// Q5_0/Q5_1: element j's fifth bit is bit j of the little-endian uint32 qh.
+void decode_q5_0(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b));
+  const uint32_t qh = load_u32(b + 2);
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int x0 = static_cast<int>((qs[j] & 0x0Fu) | (((qh >> j) & 1u) << 4)) - 16;
+    const int x1 = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+    y[j] = static_cast<float>(x0) * d;
+    y[j + 16] = static_cast<float>(x1) * d;
+  }
+}
+
+void decode_q5_1(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b));
+  const float m = f16_to_f32(load_u16(b + 2));
+  const uint32_t qh = load_u32(b + 4);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    const uint32_t x0 = (qs[j] & 0x0Fu) | (((qh >> j) & 1u) << 4);
+    const uint32_t x1 = (qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+    y[j] = static_cast<float>(x0) * d + m;
+    y[j + 16] = static_cast<float>(x1) * d + m;
+  }
+}
+
+// The k-quants' 256 elements run in two halves of 128; within half h, four groups r of 32
+// (element e = 128h + 32r + l) take bits 2r..2r+1 of qs[32h + l] (Q2_K, Q3_K). Scales cover 16
+// elements (index e/16) in Q2_K, Q3_K and Q6_K, 32 elements in Q4_K and Q5_K.
+void decode_q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* qs = b + 16;
+  const float d = f16_to_f32(load_u16(b + 80));
+  const float dmin = f16_to_f32(load_u16(b + 82));
+  for (int s = 0; s < 16; ++s) {
+    const float dl = d * static_cast<float>(scales[s] & 0x0F);
+    const float ml = dmin * static_cast<float>(scales[s] >> 4);
+    for (int k = 0; k < 16; ++k) {
+      const int e = 16 * s + k, h = e / 128, r = (e % 128) / 32, l = e % 32;
+      const int q = (qs[32 * h + l] >> (2 * r)) & 3;
+      y[e] = dl * static_cast<float>(q) - ml;
+    }
+  }
+}
+
+// Q3_K: 16 6-bit scales in 12 bytes: scale s has low 4 bits from byte s (s < 8) or the high
+// nibble of byte s-8, and high 2 bits from bits 2(s/4).. of byte 8 + s%4; the value is scale-32.
+// Element e's third bit is bit 4h + r of hmask[l]; a clear bit subtracts 4.
+void decode_q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hmask = b;
+  const uint8_t* qs = b + 32;
+  const uint8_t* sc = b + 96;
+  const float d = f16_to_f32(load_u16(b + 108));
+  for (int s = 0; s < 16; ++s) {
+    const int low = s < 8 ? (sc[s] & 0x0F) : (sc[s - 8] >> 4);
+    const int high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+    for (int k = 0; k < 16; ++k) {
+      const int e = 16 * s + k, h = e / 128, r = (e % 128) / 32, l = e % 32;
+      const int hbit = (hmask[l] >> (4 * h + r)) & 1;
+      const int q = ((qs[32 * h + l] >> (2 * r)) & 3) - (hbit != 0 ? 0 : 4);
+      y[e] = dl * static_cast<float>(q);
+    }
+  }
+}
+
+// Q4_K/Q5_K: 8 6-bit (scale, min) pairs in 12 bytes (ggml's get_scale_min_k4).
+void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K: sub-block t (32 elements, e = 32t + l) takes the low nibble (t even) or high nibble
+// (t odd) of qs[32(t/2) + l]. Q5_K adds bit t of qh[l] as the fifth bit.
+template <bool kFive>
+void decode_q45_k(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b));
+  const float dmin = f16_to_f32(load_u16(b + 2));
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = kFive ? b + 48 : b + 16;
+  for (int t = 0; t < 8; ++t) {
+    int sc = 0, m = 0;
+    scale_min_k4(t, scales, &sc, &m);
+    const float d1 = d * static_cast<float>(sc);
+    const float m1 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = qs[32 * (t / 2) + l];
+      int q = t % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+      if (kFive) q += ((qh[l] >> t) & 1) << 4;
+      y[32 * t + l] = d1 * static_cast<float>(q) - m1;
+    }
+  }
+}
+
+// Q6_K: element e = 128h + 32r + l has low 4 bits from ql[64h + 32(r%2) + l] (low nibble for
+// r < 2, high for r >= 2) and high 2 bits from bits 2r.. of qh[32h + l]; q = 6 bits - 32.
+void decode_q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const uint8_t* scales = b + 192;  // int8
+  const float d = f16_to_f32(load_u16(b + 208));
+  for (int s = 0; s < 16; ++s) {
+    const float ds = d * static_cast<float>(static_cast<int8_t>(scales[s]));
+    for (int k = 0; k < 16; ++k) {
+      const int e = 16 * s + k, h = e / 128, r = (e % 128) / 32, l = e % 32;
+      const uint8_t lowbyte = ql[64 * h + 32 * (r % 2) + l];
+      const int low = r < 2 ? (lowbyte & 0x0F) : (lowbyte >> 4);
+      const int high = (qh[32 * h + l] >> (2 * r)) & 3;
+      y[e] = ds * static_cast<float>((low | (high << 4)) - 32);
+    }
+  }
+}
+
+// Q8_K: an fp32 scale, 256 int8 codes, 16 int16 group sums (for dot products; unused here).
+void decode_q8_k(const uint8_t* b, float* y) {
+  float d = 0.0f;
+  std::memcpy(&d, b, sizeof d);
+  for (int j = 0; j < 256; ++j) y[j] = d * static_cast<float>(static_cast<int8_t>(b[4 + j]));
+}
+
+using BlockDecoder = void (*)(const uint8_t*, float*);
+
+BlockDecoder block_decoder(GgmlType type) {
+  switch (type) {
+    case GgmlType::q4_0: return decode_q4_0;
+    case GgmlType::q4_1: return decode_q4_1;
+    case GgmlType::q5_0: return decode_q5_0;
+    case GgmlType::q5_1: return decode_q5_1;
+    case GgmlType::q2_k: return decode_q2_k;
+    case GgmlType::q3_k: return decode_q3_k;
+    case GgmlType::q4_k: return decode_q45_k<false>;
+    case GgmlType::q5_k: return decode_q45_k<true>;
+    case GgmlType::q6_k: return decode_q6_k;
+    case GgmlType::q8_k: return decode_q8_k;
+    default: return nullptr;
   }
 }
 
@@ -245,6 +479,16 @@ std::optional<uint64_t> gguf_tensor_byte_size(GgmlType type, std::span<const int
   return bytes;
 }
 
+bool gguf_type_converts_to_floats(GgmlType type) {
+  return type == GgmlType::f32 || type == GgmlType::f16 || type == GgmlType::bf16 ||
+         type == GgmlType::q8_0 || type == GgmlType::mxfp4 || block_decoder(type) != nullptr;
+}
+
+std::string_view gguf_float_type_list() {
+  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K and "
+         "MXFP4";
+}
+
 std::vector<float> gguf_tensor_to_floats(const GgufTensorInfo& tensor) {
   const GgmlTypeTraits& traits = traits_of(tensor.type);
   const auto expected = gguf_tensor_byte_size(tensor.type, tensor.dims);
@@ -290,10 +534,18 @@ std::vector<float> gguf_tensor_to_floats(const GgufTensorInfo& tensor) {
       }
       break;
     }
-    default:
-      throw InputError(fmt::format("[gguf] tensor '{}' has type {}; only F32, F16, BF16, Q8_0 "
-                                   "and MXFP4 tensors convert to fp32",
-                                   tensor.name, traits.name));
+    default: {
+      const BlockDecoder decode = block_decoder(tensor.type);
+      if (decode == nullptr) {
+        throw InputError(fmt::format("[gguf] tensor '{}' has type {}; only {} tensors convert "
+                                     "to fp32",
+                                     tensor.name, traits.name, gguf_float_type_list()));
+      }
+      const auto block = static_cast<size_t>(traits.block_size);
+      const auto size = static_cast<size_t>(traits.type_size);
+      for (size_t b = 0; b < n / block; ++b) decode(p + b * size, out.data() + b * block);
+      break;
+    }
   }
   return out;
 }
@@ -326,6 +578,18 @@ std::vector<uint8_t> encode_gguf_tensor(GgmlType type, std::span<const float> va
         encode_q8_0_block(values.data() + b * kQ8Block, out.data() + b * 34);
       }
       break;
+    case GgmlType::q4_0:
+      check_finite(type, values);
+      for (size_t b = 0; b < blocks; ++b) {
+        encode_q4_0_block(values.data() + b * kQ4Block, out.data() + b * 18);
+      }
+      break;
+    case GgmlType::q4_1:
+      check_finite(type, values);
+      for (size_t b = 0; b < blocks; ++b) {
+        encode_q4_1_block(values.data() + b * kQ4Block, out.data() + b * 20);
+      }
+      break;
     case GgmlType::mxfp4: {
       check_finite(type, values);
       const std::array<float, 16> doubled = mxfp4_doubled_values();
@@ -335,8 +599,8 @@ std::vector<uint8_t> encode_gguf_tensor(GgmlType type, std::span<const float> va
       break;
     }
     default:
-      throw InputError(fmt::format("[gguf] cannot encode {}: concord encodes F32, F16, BF16, Q8_0 "
-                                   "and MXFP4",
+      throw InputError(fmt::format("[gguf] cannot encode {}: concord encodes F32, F16, BF16, Q4_0, "
+                                   "Q4_1, Q8_0 and MXFP4",
                                    traits.name));
   }
   return out;

@@ -55,7 +55,7 @@ LoadedModel load_model(const std::filesystem::path& path,
 enum class ExportFormat { safetensors, gguf };
 struct ExportOptions {
   ExportFormat format = ExportFormat::safetensors;
-  // safetensors: "f32", "bf16", "f16"; gguf: "f32", "f16", "bf16", "q8_0", "mxfp4" (matrices;
+  // safetensors: "f32", "bf16", "f16"; gguf: "f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "mxfp4" (matrices;
   // 1-D norm weights stay f32 as llama.cpp expects).
   std::string dtype = "f32";
   std::optional<io::Tokenizer> tokenizer;

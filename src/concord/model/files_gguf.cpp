@@ -276,10 +276,9 @@ void read_gguf_weights(const io::GgufFile& f, Model& model) {
     if (t->dims != gguf_dims(spec))
       fail(f.path(), fmt::format("tensor '{}' has dims {}; the metadata implies {}", name,
                                  dims_text(t->dims), dims_text(gguf_dims(spec))));
-    if (t->type != io::GgmlType::f32 && t->type != io::GgmlType::f16 && t->type != io::GgmlType::bf16 &&
-        t->type != io::GgmlType::q8_0 && t->type != io::GgmlType::mxfp4)
-      fail(f.path(), fmt::format("tensor '{}' has type {}; concord loads F32, F16, BF16, Q8_0 and MXFP4",
-                                 name, ggml_type_name(t->type)));
+    if (!io::gguf_type_converts_to_floats(t->type))
+      fail(f.path(), fmt::format("tensor '{}' has type {}; concord loads {}", name,
+                                 ggml_type_name(t->type), io::gguf_float_type_list()));
     std::vector<float> values = io::gguf_tensor_to_floats(*t);
     if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0)
       values = llama_unpermute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
@@ -298,7 +297,8 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   const std::string arch = gguf_architecture(c);
   if (c.architecture == "Qwen3ForCausalLM" && c.attention_bias)
     fail(out, "llama.cpp's qwen3 has no attention biases");
-  // llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32, MOSTLY_MXFP4_MOE 38.
+  // llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q4_1 3, MOSTLY_Q8_0 7,
+  // MOSTLY_BF16 32, MOSTLY_MXFP4_MOE 38.
   io::GgmlType matrix_type = io::GgmlType::f32;
   uint32_t file_type = 0;
   if (options.dtype == "f16") {
@@ -307,6 +307,12 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   } else if (options.dtype == "bf16") {
     matrix_type = io::GgmlType::bf16;
     file_type = 32;
+  } else if (options.dtype == "q4_0") {
+    matrix_type = io::GgmlType::q4_0;
+    file_type = 2;
+  } else if (options.dtype == "q4_1") {
+    matrix_type = io::GgmlType::q4_1;
+    file_type = 3;
   } else if (options.dtype == "q8_0") {
     matrix_type = io::GgmlType::q8_0;
     file_type = 7;
@@ -314,7 +320,7 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
     matrix_type = io::GgmlType::mxfp4;
     file_type = 38;
   } else if (options.dtype != "f32") {
-    fail(out, fmt::format("GGUF export dtype '{}' is not supported (f32, f16, bf16, q8_0, mxfp4)",
+    fail(out, fmt::format("GGUF export dtype '{}' is not supported (f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4)",
                           options.dtype));
   }
   std::optional<io::Tokenizer> tokenizer = options.tokenizer;
