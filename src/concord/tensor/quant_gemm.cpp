@@ -1,0 +1,341 @@
+// Quantized-weight GEMM: packing of ggml blocks, exact dequantization, the generic (reference)
+// kernels, the ISA choice and the OpenMP driver. SIMD kernels: quant_gemm_avx2.cpp, _avx512.cpp.
+#include "concord/tensor/quant_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "concord/numerics/check.h"
+#include "concord/numerics/convert.h"
+
+namespace concord::tensor {
+namespace detail {
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant · 2^-24, exact in fp32
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return sign != 0 ? -v : v;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+namespace {
+
+// Code of element i (0..31) of row j (0..15) in a packed block's codes: q4 nibble 0..15, q8 the
+// signed code.
+int packed_code(BlockQuant t, const uint8_t* codes, int j, int i) {
+  if (t == BlockQuant::q8_0) {
+    return static_cast<int8_t>(codes[(i / 4) * 64 + j * 4 + i % 4] ^ 0x80u);
+  }
+  const int chunk = i / 8, r = i % 8;
+  const uint8_t byte = codes[chunk * 64 + j * 4 + r % 4];
+  return r < 4 ? byte & 0x0f : byte >> 4;
+}
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// The contract's activation quantizer, plainly.
+void quantize_row_generic(const float* x, int64_t K, int8_t* q, float* d, float* s,
+                          int32_t* sum) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + b * 32;
+    int8_t* qb = q + b * 32;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < 32; ++i) {
+      finite = finite && std::isfinite(xb[i]);
+      amax = std::max(amax, std::fabs(xb[i]));
+    }
+    float da = amax / 127.0f;
+    int32_t total = 0;
+    if (!finite || da < FLT_MIN) {
+      da = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      std::fill_n(qb, 32, int8_t{0});
+    } else {
+      const float inv = 1.0f / da;
+      for (int i = 0; i < 32; ++i) {
+        const float r = std::nearbyint(xb[i] * inv);
+        const int v = static_cast<int>(std::clamp(r, -127.0f, 127.0f));
+        qb[i] = static_cast<int8_t>(v);
+        total += v;
+      }
+    }
+    d[b] = da;
+    sum[b] = total;
+    s[b] = da * static_cast<float>(total);
+  }
+}
+
+// The contract's accumulation, plainly: one output at a time, blocks in order.
+void group_generic(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0, int64_t rows,
+                   float* y, int64_t ldy, int valid) {
+  const BlockQuant t = w.type();
+  const int64_t nb = w.blocks_per_row();
+  const uint8_t* base = w.group(g);
+  const uint8_t* dptr = base + quant_d_offset(t, nb);
+  const uint8_t* mptr = base + quant_m_offset(t, nb);
+  const size_t cb = quant_codes_bytes(t);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t m = m0 + r;
+    const int8_t* qa = a.q + m * a.K;
+    for (int j = 0; j < valid; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* codes = base + static_cast<size_t>(b) * cb;
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) {
+          int code = packed_code(t, codes, j, i);
+          if (t == BlockQuant::q4_0) code -= 8;
+          dot += code * qa[b * 32 + i];
+        }
+        const float dw = f16_to_f32(load_u16(dptr + (b * 16 + j) * 2));
+        const float scale = dw * a.d[m * nb + b];
+        acc = std::fma(scale, static_cast<float>(dot), acc);
+        if (t == BlockQuant::q4_1) {
+          const float mw = f16_to_f32(load_u16(mptr + (b * 16 + j) * 2));
+          acc = std::fma(mw, a.s[m * nb + b], acc);
+        }
+      }
+      y[m * ldy + g * kQuantGroupRows + j] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+QuantKernels quant_generic_kernels() { return {quantize_row_generic, group_generic, 1}; }
+
+}  // namespace detail
+
+namespace {
+
+// Work (multiply-adds) below which the OpenMP fork costs more than it saves.
+constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
+
+std::string shape_text(int64_t rows, int64_t cols) {
+  return std::to_string(rows) + "x" + std::to_string(cols);
+}
+
+const detail::QuantKernels& kernels_of(QuantIsa isa) {
+  static const detail::QuantKernels generic = detail::quant_generic_kernels();
+  static const detail::QuantKernels avx2 =
+      quant_isa_supported(QuantIsa::avx2) ? detail::quant_avx2_kernels() : generic;
+  static const detail::QuantKernels avx512 =
+      quant_isa_supported(QuantIsa::avx512) ? detail::quant_avx512_kernels() : generic;
+  switch (isa) {
+    case QuantIsa::avx512: return avx512;
+    case QuantIsa::avx2: return avx2;
+    case QuantIsa::generic: break;
+  }
+  return generic;
+}
+
+// Grow-only per-thread staging for the quantized activations.
+struct ActStorage {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  std::vector<int32_t> sum;
+};
+
+}  // namespace
+
+const char* block_quant_name(BlockQuant type) {
+  switch (type) {
+    case BlockQuant::q4_0: return "q4_0";
+    case BlockQuant::q4_1: return "q4_1";
+    case BlockQuant::q8_0: return "q8_0";
+  }
+  return "?";
+}
+
+size_t ggml_block_bytes(BlockQuant type) {
+  switch (type) {
+    case BlockQuant::q4_0: return 18;
+    case BlockQuant::q4_1: return 20;
+    case BlockQuant::q8_0: return 34;
+  }
+  return 0;
+}
+
+QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
+                              std::span<const uint8_t> ggml_rows) {
+  const std::string what = std::string(block_quant_name(type)) + " weight " + shape_text(rows, cols);
+  if (rows < 0 || cols <= 0 || cols % 32 != 0) {
+    throw InputError("[quant_gemm] " + what +
+                     ": rows must be >= 0 and columns a positive multiple of 32 (ggml blocks "
+                     "run along the row; store this tensor in another type)");
+  }
+  const int64_t nb = cols / 32;
+  const size_t block = ggml_block_bytes(type);
+  const size_t expected = static_cast<size_t>(rows) * static_cast<size_t>(nb) * block;
+  if (ggml_rows.size() != expected) {
+    throw InputError("[quant_gemm] " + what + ": got " + std::to_string(ggml_rows.size()) +
+                     " bytes, the blocks need " + std::to_string(expected) +
+                     " (the tensor data is truncated or its type/shape is wrong)");
+  }
+  QuantWeight w;
+  w.type_ = type;
+  w.rows_ = rows;
+  w.cols_ = cols;
+  const size_t cb = detail::quant_codes_bytes(type);
+  const size_t raw = cb * nb + 32 * nb * (type == BlockQuant::q4_1 ? 2 : 1);
+  w.group_bytes_ = (raw + 63) / 64 * 64;
+  w.data_.assign(w.group_bytes_ * static_cast<size_t>(w.groups()), 0);  // padding rows: d = m = 0
+  for (int64_t n = 0; n < rows; ++n) {
+    const int64_t g = n / kQuantGroupRows;
+    const int j = static_cast<int>(n % kQuantGroupRows);
+    uint8_t* base = w.data_.data() + static_cast<size_t>(g) * w.group_bytes_;
+    uint8_t* dptr = base + detail::quant_d_offset(type, nb);
+    uint8_t* mptr = base + detail::quant_m_offset(type, nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src = ggml_rows.data() + (static_cast<size_t>(n) * nb + b) * block;
+      uint8_t* codes = base + static_cast<size_t>(b) * cb;
+      std::memcpy(dptr + (b * 16 + j) * 2, src, 2);
+      if (type == BlockQuant::q8_0) {
+        for (int i = 0; i < 32; ++i) codes[(i / 4) * 64 + j * 4 + i % 4] = src[2 + i] ^ 0x80u;
+        continue;
+      }
+      const uint8_t* qs = src + (type == BlockQuant::q4_1 ? 4 : 2);
+      if (type == BlockQuant::q4_1) std::memcpy(mptr + (b * 16 + j) * 2, src + 2, 2);
+      auto nibble = [&](int i) { return i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4; };
+      // Chunk c, lane j, byte k: element 8c + k low, 8c + 4 + k high.
+      for (int c = 0; c < 4; ++c) {
+        for (int k = 0; k < 4; ++k) {
+          codes[c * 64 + j * 4 + k] =
+              static_cast<uint8_t>(nibble(8 * c + k) | nibble(8 * c + 4 + k) << 4);
+        }
+      }
+    }
+  }
+  return w;
+}
+
+void dequantize_rows(const QuantWeight& w, int64_t first, int64_t count, float* out) {
+  if (first < 0 || count < 0 || first + count > w.rows()) {
+    throw InputError("[dequantize_rows] rows [" + std::to_string(first) + ", " +
+                     std::to_string(first + count) + ") are outside the " +
+                     shape_text(w.rows(), w.cols()) + " weight");
+  }
+  const BlockQuant t = w.type();
+  const int64_t nb = w.blocks_per_row(), K = w.cols();
+  const size_t cb = detail::quant_codes_bytes(t);
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t n = first + r;
+    const uint8_t* base = w.group(n / kQuantGroupRows);
+    const int j = static_cast<int>(n % kQuantGroupRows);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* codes = base + static_cast<size_t>(b) * cb;
+      uint16_t bits;
+      std::memcpy(&bits, base + detail::quant_d_offset(t, nb) + (b * 16 + j) * 2, 2);
+      const float d = detail::f16_to_f32(bits);
+      float m = 0.0f;
+      if (t == BlockQuant::q4_1) {
+        std::memcpy(&bits, base + detail::quant_m_offset(t, nb) + (b * 16 + j) * 2, 2);
+        m = detail::f16_to_f32(bits);
+      }
+      for (int i = 0; i < 32; ++i) {
+        const int code = detail::packed_code(t, codes, j, i);
+        float v;
+        switch (t) {
+          case BlockQuant::q4_0: v = d * static_cast<float>(code - 8); break;
+          case BlockQuant::q4_1: v = std::fma(d, static_cast<float>(code), m); break;  // d·q exact
+          default: v = d * static_cast<float>(code); break;
+        }
+        out[r * K + b * 32 + i] = v;
+      }
+    }
+  }
+}
+
+const char* quant_isa_name(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::generic: return "generic";
+    case QuantIsa::avx2: return "avx2";
+    case QuantIsa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool quant_isa_supported(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::generic: return true;
+    case QuantIsa::avx2: return numerics::isa_supported(numerics::Isa::avx2);
+    case QuantIsa::avx512:
+      __builtin_cpu_init();
+      return numerics::isa_supported(numerics::Isa::avx512) &&
+             __builtin_cpu_supports("avx512vnni") && numerics::isa_supported(numerics::Isa::avx2);
+  }
+  return false;
+}
+
+QuantIsa quant_isa() {
+  switch (numerics::active_isa()) {
+    case numerics::Isa::avx512:
+      return quant_isa_supported(QuantIsa::avx512) ? QuantIsa::avx512 : QuantIsa::avx2;
+    case numerics::Isa::avx2:
+    case numerics::Isa::wide16: return QuantIsa::avx2;
+    case numerics::Isa::generic: break;
+  }
+  return QuantIsa::generic;
+}
+
+void quant_gemm(const QuantWeight& w, const float* x, int64_t M, int64_t ldx, float* y,
+                int64_t ldy) {
+  quant_gemm(w, x, M, ldx, y, ldy, quant_isa());
+}
+
+void quant_gemm(const QuantWeight& w, const float* x, int64_t M, int64_t ldx, float* y,
+                int64_t ldy, QuantIsa isa) {
+  const int64_t N = w.rows(), K = w.cols();
+  if (!quant_isa_supported(isa)) {
+    throw InputError(std::string("[quant_gemm] this CPU cannot run the ") + quant_isa_name(isa) +
+                     " kernels (use generic or avx2, or leave the choice to quant_isa())");
+  }
+  if (M < 0 || ldx < K || ldy < N) {
+    throw InputError("[quant_gemm] M=" + std::to_string(M) + " ldx=" + std::to_string(ldx) +
+                     " ldy=" + std::to_string(ldy) + " for a " + shape_text(N, K) +
+                     " weight: M must be >= 0, ldx >= K and ldy >= N");
+  }
+  if (M == 0 || N == 0) return;
+  const detail::QuantKernels& kern = kernels_of(isa);
+  const int64_t nb = K / 32;
+
+  thread_local ActStorage store;
+  store.q.resize(static_cast<size_t>(M * K));
+  store.d.resize(static_cast<size_t>(M * nb));
+  store.s.resize(static_cast<size_t>(M * nb));
+  store.sum.resize(static_cast<size_t>(M * nb));
+  ActStorage& st = store;
+  const bool parallel = M * N * K >= kParallelMinMacs && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (parallel && M > 1)
+  for (int64_t m = 0; m < M; ++m) {
+    kern.quantize_row(x + m * ldx, K, st.q.data() + m * K, st.d.data() + m * nb,
+                      st.s.data() + m * nb, st.sum.data() + m * nb);
+  }
+  const detail::QuantActs acts{K, nb, st.q.data(), st.d.data(), st.s.data(), st.sum.data()};
+  const int64_t groups = w.groups();
+  const int64_t tile = kern.row_tile;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t g = 0; g < groups; ++g) {
+    const int valid = static_cast<int>(std::min<int64_t>(kQuantGroupRows, N - g * kQuantGroupRows));
+    for (int64_t m0 = 0; m0 < M; m0 += tile) {
+      kern.group(w, g, acts, m0, std::min(tile, M - m0), y, ldy, valid);
+    }
+  }
+}
+
+}  // namespace concord::tensor

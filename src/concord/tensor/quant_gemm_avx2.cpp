@@ -1,0 +1,187 @@
+// AVX2 + FMA + F16C kernels of quant_gemm (only this file gets those flags). One ymm lane per
+// output row (8 of a group's 16 at a time): the integer block dots are exact (maddubs on
+// nibbles with int16 sums that cannot overflow, or abs/sign maddubs + madd for q8), then the
+// contract's float ops lane by lane: scale = d_w·d_a, acc = fma(scale, P, acc), q4_1 fma(m_w, s_a).
+#include <immintrin.h>
+
+#include <cfloat>
+#include <cstring>
+#include <limits>
+
+#include "concord/tensor/quant_gemm.h"
+
+namespace concord::tensor::detail {
+namespace {
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+inline int32_t hsum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Output lanes [8h, 8h + 8) of group g (rows of W), activation rows m0 .. m0 + R - 1.
+template <BlockQuant T, int R>
+void half_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0, int h, float* y,
+                 int64_t ldy, int lanes) {
+  const int64_t nb = w.blocks_per_row();
+  const uint8_t* base = w.group(g);
+  const uint8_t* dptr = base + quant_d_offset(T, nb) + h * 16;
+  const uint8_t* mptr = base + quant_m_offset(T, nb) + h * 16;
+  const size_t cb = quant_codes_bytes(T);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const int8_t* qa[R];
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) {
+    qa[r] = a.q + (m0 + r) * a.K;
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* codes = base + static_cast<size_t>(b) * cb + h * 32;
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dptr + b * 32)));
+    __m256i dot[R];
+    if constexpr (T == BlockQuant::q8_0) {
+      for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) {
+        const __m256i v = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 64)), flip);
+        const __m256i av = _mm256_abs_epi8(v);
+        for (int r = 0; r < R; ++r) {
+          const __m256i ab = _mm256_set1_epi32(load_i32(qa[r] + b * 32 + 4 * t));
+          const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(ab, v));  // |p| <= 32512
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(p, ones16));
+        }
+      }
+    } else {
+      __m256i d16[R];
+      for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * 64));
+        const __m256i lo = _mm256_and_si256(v, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = qa[r] + b * 32 + 8 * c;
+          // int16 lanes: 8 maddubs of <= 2·15·127 each, |sum| <= 30480: no overflow.
+          d16[r] = _mm256_add_epi16(d16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q))));
+          d16[r] = _mm256_add_epi16(d16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 4))));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        dot[r] = _mm256_madd_epi16(d16[r], ones16);
+        if constexpr (T == BlockQuant::q4_0) {
+          dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(8 * a.sum[(m0 + r) * nb + b]));
+        }
+      }
+    }
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (T == BlockQuant::q4_1) {
+      mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mptr + b * 32)));
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t ab = (m0 + r) * nb + b;
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab]));
+      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r]), acc[r]);
+      if constexpr (T == BlockQuant::q4_1) {
+        acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[ab]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = y + (m0 + r) * ldy + g * kQuantGroupRows + h * 8;
+    if (lanes == 8) {
+      _mm256_storeu_ps(out, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      std::memcpy(out, tmp, sizeof(float) * static_cast<size_t>(lanes));
+    }
+  }
+}
+
+template <BlockQuant T>
+void group_rows(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0, int64_t rows,
+                float* y, int64_t ldy, int valid) {
+  for (int h = 0; h < 2 && valid > 8 * h; ++h) {
+    const int lanes = valid - 8 * h < 8 ? valid - 8 * h : 8;
+    switch (rows) {
+      case 1: half_kernel<T, 1>(w, g, a, m0, h, y, ldy, lanes); break;
+      case 2: half_kernel<T, 2>(w, g, a, m0, h, y, ldy, lanes); break;
+      case 3: half_kernel<T, 3>(w, g, a, m0, h, y, ldy, lanes); break;
+      default: half_kernel<T, 4>(w, g, a, m0, h, y, ldy, lanes); break;
+    }
+  }
+}
+
+void group_avx2(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0, int64_t rows,
+                float* y, int64_t ldy, int valid) {
+  switch (w.type()) {
+    case BlockQuant::q4_0: group_rows<BlockQuant::q4_0>(w, g, a, m0, rows, y, ldy, valid); break;
+    case BlockQuant::q4_1: group_rows<BlockQuant::q4_1>(w, g, a, m0, rows, y, ldy, valid); break;
+    case BlockQuant::q8_0: group_rows<BlockQuant::q8_0>(w, g, a, m0, rows, y, ldy, valid); break;
+  }
+}
+
+}  // namespace
+
+// The contract's activation quantizer: max, divide, reciprocal and multiply are IEEE fp32 ops
+// (the same bits as the generic loop), cvtps rounds to nearest even as nearbyint does.
+void quantize_row_avx2(const float* x, int64_t K, int8_t* q, float* d, float* s, int32_t* sum) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256i lim = _mm256_set1_epi32(127), neg_lim = _mm256_set1_epi32(-127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + b * 32;
+    __m256 v[4];
+    __m256i nonfinite = _mm256_setzero_si256();
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      const __m256i e = _mm256_and_si256(_mm256_castps_si256(v[i]), exp_mask);
+      nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpeq_epi32(e, exp_mask));
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
+    }
+    const bool finite = _mm256_testz_si256(nonfinite, nonfinite) != 0;
+    float da = hmax8(amax) / 127.0f;
+    if (!finite || da < FLT_MIN) {
+      da = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      std::memset(q + b * 32, 0, 32);
+      d[b] = da;
+      sum[b] = 0;
+      s[b] = da * 0.0f;
+      continue;
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / da);
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i) {
+      qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+      qi[i] = _mm256_min_epi32(_mm256_max_epi32(qi[i], neg_lim), lim);
+    }
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), _mm256_permutevar8x32_epi32(p, order));
+    const int32_t t = hsum8(total);
+    d[b] = da;
+    sum[b] = t;
+    s[b] = da * static_cast<float>(t);
+  }
+}
+
+QuantKernels quant_avx2_kernels() { return {quantize_row_avx2, group_avx2, 4}; }
+
+}  // namespace concord::tensor::detail
