@@ -1,8 +1,10 @@
 // Writes the fuzzers' seed corpus with concord's own writers: fuzz_seeds DIR creates
 // DIR/gguf/ and DIR/safetensors/ with a few small valid files covering every metadata type,
-// the dequantizable tensor types, a raw k-quant, custom alignment, and the safetensors dtypes,
+// the dequantizable tensor types (every legacy and k-quant among them), custom alignment, and
+// the safetensors dtypes, two damaged GGUFs (a quant tensor cut short, an unknown tensor type),
 // and DIR/dump/ with logit dumps (.npy with and without its rows.json sidecar, safetensors) in
 // dump_fuzz's input layout.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +54,39 @@ void gguf_seeds(const fs::path& dir) {
   write_gguf(dir / "aligned64.gguf", {m.front()}, {tensors[3]}, 64);
   write_gguf(dir / "metadata_only.gguf", m, {});
   write_gguf(dir / "one_tensor.gguf", {}, {tensors[4]}, 1);
+
+  // One tensor of each legacy and k-quant type: Q4_0/Q4_1 encoded, the others byte patterns
+  // (two blocks each, so scales, codes and high bits all vary).
+  std::vector<std::vector<uint8_t>> quant_storage;
+  std::vector<GgufTensorToWrite> quants;
+  for (GgmlType type : {GgmlType::q4_0, GgmlType::q4_1, GgmlType::q5_0, GgmlType::q5_1,
+                        GgmlType::q2_k, GgmlType::q3_k, GgmlType::q4_k, GgmlType::q5_k,
+                        GgmlType::q6_k, GgmlType::q8_k}) {
+    const GgmlTypeTraits traits = *ggml_type_traits(static_cast<uint32_t>(type));
+    if (type == GgmlType::q4_0 || type == GgmlType::q4_1) {
+      quant_storage.push_back(encode_gguf_tensor(type, ramp(2 * 32)));
+    } else {
+      std::vector<uint8_t> bytes(static_cast<size_t>(2 * traits.type_size));
+      for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+      quant_storage.push_back(std::move(bytes));
+    }
+    quants.push_back({std::string(traits.name), {traits.block_size, 2}, type, quant_storage.back()});
+  }
+  write_gguf(dir / "quants.gguf", {m.front()}, quants);
+
+  // Damaged: the last Q6_K block cut short (the file ends inside the tensor), and a tensor whose
+  // type number (4, a removed ggml type) is unknown.
+  std::vector<uint8_t> cut = serialize_gguf({m.front()}, {quants[8]});
+  const uint64_t data_end = GgufFile::from_bytes(cut, "cut").data_offset() + quants[8].bytes.size();
+  cut.resize(static_cast<size_t>(data_end) - 17);
+  write_file_atomic(dir / "truncated_quant.gguf", std::span<const uint8_t>(cut));
+  std::vector<uint8_t> unknown = serialize_gguf({m.front()}, {quants[0]});
+  // the tensor info: name (u64 length + "Q4_0"), n_dims u32, dims 2 x u64, then the type u32
+  const std::string name = "Q4_0";
+  auto at = std::search(unknown.begin(), unknown.end(), name.begin(), name.end());
+  const auto type_offset = static_cast<size_t>(at - unknown.begin()) + name.size() + 4 + 2 * 8;
+  unknown[type_offset] = 4;
+  write_file_atomic(dir / "unknown_type.gguf", std::span<const uint8_t>(unknown));
 }
 
 void safetensors_seeds(const fs::path& dir) {

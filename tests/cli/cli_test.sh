@@ -278,6 +278,63 @@ expect_error "generate names --prompt for bad UTF-8" "generate --prompt: not val
 "$CONCORD" export --model "$WORK/run" --to gguf --out "$WORK/run.gguf" >"$WORK/export.out" 2>&1 \
   && "$CONCORD" export --model "$WORK/run.gguf" --to safetensors --out "$WORK/from_gguf" >>"$WORK/export.out" 2>&1 \
   && pass "export run -> gguf -> safetensors" || fail "export: $(cat "$WORK/export.out")"
+# 4-bit GGUF exports (issue 15): llama.cpp's file types 2 / 3, matrices in the type, a file that
+# loads back; a quant tensor cut short or of an unknown type is one line and exit 2.
+for q in q4_0 q4_1; do
+  if run_rc "export --dtype $q" 0 "$CONCORD" export --model "$WORK/run" --to gguf --dtype "$q" --out "$WORK/run_$q.gguf" \
+      && run_rc "inspect the $q export" 0 "$CONCORD" inspect "$WORK/run_$q.gguf"; then
+    grep -q "general.file_type: uint32 = $([[ $q == q4_0 ]] && echo 2 || echo 3)" "$WORK/out" \
+      && grep -q "^token_embd.weight  *${q^^} " "$WORK/out" && grep -q "^output_norm.weight  *F32 " "$WORK/out" \
+      && pass "export --dtype $q: file type and tensor types" || fail "export --dtype $q: $(cat "$WORK/out")"
+    run_rc "the $q export loads back" 0 "$CONCORD" generate --model "$WORK/run_$q.gguf" --prompt "And God" \
+      --max-tokens 4 --temp 0 && pass "the $q export loads back"
+  fi
+done
+python3 - "$WORK/run_q4_0.gguf" "$WORK/cut_q4_0.gguf" "$WORK/type_q4_0.gguf" <<'PY'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+# the tensor infos follow the metadata; find token_embd.weight's: name, n_dims, dims, type
+name = b"token_embd.weight"
+at = raw.find(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+n_dims = struct.unpack_from("<I", raw, at)[0]
+type_at = at + 4 + 8 * n_dims
+assert struct.unpack_from("<I", raw, type_at)[0] == 2  # Q4_0
+offset = struct.unpack_from("<Q", raw, type_at + 4)[0]
+count = struct.unpack_from("<Q", raw, 8)[0]
+kvs = struct.unpack_from("<Q", raw, 16)[0]
+open(sys.argv[3], "wb").write(raw[:type_at] + struct.pack("<I", 4) + raw[type_at + 4:])
+# cut the file 5 bytes into token_embd.weight's data: its offset is relative to the data section,
+# which starts at the first multiple of 32 after the tensor infos (GGUF's default alignment)
+pos = 24
+def skip_string(p):
+    return p + 8 + struct.unpack_from("<Q", raw, p)[0]
+def skip_value(p, t):
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    if t == 8:
+        return skip_string(p)
+    if t == 9:
+        et, n = struct.unpack_from("<IQ", raw, p)
+        p += 12
+        for _ in range(n):
+            p = skip_value(p, et)
+        return p
+    return p + sizes[t]
+for _ in range(kvs):
+    pos = skip_string(pos)
+    t = struct.unpack_from("<I", raw, pos)[0]
+    pos = skip_value(pos + 4, t)
+for _ in range(count):
+    pos = skip_string(pos)
+    nd = struct.unpack_from("<I", raw, pos)[0]
+    pos += 4 + 8 * nd + 4 + 8
+data = (pos + 31) // 32 * 32
+open(sys.argv[2], "wb").write(raw[:data + offset + 5])
+PY
+expect_error "a Q4_0 tensor cut short" "[gguf] $WORK/cut_q4_0.gguf: tensor 'token_embd.weight': bytes [0, " \
+  "$CONCORD" generate --model "$WORK/cut_q4_0.gguf" --prompt hi
+grep -q "run past its end" "$WORK/err" && pass "the cut tensor runs past the end" || fail "cut: $(cat "$WORK/err")"
+expect_error "a tensor of unknown ggml type" "tensor 'token_embd.weight' has unknown ggml type 4" \
+  "$CONCORD" export --model "$WORK/type_q4_0.gguf" --to safetensors --out "$WORK/x"
 # --out: no parent created silently, never the source or overlapping it, and a failed export
 # leaves nothing (issue 26 item 9).
 expect_error "export into a missing folder" "the folder $WORK/missing/deeper does not exist (create it first)" \
