@@ -53,6 +53,16 @@ void half_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0
   }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* codes = base + static_cast<size_t>(b) * cb + h * 32;
+    if constexpr (R == 1) {  // decode streams the weight once: fetch the next group meanwhile
+      if (h == 0) {
+        const uint8_t* ahead = base + static_cast<size_t>(b) * cb + w.group_bytes();
+        for (size_t off = 0; off < cb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+        if (b % 2 == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(dptr + b * 32 + w.group_bytes()), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(mptr + b * 32 + w.group_bytes()), _MM_HINT_T0);
+        }
+      }
+    }
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dptr + b * 32)));
     __m256i dot[R];
     if constexpr (T == BlockQuant::q8_0) {

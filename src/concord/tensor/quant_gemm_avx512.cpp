@@ -20,6 +20,9 @@ inline int32_t load_i32(const int8_t* p) {
   return v;
 }
 
+// Decode prefetch distance: one group (16 rows x K) ahead; 1, 2 and 4 measured alike here.
+constexpr size_t kPrefetchGroups = 1;
+
 // All 16 rows of group g against activation rows m0 .. m0 + R - 1.
 template <BlockQuant T, int R>
 void group_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0, float* y,
@@ -38,6 +41,14 @@ void group_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m
   }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* codes = base + static_cast<size_t>(b) * cb;
+    if constexpr (R == 1) {  // decode streams the weight once: fetch kPrefetchGroups groups ahead
+      const uint8_t* ahead = codes + kPrefetchGroups * w.group_bytes();
+      for (size_t off = 0; off < cb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+      if (b % 2 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(dptr + b * 32 + kPrefetchGroups * w.group_bytes()), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(mptr + b * 32 + kPrefetchGroups * w.group_bytes()), _MM_HINT_T0);
+      }
+    }
     const __m512 dw =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dptr + b * 32)));
     __m512i wv[8];
