@@ -80,11 +80,12 @@ int32_t concord_dequantize(const char* desc, int64_t rows, int64_t cols, const u
  * number ggml does not define. */
 int32_t concord_ggml_type_traits(uint32_t type, int64_t* block_size_out, int64_t* type_size_out,
                                  char* name_buf, size_t cap);
-/* Encodes n fp32 values as `type` (F32, F16, BF16, Q8_0, MXFP4) into out (capacity cap bytes);
- * *out_len receives the byte count. Q8_0/MXFP4 reject NaN and Inf. */
+/* Encodes n fp32 values as `type` (F32, F16, BF16, Q4_0, Q4_1, Q8_0, MXFP4) into out (capacity
+ * cap bytes); *out_len receives the byte count. The block types reject NaN and Inf. */
 int32_t concord_gguf_encode(uint32_t type, const float* x, size_t n, uint8_t* out, size_t cap,
                             size_t* out_len);
-/* Dequantizes n values of `type` (F32, F16, BF16, Q8_0, MXFP4) from nbytes bytes into out. */
+/* Dequantizes n values of `type` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K,
+ * Q8_K, MXFP4: io::gguf_tensor_to_floats) from nbytes bytes into out. */
 int32_t concord_gguf_decode(uint32_t type, const uint8_t* bytes, size_t nbytes, float* out,
                             size_t n);
 /* Writes a GGUF file with write_gguf. spec is JSON:
