@@ -196,14 +196,20 @@ std::vector<std::string> gemm_variants() {
 
 TEST(KernelVariants, NamesPresetsAndUnknownName) {
   const std::vector<std::string> expected = {
-      "fp64",       "fp32",          "bf16",         "mxfp8",            "mxfp4",         "nvfp4",
-      "fp8-tensor", "fp32-reversed", "fp32-blocked", "fp32-batch-split", "fp32-drop-late"};
+      "fp64",  "fp32",       "native",        "bf16",         "mxfp8",            "mxfp4",
+      "nvfp4", "fp8-tensor", "fp32-reversed", "fp32-blocked", "fp32-batch-split", "fp32-drop-late"};
   EXPECT_EQ(kernel_names(), expected);
   for (const auto& name : kernel_names()) {
     const KernelVariant v = kernel_variant(name);
     EXPECT_EQ(v.name, name);
     EXPECT_FALSE(v.description.empty()) << name;
     EXPECT_EQ(v.batch_invariant, name != "fp32-batch-split") << name;
+    EXPECT_EQ(v.stored_weights, name == "native") << name;
+    if (v.stored_weights) {  // the file's blocks as stored, fp32 for everything else
+      EXPECT_FALSE(v.gemm);
+      EXPECT_EQ(v.policy.name, "native");
+      continue;
+    }
     const bool preset = name.find("fp32-") != 0 && name != "fp64";
     EXPECT_EQ(bool(v.gemm), !preset && name != "fp32") << name;
     EXPECT_EQ(v.policy, PrecisionPolicy::preset(preset ? name : "fp32")) << name;
@@ -213,7 +219,7 @@ TEST(KernelVariants, NamesPresetsAndUnknownName) {
     ADD_FAILURE() << "expected InputError";
   } catch (const InputError& e) {
     const std::string message = e.what();
-    EXPECT_EQ(message.rfind("[audit] unknown kernel 'fp16-fast' (known: fp64, fp32, bf16,", 0), 0u)
+    EXPECT_EQ(message.rfind("[audit] unknown kernel 'fp16-fast' (known: fp64, fp32, native, bf16,", 0), 0u)
         << message;
     EXPECT_NE(message.find("fp32-drop-late)"), std::string::npos) << message;
   }
@@ -448,6 +454,10 @@ TEST(KernelVariants, BatchInvarianceAsDeclared) {
   Model m = make_model();
   for (const auto& name : kernel_names()) {
     const KernelVariant v = kernel_variant(name);
+    if (v.stored_weights) {  // needs a model loaded with stored blocks
+      EXPECT_THROW(apply_kernel(m, v), InputError) << name;
+      continue;  // its batch invariance: tests/model/files_test.cpp NativeWeights
+    }
     apply_kernel(m, v);
     const auto alone = sequence_logits(m, false);
     const auto batched = sequence_logits(m, true);

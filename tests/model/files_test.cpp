@@ -22,6 +22,7 @@
 #include "concord/io/safetensors.h"
 #include "concord/io/tokenizer.h"
 #include "concord/model/files.h"
+#include "concord/model/kv_cache.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/scalar.h"
 #include "model_to_reference.h"
@@ -725,3 +726,122 @@ TEST(ModelFiles, NameMapCoversEveryParameterBothWays) {
 }
 
 }  // namespace
+
+// ---- serving a GGUF's blocks as stored (WeightStorage::native) --------------------------------
+
+bool same_floats(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A tiny llama (q/k rows permuted in the file) exported with quantized matrices.
+struct NativeCase {
+  std::string dtype;
+  bool tied;
+};
+
+class NativeWeights : public ::testing::TestWithParam<NativeCase> {};
+
+TEST_P(NativeWeights, ServesTheStoredBlocksCloseToTheDequantizedModel) {
+  const TempDir tmp;
+  const NativeCase c = GetParam();
+  const ModelConfig config = tiny_config("LlamaForCausalLM", 300, c.tied);
+  const Model model = random_model(config, 11);
+  const fs::path path = tmp.path / ("llama_" + c.dtype + ".gguf");
+  concord::model::export_model(model, path, options(ExportFormat::gguf, c.dtype));
+
+  auto native = concord::model::load_model(path, "native");
+  auto dequantized = concord::model::load_model(path, "fp32");
+  EXPECT_EQ(native.model.policy().name, "native");
+  EXPECT_FALSE(dequantized.model.has_stored_weights());
+  for (const auto& spec : native.model.params()) {
+    EXPECT_EQ(native.model.stored_weight(spec.name) != nullptr, spec.is_matrix()) << spec.name;
+    if (spec.is_matrix()) {
+      EXPECT_THROW(native.model.param(spec.name), InputError) << spec.name;
+    }
+  }
+  const std::vector<int32_t> tokens = random_tokens(2 * 12, config.vocab_size, 3);
+  std::vector<float> a(tokens.size() * 300), b(a.size());
+  native.model.forward(tokens, 2, 12, a);
+  dequantized.model.forward(tokens, 2, 12, b);
+  // The only difference is the activations' 8-bit blocks (the weights are the same values): a
+  // relative error of ~2^-8 per activation, far below what wrong q/k rows or a wrong block would
+  // give (logits of another model differ by their own size).
+  double max_diff = 0, max_logit = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    max_logit = std::max(max_logit, std::abs(static_cast<double>(b[i])));
+  }
+  EXPECT_GT(max_diff, 0.0) << "the native path should quantize activations";
+  EXPECT_LT(max_diff, 0.03 * max_logit) << c.dtype;
+
+  // Training and the weight sync need fp32 values: refused with a message that says what to do.
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(-1);
+  try {
+    native.model.forward_backward(tokens, targets, 2, 12);
+    ADD_FAILURE() << "forward_backward ran on stored weights";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--policy fp32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(native.model.visit_derived_weights([](const auto&) {}), InputError);
+}
+
+TEST_P(NativeWeights, CacheEqualsRecomputeAndBatchInvarianceHoldBitForBit) {
+  const TempDir tmp;
+  const NativeCase c = GetParam();
+  const ModelConfig config = tiny_config("LlamaForCausalLM", 300, c.tied);
+  const fs::path path = tmp.path / "llama.gguf";
+  concord::model::export_model(random_model(config, 12), path, options(ExportFormat::gguf, c.dtype));
+  auto loaded = concord::model::load_model(path, "native");
+  Model& m = loaded.model;
+  const int64_t V = config.vocab_size;
+  const std::vector<int32_t> s0 = random_tokens(10, V, 4), s1 = random_tokens(7, V, 5);
+  // Recompute: the full forward of each sequence alone.
+  std::vector<float> full0(s0.size() * V), full1(s1.size() * V);
+  m.forward(s0, 1, static_cast<int64_t>(s0.size()), full0);
+  m.forward(s1, 1, static_cast<int64_t>(s1.size()), full1);
+  // Cached: s0 prefilled in two chunks beside s1's prefill, then decoded token by token.
+  concord::model::KvCache cache(config, 2, 32);
+  const int a = cache.allocate(), b = cache.allocate();
+  using concord::model::CachedInput;
+  using concord::model::LogitRows;
+  const std::span<const int32_t> t0(s0), t1(s1);
+  std::vector<CachedInput> step1 = {{a, t0.subspan(0, 6), LogitRows::all}, {b, t1.subspan(0, 6), LogitRows::all}};
+  std::vector<float> out(12 * V);
+  m.forward_cached(cache, step1, out);
+  for (int64_t r = 0; r < 6; ++r) {
+    EXPECT_TRUE(same_floats(std::span(out).subspan(r * V, V), std::span(full0).subspan(r * V, V))) << r;
+    EXPECT_TRUE(same_floats(std::span(out).subspan((6 + r) * V, V), std::span(full1).subspan(r * V, V))) << r;
+  }
+  std::vector<CachedInput> step2 = {{a, t0.subspan(6, 4), LogitRows::last}, {b, t1.subspan(6, 1), LogitRows::last}};
+  std::vector<float> out2(2 * V);
+  m.forward_cached(cache, step2, out2);
+  EXPECT_TRUE(same_floats(std::span(out2).subspan(0, V), std::span(full0).subspan(9 * V, V)));
+  EXPECT_TRUE(same_floats(std::span(out2).subspan(V, V), std::span(full1).subspan(6 * V, V)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, NativeWeights,
+                         ::testing::Values(NativeCase{"q8_0", false}, NativeCase{"q8_0", true},
+                                           NativeCase{"q4_0", false}, NativeCase{"q4_1", true}),
+                         [](const ::testing::TestParamInfo<NativeCase>& p) {
+                           return p.param.dtype + (p.param.tied ? "_tied" : "_untied");
+                         });
+
+TEST(NativeWeights, KernelVariantsNeedTheMatchingStorage) {
+  const TempDir tmp;
+  const ModelConfig config = tiny_config("LlamaForCausalLM", 300, true);
+  const fs::path path = tmp.path / "llama.gguf";
+  concord::model::export_model(random_model(config, 13), path, options(ExportFormat::gguf, "q8_0"));
+  auto native = concord::model::load_model(path, "native");
+  // A replacement GEMM kernel cannot run on blocks: refused at the first forward.
+  native.model.set_forward_gemm_kernel([](const concord::model::ForwardGemm&) {});
+  std::vector<int32_t> tokens = random_tokens(4, 300, 1);
+  std::vector<float> logits(4 * 300);
+  EXPECT_THROW(native.model.forward(tokens, 1, 4, logits), InputError);
+  // An HF folder or a file without Q4_0/Q4_1/Q8_0 tensors has nothing to store: plain fp32.
+  const fs::path f32 = tmp.path / "f32.gguf";
+  concord::model::export_model(random_model(config, 13), f32, options(ExportFormat::gguf, "f32"));
+  auto plain = concord::model::load_model(f32, "native");
+  EXPECT_FALSE(plain.model.has_stored_weights());
+  EXPECT_EQ(plain.model.policy().name, "fp32");
+}

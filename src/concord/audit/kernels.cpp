@@ -302,6 +302,7 @@ struct VariantInfo {
   const char* preset;
   model::ForwardGemmKernel (*gemm)();
   bool batch_invariant;
+  bool stored_weights = false;
 };
 
 const VariantInfo kVariants[] = {
@@ -309,6 +310,8 @@ const VariantInfo kVariants[] = {
      [] { return model::ForwardGemmKernel(gemm_fp64); }, true},
     {"fp32", "concord's GEMM: fp32 operands, one in-order fma chain per output", "fp32", nullptr,
      true},
+    {"native", "a GGUF's Q4_0/Q4_1/Q8_0 weights as stored; activations in 8-bit blocks of 32, "
+     "integer dot products (W4A8/W8A8, tensor/quant_gemm.h)", "fp32", nullptr, true, true},
     {"bf16", "the bf16 precision preset (bf16 weights and activations, fp32 accumulation)",
      "bf16", nullptr, true},
     {"mxfp8", "the mxfp8 precision preset (OCP MX e4m3, 32-element blocks)", "mxfp8", nullptr,
@@ -348,6 +351,8 @@ KernelVariant kernel_variant(std::string_view name) {
     k.policy = PrecisionPolicy::preset(v.preset);
     if (v.gemm != nullptr) k.gemm = v.gemm();
     k.batch_invariant = v.batch_invariant;
+    k.stored_weights = v.stored_weights;
+    if (k.stored_weights) k.policy.name = "native";
     return k;
   }
   throw InputError(fmt::format("[audit] unknown kernel '{}' (known: {})", name,
@@ -355,6 +360,12 @@ KernelVariant kernel_variant(std::string_view name) {
 }
 
 void apply_kernel(model::Model& model, const KernelVariant& kernel) {
+  if (kernel.stored_weights && !model.has_stored_weights())
+    throw InputError(fmt::format("[audit] kernel '{}' serves a GGUF's Q4_0/Q4_1/Q8_0 blocks as "
+                                 "stored; this model has none loaded that way", kernel.name));
+  if (!kernel.stored_weights && model.has_stored_weights())
+    throw InputError(fmt::format("[audit] kernel '{}' runs on fp32 weights; this model serves its "
+                                 "file's blocks as stored (load it dequantized)", kernel.name));
   model.set_policy(kernel.policy);  // invalidates the cached quantized weights
   model.set_forward_gemm_kernel(kernel.gemm);
 }

@@ -54,12 +54,17 @@ struct KernelVariant {
   model::PrecisionPolicy policy;
   model::ForwardGemmKernel gemm;    // empty: concord's gemm_prepared
   bool batch_invariant = true;
+  // The model's GEMM weights served as their file stores them (model::WeightStorage::native:
+  // a GGUF's Q4_0 / Q4_1 / Q8_0 blocks through tensor/quant_gemm.h's W4A8 / W8A8 kernels). Such
+  // a variant needs a model loaded with stored weights, every other one a model with fp32 values.
+  bool stored_weights = false;
 };
 
 std::vector<std::string> kernel_names();
 // InputError "[audit] unknown kernel 'x' (known: ...)".
 KernelVariant kernel_variant(std::string_view name);
 // Sets the model's policy and forward GEMM kernel (its cached quantized weights are rebuilt).
+// InputError when the model's weight storage is not the variant's (stored_weights).
 void apply_kernel(model::Model& model, const KernelVariant& kernel);
 
 }  // namespace concord::audit

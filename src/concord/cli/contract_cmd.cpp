@@ -200,9 +200,12 @@ std::vector<audit::EvalSequence> completed_sequences(model::LoadedModel& m, cons
   return out;
 }
 
-model::LoadedModel load(const std::string& path, const char* why) {
+// The model as `kernel` needs it: its file's blocks as stored (the native kernel) or fp32 values.
+model::LoadedModel load(const std::string& path, const char* why, const audit::KernelVariant& kernel) {
   if (path.empty()) throw InputError(fmt::format("[contract] {} needs --model PATH", why));
-  return model::load_model(path);
+  return model::load_model(path, model::PrecisionPolicy::preset("fp32"),
+                           kernel.stored_weights ? model::WeightStorage::native
+                                                 : model::WeightStorage::fp32);
 }
 
 // A second Model with the same weights (kernels change how a model computes, never its weights).
@@ -247,7 +250,7 @@ audit::Measurement measure_sides(const MeasureArgs& a) {
     const std::string& kernel = ref_dump ? a.cand : a.ref;
     const audit::KernelVariant variant = audit::kernel_variant(kernel);
     const audit::LogitDump dump = audit::LogitDump::open(ref_dump ? a.ref : a.cand);
-    model::LoadedModel m = load(a.model, "a kernel side");
+    model::LoadedModel m = load(a.model, "a kernel side", variant);
     audit::apply_kernel(m.model, variant);
     Progress progress("scoring", a.source.quiet);
     rows = audit::compare_model_dump(m.model, dump, !ref_dump, a.source.batch, std::ref(progress));
@@ -255,10 +258,14 @@ audit::Measurement measure_sides(const MeasureArgs& a) {
   } else {
     const audit::KernelVariant ref_kernel = audit::kernel_variant(a.ref);
     const audit::KernelVariant cand_kernel = audit::kernel_variant(a.cand);
-    model::LoadedModel m = load(a.model, "comparing two kernels");
+    model::LoadedModel m = load(a.model, "comparing two kernels", ref_kernel);
     audit::apply_kernel(m.model, ref_kernel);
     const std::vector<audit::EvalSequence> sequences = completed_sequences(m, a.source, a.model);
-    model::Model cand = copy_weights(m.model);
+    // The candidate's weights: a copy of the reference's fp32 values, or the file loaded again
+    // when one side serves the stored blocks.
+    model::Model cand = ref_kernel.stored_weights || cand_kernel.stored_weights
+                            ? load(a.model, "comparing two kernels", cand_kernel).model
+                            : copy_weights(m.model);
     audit::apply_kernel(cand, cand_kernel);
     Progress progress("scoring", a.source.quiet);
     rows = audit::compare_models(m.model, cand, sequences, a.source.batch, std::ref(progress));
@@ -384,9 +391,10 @@ void run_dump(const std::string& model_path, const std::string& kernel,
         fmt::format("[contract] --out {}: a dump is a .safetensors or .npy file", out));
   const audit::KernelVariant scorer = audit::kernel_variant(kernel);
   const audit::KernelVariant completer = audit::kernel_variant(complete_with);
-  model::LoadedModel m = load(model_path, "dump");
+  model::LoadedModel m = load(model_path, "dump", completer);
   audit::apply_kernel(m.model, completer);
   const std::vector<audit::EvalSequence> sequences = completed_sequences(m, s, model_path);
+  if (scorer.stored_weights != completer.stored_weights) m = load(model_path, "dump", scorer);
   audit::apply_kernel(m.model, scorer);
   audit::LogitDumpWriter writer(m.model.config().vocab_size);
   // teacher_forced_logits hands rows out per batch; report progress as sequences complete.

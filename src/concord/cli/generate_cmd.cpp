@@ -1,5 +1,9 @@
 // `concord generate`: load a model (HF folder or GGUF), tokenize a prompt (optionally through the
 // model's chat template), and stream sampled tokens to stdout; a throughput summary on stderr.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -13,10 +17,16 @@
 #include "concord/serve/text.h"
 
 namespace concord::cli {
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, prompt, system, policy = "fp32";
+    std::string model, prompt, system, policy = "native";
     bool chat = false, no_think = false;
     int64_t max_tokens = 256, prefill_chunk = 512;
     float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
@@ -43,7 +53,9 @@ void add_generate_command(CLI::App& app) {
                 "drop tokens below min_p x the top probability (0: off)");
   add_seed_flag(cmd, "--seed", a->seed, "sampling seed (default 0)");
   cmd->add_option("--policy", a->policy,
-                  "precision preset (fp32, bf16, mxfp8, fp8-tensor, nvfp4, mxfp4) or policy JSON");
+                  "native (default: a GGUF's Q4_0/Q4_1/Q8_0 weights served as stored, W4A8), a "
+                  "precision preset on the dequantized weights (fp32, bf16, mxfp8, fp8-tensor, "
+                  "nvfp4, mxfp4), or a policy JSON");
   add_integer_flag(cmd, "--prefill-chunk", a->prefill_chunk, at_least(1),
                    "prompt tokens per forward pass (default 512)");
   cmd->callback([a]() {
@@ -55,8 +67,22 @@ void add_generate_command(CLI::App& app) {
     sampling.min_p = a->min_p;
     sampling.seed = a->seed;
     sampling.validate();
-    model::LoadedModel loaded =
-        model::load_model(a->model, model::PrecisionPolicy::from_name_or_file(a->policy));
+    // Load and prepare every weight up front (not inside the first request's prefill), timed
+    // apart from the request.
+    const auto load_start = Clock::now();
+    model::LoadedModel loaded = model::load_model(a->model, a->policy);
+    {
+      const bool tty = ::isatty(::fileno(stderr)) != 0;
+      bool drawn = false;
+      loaded.model.prepare_weights([&](int64_t done, int64_t total) {
+        if (!tty || seconds_since(load_start) < 0.5) return;
+        std::fprintf(stderr, "\r[generate] preparing weights %lld/%lld",
+                     static_cast<long long>(done), static_cast<long long>(total));
+        drawn = true;
+      });
+      if (drawn) std::fputc('\n', stderr);
+    }
+    const double load_seconds = seconds_since(load_start);
     if (!loaded.source.tokenizer)
       throw InputError(fmt::format("[generate] {}: the model has no tokenizer", a->model));
     const io::Tokenizer& tokenizer = *loaded.source.tokenizer;
@@ -76,7 +102,10 @@ void add_generate_command(CLI::App& app) {
 
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = a->prefill_chunk});
     serve::Utf8Stream out;
+    double first_token_seconds = -1;
+    const auto request_start = Clock::now();
     engine.set_token_callback([&](int64_t, int32_t token) {
+      if (first_token_seconds < 0) first_token_seconds = seconds_since(request_start);
       if (tokenizer.is_special(token)) return;  // stop tokens and other control tokens
       const std::string ready = out.push(tokenizer.token_bytes(token));
       std::fwrite(ready.data(), 1, ready.size(), stdout);
@@ -93,10 +122,13 @@ void add_generate_command(CLI::App& app) {
     const serve::EngineStats& s = engine.stats();
     auto rate = [](int64_t n, double sec) { return sec > 0 ? static_cast<double>(n) / sec : 0.0; };
     std::fprintf(stderr, "%s\n",
-                 fmt::format("prompt tokens: {}, prefill: {:.1f} tok/s, generated tokens: {} ({}), "
-                             "decode: {:.1f} tok/s [{}]",
-                             request.prompt.size(), rate(s.prefill_tokens, s.prefill_seconds),
-                             done.tokens.size(), serve::finish_reason_name(done.finish),
+                 fmt::format("load: {:.2f} s, prompt tokens: {}, prefill: {:.1f} tok/s, time to "
+                             "first token: {:.0f} ms, generated tokens: {} ({}), decode: {:.1f} "
+                             "tok/s [{}]",
+                             load_seconds, request.prompt.size(),
+                             rate(s.prefill_tokens, s.prefill_seconds),
+                             1e3 * std::max(first_token_seconds, 0.0), done.tokens.size(),
+                             serve::finish_reason_name(done.finish),
                              rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name)
                      .c_str());
   });

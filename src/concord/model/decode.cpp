@@ -223,7 +223,7 @@ int64_t logit_rows(std::span<const CachedInput> inputs) {
 void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput> inputs,
                                      float* out_logits) {
   const ModelConfig& c = config;
-  const int64_t C = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t C = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, W = Hkv * D;
   const int L = static_cast<int>(c.num_hidden_layers);
   const size_t n = inputs.size();
@@ -250,7 +250,7 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
   tensor::Arena& work = cache.workspace();
   work.reset();
   float* x = work.alloc(T * C);
-  embedding_forward(x, tokens.data(), embedding_table(), T, V, C);
+  embed_tokens(x, tokens.data(), T);
   row_positions = pos.data();
   for (int layer = 0; layer < L; ++layer) {
     const size_t mark = work.mark();

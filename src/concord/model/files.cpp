@@ -67,7 +67,19 @@ ModelSource inspect_model(const fs::path& path) {
   return files_detail::inspect_gguf(io::GgufFile::open(path));
 }
 
-LoadedModel load_model(const fs::path& path, PrecisionPolicy policy) {
+LoadedModel load_model(const fs::path& path, std::string_view policy_name_or_file) {
+  if (policy_name_or_file == "native") {
+    PrecisionPolicy policy = PrecisionPolicy::preset("fp32");
+    policy.name = "native";
+    LoadedModel loaded = load_model(path, std::move(policy), WeightStorage::native);
+    // Nothing stored (an HF folder, a file of other types): what runs is plain fp32.
+    if (!loaded.model.has_stored_weights()) loaded.model.set_policy(PrecisionPolicy::preset("fp32"));
+    return loaded;
+  }
+  return load_model(path, PrecisionPolicy::from_name_or_file(policy_name_or_file));
+}
+
+LoadedModel load_model(const fs::path& path, PrecisionPolicy policy, WeightStorage storage) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path dir = resolve_folder(path);
@@ -79,7 +91,9 @@ LoadedModel load_model(const fs::path& path, PrecisionPolicy policy) {
   check_model_file(path);
   const io::GgufFile file = io::GgufFile::open(path);
   ModelSource source = files_detail::inspect_gguf(file);
-  Model model(source.config, std::move(policy));
+  Model model(source.config, std::move(policy),
+              storage == WeightStorage::native ? files_detail::gguf_stored_weights(file, source.config)
+                                               : StoredWeights{});
   files_detail::read_gguf_weights(file, model);
   return LoadedModel{std::move(source), std::move(model)};
 }

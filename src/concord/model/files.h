@@ -48,9 +48,21 @@ struct LoadedModel {
   ModelSource source;
   Model model;
 };
-// Loads `path` into a Model running `policy`; weights are quantized once, on first use.
+// How load_model holds a GGUF's quantized matrices.
+enum class WeightStorage : uint8_t {
+  fp32,    // dequantize every tensor to fp32 values (training, weight sync, precision presets)
+  native,  // keep Q4_0 / Q4_1 / Q8_0 matrices in their blocks, served by tensor/quant_gemm.h's
+           // W4A8 / W8A8 kernels with no fp32 copy; tensors of other types are dequantized
+};
+// Loads `path` into a Model running `policy`; weights are quantized once, on first use (or by
+// Model::prepare_weights). An HF folder has no quantized tensors: `storage` changes nothing.
 LoadedModel load_model(const std::filesystem::path& path,
-                       PrecisionPolicy policy = PrecisionPolicy::preset("fp32"));
+                       PrecisionPolicy policy = PrecisionPolicy::preset("fp32"),
+                       WeightStorage storage = WeightStorage::fp32);
+// The policy names the CLI takes: "native" (the file's own precision: WeightStorage::native,
+// every other operand fp32; the policy is named "native"), or a preset / policy JSON file
+// (WeightStorage::fp32 under PrecisionPolicy::from_name_or_file).
+LoadedModel load_model(const std::filesystem::path& path, std::string_view policy_name_or_file);
 
 enum class ExportFormat { safetensors, gguf };
 struct ExportOptions {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "concord/model/files_internal.h"
+#include "concord/tensor/quant_gemm.h"
 
 namespace concord::model {
 namespace {
@@ -49,13 +50,15 @@ std::optional<std::pair<std::string, std::string_view>> split_layer(std::string_
   return std::make_pair(std::string(rest.substr(0, dot)), rest.substr(dot + 1));
 }
 
-std::vector<float> permute_rows(std::span<const float> w, int64_t heads, int64_t cols, bool forward) {
+// Rows of `cols` elements (floats, or the bytes of a row of quant blocks).
+template <typename T>
+std::vector<T> permute_rows(std::span<const T> w, int64_t heads, int64_t cols, bool forward) {
   const int64_t rows = cols > 0 ? static_cast<int64_t>(w.size()) / cols : 0;
   CONCORD_CHECK(heads > 0 && rows % heads == 0 && (rows / heads) % 2 == 0 &&
                     rows * cols == static_cast<int64_t>(w.size()),
                 "llama q/k permutation needs (heads * even head_dim, cols) values");
   const int64_t D = rows / heads, half = D / 2;
-  std::vector<float> out(w.size());
+  std::vector<T> out(w.size());
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t j = 0; j < 2; ++j)
       for (int64_t i = 0; i < half; ++i) {
@@ -115,10 +118,10 @@ std::string gguf_architecture(const ModelConfig& config) {
 }
 
 std::vector<float> llama_permute_rows(std::span<const float> w, int64_t heads, int64_t cols) {
-  return permute_rows(w, heads, cols, true);
+  return permute_rows<float>(w, heads, cols, true);
 }
 std::vector<float> llama_unpermute_rows(std::span<const float> w, int64_t heads, int64_t cols) {
-  return permute_rows(w, heads, cols, false);
+  return permute_rows<float>(w, heads, cols, false);
 }
 
 namespace files_detail {
@@ -265,6 +268,31 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
   return s;
 }
 
+StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
+  StoredWeights out;
+  for (const ParamSpec& spec : parameter_specs(c)) {
+    if (!spec.is_matrix()) continue;
+    const io::GgufTensorInfo* t = f.find(*gguf_tensor_name(spec.name));
+    if (t == nullptr || t->dims != gguf_dims(spec)) continue;  // read_gguf_weights reports it
+    std::optional<tensor::BlockQuant> kind;
+    if (t->type == io::GgmlType::q4_0) kind = tensor::BlockQuant::q4_0;
+    if (t->type == io::GgmlType::q4_1) kind = tensor::BlockQuant::q4_1;
+    if (t->type == io::GgmlType::q8_0) kind = tensor::BlockQuant::q8_0;
+    if (!kind) continue;  // other types are dequantized to fp32
+    const int64_t rows = spec.shape[0], cols = spec.shape[1];
+    std::span<const uint8_t> bytes = t->bytes;
+    std::vector<uint8_t> permuted;
+    if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0) {
+      // llama.cpp's q/k row order, undone on whole rows of blocks.
+      permuted = permute_rows(bytes, heads, static_cast<int64_t>(bytes.size()) / rows, false);
+      bytes = permuted;
+    }
+    out.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(
+                               tensor::pack_quant_weight(*kind, rows, cols, bytes)));
+  }
+  return out;
+}
+
 void read_gguf_weights(const io::GgufFile& f, Model& model) {
   const ModelConfig& c = model.config();
   std::set<std::string> used;
@@ -279,6 +307,10 @@ void read_gguf_weights(const io::GgufFile& f, Model& model) {
     if (!io::gguf_type_converts_to_floats(t->type))
       fail(f.path(), fmt::format("tensor '{}' has type {}; concord loads {}", name,
                                  ggml_type_name(t->type), io::gguf_float_type_list()));
+    if (model.stored_weight(spec.name) != nullptr) {  // kept in its blocks (gguf_stored_weights)
+      used.insert(name);
+      continue;
+    }
     std::vector<float> values = io::gguf_tensor_to_floats(*t);
     if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0)
       values = llama_unpermute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);

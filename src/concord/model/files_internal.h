@@ -44,6 +44,10 @@ void write_hf_folder(const Model& model, const std::filesystem::path& out,
 
 // GGUF (files_gguf.cpp).
 ModelSource inspect_gguf(const io::GgufFile& file);
+// The file's Q4_0 / Q4_1 / Q8_0 matrices in their blocks (llama's q/k rows un-permuted), by HF
+// name, for WeightStorage::native.
+StoredWeights gguf_stored_weights(const io::GgufFile& file, const ModelConfig& config);
+// Reads every parameter that is not stored in `model` (stored ones are checked, not read).
 void read_gguf_weights(const io::GgufFile& file, Model& model);
 void write_gguf_file(const Model& model, const std::filesystem::path& out,
                      const ExportOptions& options);

@@ -53,14 +53,28 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
   return specs;
 }
 
-Model::Impl::Impl(ModelConfig c, PrecisionPolicy p)
+Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights)
     : config(std::move(c)), policy(std::move(p)), specs(parameter_specs(config)) {
   config.validate("model config");
-  for (size_t i = 0; i < specs.size(); ++i) {
-    index[specs[i].name] = static_cast<int>(i);
-    values.emplace_back(static_cast<size_t>(specs[i].numel()), 0.0f);
-    grads.emplace_back(static_cast<size_t>(specs[i].numel()), 0.0f);
+  for (size_t i = 0; i < specs.size(); ++i) index[specs[i].name] = static_cast<int>(i);
+  stored.resize(specs.size());
+  for (auto& [name, w] : stored_weights) {
+    auto it = index.find(name);
+    if (it == index.end() || !specs[it->second].is_matrix())
+      throw InputError(fmt::format("[model] stored weight '{}' is not a matrix parameter of this {} "
+                                   "config", name, config.architecture));
+    const ParamSpec& spec = specs[it->second];
+    CONCORD_CHECK(w != nullptr, "stored weight without blocks");
+    if (w->rows() != spec.shape[0] || w->cols() != spec.shape[1])
+      throw InputError(fmt::format("[model] stored weight '{}' is {} x {}, the config implies {} x {}",
+                                   name, w->rows(), w->cols(), spec.shape[0], spec.shape[1]));
+    stored[it->second] = std::move(w);
+    any_stored = true;
   }
+  // A stored weight has no fp32 values: the served model holds only its blocks.
+  for (size_t i = 0; i < specs.size(); ++i)
+    values.emplace_back(stored[i] ? 0 : static_cast<size_t>(specs[i].numel()), 0.0f);
+  grads.resize(specs.size());
   prepared.resize(specs.size());
   bias_of.assign(specs.size(), -1);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -139,6 +153,35 @@ const tensor::PreparedOperand& Model::Impl::dgrad_weight(int param) {
   return w.dgrad;
 }
 
+void Model::Impl::ensure_grads() {
+  require_fp32_values("training (gradients)");
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (grads[i].empty()) grads[i].assign(static_cast<size_t>(specs[i].numel()), 0.0f);
+}
+
+void Model::Impl::require_fp32_values(std::string_view what) const {
+  if (!any_stored) return;
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (stored[i])
+      throw InputError(fmt::format(
+          "[model] {} needs fp32 weights, but this model serves its file's quantized blocks as "
+          "stored ('{}' is {}); load it with a precision policy (--policy fp32, bf16, ...) to "
+          "dequantize them", what, specs[i].name, tensor::block_quant_name(stored[i]->type())));
+}
+
+void Model::Impl::embed_tokens(float* x, const int32_t* tokens, int64_t T) {
+  const int64_t V = config.vocab_size, C = config.hidden_size;
+  if (!stored[embed]) {
+    embedding_forward(x, tokens, embedding_table(), T, V, C);
+    return;
+  }
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[t] < 0 || tokens[t] >= V)
+      throw InputError(fmt::format("[model] token id {} outside the vocabulary [0, {})", tokens[t], V));
+  // The lookup of a stored table dequantizes the rows it reads (exact, tensor/quant_gemm.h).
+  for (int64_t t = 0; t < T; ++t) tensor::dequantize_rows(*stored[embed], tokens[t], 1, x + t * C);
+}
+
 const float* Model::Impl::embedding_table() {
   const auto& desc = policy.layer_class[static_cast<int>(LayerClass::embedding)][GemmRole::forward].b;
   if (!desc) return values[embed].data();
@@ -157,6 +200,34 @@ const float* Model::Impl::embedding_table() {
 void Model::Impl::linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T,
                                  float* y, const int32_t* pos) {
   const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
+  if (stored[param]) {
+    // The file's blocks as stored: activations quantized per row to 8-bit blocks, integer dot
+    // products (tensor/quant_gemm.h). Row-local, so batch- and cache-invariant like the GEMM.
+    if (forward_kernel)
+      throw InputError(fmt::format("[model] kernel variants replace fp32 GEMMs; '{}' is served as "
+                                   "stored ({}) — load the model with --policy fp32 to compare "
+                                   "kernels on its dequantized weights", specs[param].name,
+                                   tensor::block_quant_name(stored[param]->type())));
+    tensor::quant_gemm(*stored[param], x, T, K, y, N);
+  } else {
+    linear_forward_fp(prec, param, x, T, y, pos);
+  }
+  add_bias(param, y, T);
+}
+
+void Model::Impl::add_bias(int param, float* y, int64_t T) const {
+  const int64_t N = specs[param].shape[0];
+  if (bias_of[param] >= 0) {  // the bias is added in fp32 after the GEMM, as HF's nn.Linear does
+    const float* bias = values[bias_of[param]].data();
+#pragma omp parallel for schedule(static) if (T * N > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) y[t * N + n] += bias[n];
+  }
+}
+
+void Model::Impl::linear_forward_fp(const LayerPrecision& prec, int param, const float* x,
+                                    int64_t T, float* y, const int32_t* pos) {
+  const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
   const PreparedWeight& w = weight(param);
   tensor::prepare_operand(scratch_a, prec[GemmRole::forward].a, Operand::a, Trans::no, x, T, K);
   observe(GemmRole::forward, param, scratch_a, w.forward, prec[GemmRole::forward]);
@@ -166,12 +237,6 @@ void Model::Impl::linear_forward(const LayerPrecision& prec, int param, const fl
                                std::span<const int32_t>(pos, static_cast<size_t>(T)), y});
   } else {
     tensor::gemm_prepared(Trans::no, Trans::yes, T, N, K, scratch_a, w.forward, y, N);
-  }
-  if (bias_of[param] >= 0) {  // the bias is added in fp32 after the GEMM, as HF's nn.Linear does
-    const float* bias = values[bias_of[param]].data();
-#pragma omp parallel for schedule(static) if (T * N > 65536)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t n = 0; n < N; ++n) y[t * N + n] += bias[n];
   }
 }
 
@@ -192,7 +257,7 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   row_positions = positions.data();
 
   float* x = arena.alloc(T * C);
-  embedding_forward(x, tokens, embedding_table(), T, V, C);
+  embed_tokens(x, tokens, T);
   for (int i = 0; i < L; ++i) {
     // The layer halves (decode.cpp) are shared with the KV-cache forward; only attention
     // differs: here over the whole sequences at once, saving probs for the backward pass.
@@ -216,6 +281,8 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
 
 Model::Model(ModelConfig config, PrecisionPolicy policy)
     : impl_(std::make_unique<Impl>(std::move(config), std::move(policy))) {}
+Model::Model(ModelConfig config, PrecisionPolicy policy, StoredWeights stored)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(policy), std::move(stored))) {}
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
 Model& Model::operator=(Model&&) noexcept = default;
@@ -236,13 +303,31 @@ static int find_param(const Model::Impl& m, std::string_view name) {
   return it->second;
 }
 
-std::span<float> Model::param(std::string_view name) { return impl_->values[find_param(*impl_, name)]; }
-std::span<const float> Model::param(std::string_view name) const {
-  return impl_->values[find_param(*impl_, name)];
+// A parameter's index, refusing a stored weight (which has no fp32 values).
+static int find_fp32_param(const Model::Impl& m, std::string_view name) {
+  const int p = find_param(m, name);
+  if (m.stored[p])
+    throw InputError(fmt::format("[model] '{}' is served as stored ({} blocks) and has no fp32 values; "
+                                 "load the model with a precision policy (--policy fp32, bf16, ...) "
+                                 "to dequantize it", name, tensor::block_quant_name(m.stored[p]->type())));
+  return p;
 }
-std::span<float> Model::grad(std::string_view name) { return impl_->grads[find_param(*impl_, name)]; }
+std::span<float> Model::param(std::string_view name) { return impl_->values[find_fp32_param(*impl_, name)]; }
+std::span<const float> Model::param(std::string_view name) const {
+  return impl_->values[find_fp32_param(*impl_, name)];
+}
+std::span<float> Model::grad(std::string_view name) {
+  const int p = find_fp32_param(*impl_, name);
+  impl_->ensure_grads();
+  return impl_->grads[p];
+}
+const tensor::QuantWeight* Model::stored_weight(std::string_view name) const {
+  return impl_->stored[find_param(*impl_, name)].get();
+}
+bool Model::has_stored_weights() const { return impl_->any_stored; }
 
 void Model::init_random(uint64_t seed, float std) {
+  impl_->require_fp32_values("init_random");
   for (size_t p = 0; p < impl_->specs.size(); ++p) {
     std::vector<float>& v = impl_->values[p];
     if (!impl_->specs[p].is_matrix()) {
@@ -276,11 +361,28 @@ void Model::set_forward_gemm_kernel(ForwardGemmKernel kernel) {
 void Model::visit_derived_weights(const std::function<void(const DerivedWeight&)>& fn) {
   // The GEMM weights in params() order: every matrix but an untied embedding table (its lookup
   // copy is not a GEMM operand); a tied table is visited once, as lm_head's weight.
+  impl_->require_fp32_values("visit_derived_weights (the weight sync's checks)");
   for (size_t p = 0; p < impl_->specs.size(); ++p) {
     const int param = static_cast<int>(p);
     if (!impl_->specs[p].is_matrix() || (param == impl_->embed && param != impl_->lm_head)) continue;
     const PreparedWeight& w = impl_->weight(param);
     fn(DerivedWeight{impl_->specs[p].name, w.source_hash, &w.forward});
+  }
+}
+
+void Model::prepare_weights(const std::function<void(int64_t, int64_t)>& progress) {
+  Impl& m = *impl_;
+  std::vector<int> todo;
+  for (size_t p = 0; p < m.specs.size(); ++p)
+    if (m.specs[p].is_matrix() && !m.stored[p] &&
+        (static_cast<int>(p) != m.embed || m.embed == m.lm_head))
+      todo.push_back(static_cast<int>(p));
+  const auto total = static_cast<int64_t>(todo.size()) + 1;
+  if (!m.stored[m.embed]) m.embedding_table();
+  if (progress) progress(1, total);
+  for (size_t i = 0; i < todo.size(); ++i) {
+    m.weight(todo[i]);
+    if (progress) progress(static_cast<int64_t>(i) + 2, total);
   }
 }
 
@@ -311,6 +413,7 @@ void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::
 
 float Model::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                               int64_t B, int64_t T, uint64_t step) {
+  impl_->require_fp32_values("forward_backward");
   check_tokens(*impl_, tokens, B, T, "forward_backward");
   if (targets.size() != tokens.size())
     throw InputError(fmt::format("[model] forward_backward: {} targets for {} tokens",

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,6 +37,7 @@
 
 namespace concord::tensor {
 struct PreparedOperand;
+class QuantWeight;  // quant_gemm.h
 }
 
 namespace concord::model {
@@ -92,9 +94,21 @@ struct CachedInput {
 // Rows of logits a cached forward over `inputs` writes.
 int64_t logit_rows(std::span<const CachedInput> inputs);
 
+// Weights served as the model file stores them (a GGUF's Q4_0 / Q4_1 / Q8_0 blocks), by HF name:
+// the forward GEMMs of such a weight run the W4A8 / W8A8 kernels of tensor/quant_gemm.h on its
+// blocks, and the model holds no fp32 copy of it (docs/engine.md, "Serving a file's own
+// precision"). Shared, so copies of a model (an engine per thread) share one set of blocks.
+using StoredWeights = std::map<std::string, std::shared_ptr<const tensor::QuantWeight>, std::less<>>;
+
 class Model {
  public:
   explicit Model(ModelConfig config, PrecisionPolicy policy = PrecisionPolicy::preset("fp32"));
+  // A model whose `stored` weights stay in their file's blocks. Every stored name must be a
+  // matrix parameter of `config` with the parameter's shape; the embedding table may be one
+  // (its lookup dequantizes the rows it reads). Such a model serves (forward, forward_cached);
+  // param(), grad(), the backward passes and visit_derived_weights refuse its stored weights
+  // with an InputError that says how to load fp32 values instead.
+  Model(ModelConfig config, PrecisionPolicy policy, StoredWeights stored);
   ~Model();
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
@@ -104,7 +118,12 @@ class Model {
   void set_policy(PrecisionPolicy policy);
 
   const std::vector<ParamSpec>& params() const;
-  // fp32 values and gradients of a parameter by HF name; throws InputError for unknown names.
+  // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
+  const tensor::QuantWeight* stored_weight(std::string_view name) const;
+  bool has_stored_weights() const;
+  // fp32 values and gradients of a parameter by HF name; throws InputError for unknown names
+  // and for stored weights (which have no fp32 values). Gradients are allocated on first use
+  // (a model that only serves never holds them).
   std::span<float> param(std::string_view name);
   std::span<const float> param(std::string_view name) const;
   std::span<float> grad(std::string_view name);
@@ -114,6 +133,10 @@ class Model {
   // Call after the weights changed (a sync or an optimizer step): quantized and pre-packed copies
   // of the weights are rebuilt lazily from the new values on the next forward.
   void weights_changed();
+  // Builds every weight's forward copy now (its grid, packed panels, the embedding lookup
+  // table), as the next forward would on first use: a server prepares at load so that its first
+  // request does not pay for it. progress(done, total) after each weight.
+  void prepare_weights(const std::function<void(int64_t done, int64_t total)>& progress = {});
 
   // Logits (B*T, V) for B sequences of T tokens (positions 0..T-1).
   void forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> logits);

@@ -118,6 +118,7 @@ void Model::Impl::backward_from_dlogits(const int32_t* tokens, const float* dlog
   const int64_t T = tokens_count(), C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
   const int L = static_cast<int>(c.num_hidden_layers);
+  ensure_grads();
   for (size_t p = 0; p < specs.size(); ++p)
     if (!specs[p].is_matrix()) std::fill(grads[p].begin(), grads[p].end(), 0.0f);
 
@@ -184,6 +185,7 @@ double Model::forward_backward_policy(std::span<const int32_t> tokens,
                                       std::span<const int32_t> targets, int64_t B, int64_t T,
                                       const PolicyLossFn& loss, uint64_t step) {
   Impl& m = *impl_;
+  m.require_fp32_values("forward_backward_policy");
   const int64_t V = m.config.vocab_size;
   if (B <= 0 || T <= 0 || static_cast<int64_t>(tokens.size()) != B * T)
     throw InputError(fmt::format("[model] forward_backward_policy: {} tokens for B={} x T={}",

@@ -11,6 +11,7 @@
 #include "concord/model/ops.h"
 #include "concord/tensor/arena.h"
 #include "concord/tensor/qgemm.h"
+#include "concord/tensor/quant_gemm.h"
 
 namespace concord::model {
 
@@ -57,8 +58,11 @@ struct Model::Impl {
   PrecisionPolicy policy;
   std::vector<ParamSpec> specs;
   std::unordered_map<std::string, int> index;
-  std::vector<std::vector<float>> values;  // served weights
-  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<float>> values;  // served weights (empty for a stored weight)
+  std::vector<std::vector<float>> grads;   // empty until ensure_grads()
+  // Per parameter: its blocks when it is served at the file's precision (model.h StoredWeights).
+  std::vector<std::shared_ptr<const tensor::QuantWeight>> stored;
+  bool any_stored = false;
   std::vector<LayerParams> layers;
   int embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
   std::vector<int> bias_of;  // per parameter: index of its bias (Qwen2 q/k/v), or -1
@@ -88,7 +92,14 @@ struct Model::Impl {
     if (observer) observer(GemmRecord{role, specs[param].name, &a, &b, prec.a, prec.b});
   }
 
-  Impl(ModelConfig c, PrecisionPolicy p);
+  Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights = {});
+  // Allocates the gradients (zeros) on first use.
+  void ensure_grads();
+  // InputError when the model serves stored weights: `what` (a pass) needs fp32 values.
+  void require_fp32_values(std::string_view what) const;
+  // x (T, C) = the embedding rows of `tokens` on their lookup grid (dequantized rows of a stored
+  // table).
+  void embed_tokens(float* x, const int32_t* tokens, int64_t T);
   const PreparedWeight& weight(int param);
   // The dgrad copy of a weight (built on first use after each change of the values).
   const tensor::PreparedOperand& dgrad_weight(int param);
@@ -97,6 +108,10 @@ struct Model::Impl {
   // pos: the rows' positions (for a forward GEMM kernel; may be null when none is set).
   void linear_forward(const LayerPrecision& prec, int param, const float* x, int64_t T, float* y,
                       const int32_t* pos);
+  // linear_forward's GEMM for a weight with fp32 values (no bias).
+  void linear_forward_fp(const LayerPrecision& prec, int param, const float* x, int64_t T,
+                         float* y, const int32_t* pos);
+  void add_bias(int param, float* y, int64_t T) const;
   // dX (T, K) (+)= dY (T, N) · W;  dW (N, K) (+)= dYᵀ · X;  dbias (N) (+)= column sums of dY.
   void linear_backward(const LayerPrecision& prec, int param, const float* dy, const float* x,
                        int64_t T, float* dx, bool accumulate_dx, float* dw, bool accumulate_dw,
