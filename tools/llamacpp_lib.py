@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,7 @@ class Engine:
         self.n_batch = n_batch
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0
+        self.decode_seconds = 0.0  # time inside the llama_decode C calls (Python overhead checks)
 
     # --- tokenizer -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
@@ -146,11 +148,12 @@ class Engine:
                 want = logits == "all" or (logits == "last" and final and i == len(chunk) - 1)
                 b.logits[i] = 1 if want else 0
             b.n_tokens = len(chunk)
+            t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self.ctx, b)
+            self.decode_seconds += time.perf_counter() - t0
             if rc != 0:
                 raise SystemExit(f"llamacpp_lib: llama_decode returned {rc}")
             self.n_past += len(chunk)
-            self._last_chunk = len(chunk)
 
     def logits(self, i: int = -1) -> np.ndarray:
         """Row i of the last decode call's final batch (-1: its last token), copied, float32."""

