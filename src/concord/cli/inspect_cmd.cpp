@@ -128,7 +128,7 @@ void dump_gguf_tensor(const io::GgufTensorInfo& t) {
     case GgmlType::i32: for (size_t i = 0; i < n; ++i) add(load<int32_t>(p + 4 * i)); break;
     case GgmlType::i16: for (size_t i = 0; i < n; ++i) add(load<int16_t>(p + 2 * i)); break;
     case GgmlType::i8: for (size_t i = 0; i < n; ++i) add(static_cast<int>(load<int8_t>(p + i))); break;
-    default:  // f32, f16, bf16, q8_0, mxfp4; InputError naming the tensor for other types
+    default:  // io::gguf_type_converts_to_floats types; InputError naming the tensor for others
       for (float v : io::gguf_tensor_to_floats(t)) add(v);
       break;
   }
@@ -215,8 +215,8 @@ void add_inspect_command(CLI::App& app) {
       "other as\nsafetensors (docs/safetensors.md). The file is validated strictly first; a corrupt file "
       "prints one line naming\nthe file and the problem, and exits 2. With --dump NAME, prints "
       "the values of tensor NAME one per\nline (floats: shortest decimal that reads back exactly; "
-      "integers in decimal; BOOL 0/1; F8, F6, F4\nand C64 as hex bytes; GGUF F16, BF16, Q8_0 and "
-      "MXFP4 dequantized to fp32).");
+      "integers in decimal; BOOL 0/1; F8, F6, F4\nand C64 as hex bytes; GGUF F16, BF16, the legacy quants "
+      "Q4_0..Q8_0,\nthe k-quants Q2_K..Q8_K and MXFP4 dequantized to fp32 as ggml does).");
   inspect->add_option("file", opts->path, "A .safetensors or .gguf file")->required();
   inspect->add_option("--dump", opts->dump, "Print the values of this tensor, one per line");
   inspect->callback([opts] { run_inspect(*opts); });
