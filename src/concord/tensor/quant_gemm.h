@@ -67,7 +67,7 @@ class QuantWeight {
 };
 
 // ggml_rows: the tensor's bytes exactly as stored in a GGUF file (row-major, each row K/32
-// blocks). Throws InputError when K is not a multiple of 32 or the byte count does not match.
+// blocks; a GGUF tensor with dims {ne0, ne1} has rows = ne1, cols = ne0). Throws InputError when K is not a multiple of 32 or the byte count does not match.
 QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
                               std::span<const uint8_t> ggml_rows);
 
