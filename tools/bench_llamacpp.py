@@ -16,6 +16,8 @@ For each thread count, in a fresh child process (so peak RSS is that configurati
   load   llama_model_load_from_file + llama_init_from_model, seconds (mmap'd weights).
   rss    VmHWM (peak resident set) of the child at the end, and its VmRSS before the model was
          loaded (Python + numpy + the llama.cpp libraries), so rss_model_mib is llama.cpp's own.
+Derived: pp_linear_gflop_s = pp512 x 2 x (parameters - the tied head's) and tg_weight_gb_s =
+tg128 x the model's tensor bytes (llama_model_size: each decode step reads every weight once).
 One warm-up run of each test precedes the timed repeats; the figures are medians (mean and
 min/max kept too). Python overhead: the time inside the llama_decode C calls themselves is
 summed apart from each test's wall time; python_overhead_max is 1 - (C time / wall time), the share
@@ -112,6 +114,18 @@ def worker(args) -> dict:
         result[f"{name}_python_overhead_max"] = 1.0 - min(r[1] for r in runs)
     ttft_once()
     result["ttft_s"] = stats([ttft_once() for _ in range(args.repeats)])
+    # Derived: prefill GFLOP/s of the layers' matrices (2 x their parameters per token; the tied
+    # head runs once per batch, attention adds ~8% at 512 and is not counted) and decode weight
+    # streaming (every tensor byte is read once per token: the layers and the tied Q8_0 head).
+    n_params = llama_cpp.llama_model_n_params(eng.model)
+    head = eng.n_vocab * llama_cpp.llama_model_n_embd(eng.model)
+    size = llama_cpp.llama_model_size(eng.model)
+    pp = result[f"pp{args.n_prompt}_tok_s"]["median"]
+    tg = result[f"tg{args.n_gen}_tok_s"]["median"]
+    result["model_params"] = n_params
+    result["model_tensor_bytes"] = size
+    result["pp_linear_gflop_s"] = pp * 2 * (n_params - head) / 1e9
+    result["tg_weight_gb_s"] = tg * size / 1e9
     result["loadavg_end"] = os.getloadavg()
     result["rss_before_model_mib"] = rss_before / 2**20
     result["peak_rss_mib"] = proc_status("VmHWM") / 2**20
