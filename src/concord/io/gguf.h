@@ -118,6 +118,11 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }  // in file order
   const GgufTensorInfo* find(std::string_view name) const;
   const GgufTensorInfo& get(std::string_view name) const;
+  // Drops the pages holding `bytes` (a view into this file, e.g. a tensor's bytes once a loader
+  // has copied or converted them) from the process's memory: a mapped file reads them again
+  // from disk if they are touched later, so the views stay valid. Keeps a loader's peak resident
+  // set near one copy of the weights instead of two. No-op for an in-memory image (from_bytes).
+  void release_pages(std::span<const uint8_t> bytes) const;
 
  private:
   GgufFile() = default;
@@ -125,6 +130,7 @@ class GgufFile {
 
   std::string label_;
   std::shared_ptr<const void> storage_;
+  bool mapped_ = false;  // storage_ is a read-only private mapping of the file
   std::span<const uint8_t> image_;
   uint32_t version_ = 3;
   uint64_t alignment_ = 32;

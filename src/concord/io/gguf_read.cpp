@@ -4,6 +4,9 @@
 // anything is allocated (a count of n elements needs at least n times the element's smallest
 // encoding), so a small file cannot make the reader allocate more than a small multiple of its
 // own size; tensor extents use overflow-checked arithmetic.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <fstream>
@@ -284,8 +287,20 @@ GgufFile GgufFile::open(const std::filesystem::path& path) {
   FileImage image = map_file_image(path, "gguf");
   f.storage_ = std::move(image.storage);
   f.image_ = image.bytes;
+  f.mapped_ = true;
   f.parse();
   return f;
+}
+
+void GgufFile::release_pages(std::span<const uint8_t> bytes) const {
+  if (!mapped_ || bytes.empty()) return;
+  CONCORD_CHECK(bytes.data() >= image_.data() && bytes.data() + bytes.size() <= image_.data() + image_.size(),
+                "release_pages: bytes outside the file");
+  // Whole pages covering the range; neighbours' pages re-read from the file if needed.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(bytes.data()) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 GgufFile GgufFile::from_bytes(std::vector<uint8_t> bytes, std::string label) {

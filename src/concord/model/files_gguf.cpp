@@ -289,6 +289,7 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
     }
     out.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(
                                tensor::pack_quant_weight(*kind, rows, cols, bytes)));
+    f.release_pages(t->bytes);  // the packed copy is the one kept in memory
   }
   return out;
 }
@@ -312,6 +313,7 @@ void read_gguf_weights(const io::GgufFile& f, Model& model) {
       continue;
     }
     std::vector<float> values = io::gguf_tensor_to_floats(*t);
+    f.release_pages(t->bytes);
     if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0)
       values = llama_unpermute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
     std::copy(values.begin(), values.end(), model.param(spec.name).begin());
