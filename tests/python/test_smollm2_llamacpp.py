@@ -9,6 +9,8 @@ goldens tools/make_llamacpp_golden.py wrote with llama-cpp-python (tests/golden/
   conversation with special tokens;
 - `concord contract measure --ref <llama.cpp logits> --cand native --model GGUF`: top-1 agreement
   on >= 99% of the 40 positions (no flips), and osc / KL per position within stated budgets;
+- an fp64 NumPy forward of the dequantized model (tools/gguf_fp64_reference.py) agrees with
+  llama.cpp's logits up to its activation rounding, and concord's fp32 path with it to < 1e-3 osc;
 - `concord generate --chat --temp 0 --max-tokens 64` on the four golden prompts gives
   llama.cpp's greedy text, or diverges only at a step whose top-2 gap in llama.cpp's logits is
   no more than twice the osc measured above (a tie that the two engines may break apart).
@@ -168,3 +170,39 @@ def golden_text(p, k):
     """The text of llama.cpp's first k generated tokens (each step stores where its text ends in
     generated_text: the longest whole-UTF-8 prefix of the tokens' bytes so far)."""
     return p["generated_text"][: p["steps"][k - 1]["text_end"]] if k else ""
+
+
+@pytest.fixture(scope="module")
+def fp64_dump(model):
+    """tools/gguf_fp64_reference.py's fp64 logits (NumPy on gguf-dequantized weights) of the
+    golden logits' rows: the exact model, independent of both engines."""
+    out = os.path.join(tempfile.mkdtemp(prefix="smollm2-fp64-"), "fp64.safetensors")
+    r = subprocess.run([sys.executable, str(ROOT / "tools/gguf_fp64_reference.py"), "--model", model,
+                        "--dump", str(GOLDEN / "logits.safetensors"), "--out", out],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def measure_all(concord_bin, *args):
+    out = tempfile.mkdtemp(prefix="smollm2-measure-")
+    run_concord(concord_bin, "contract", "measure", *args, "--out", out, "--quiet")
+    with open(os.path.join(out, "measurement.json"), encoding="utf-8") as f:
+        return next(s for s in json.load(f)["slices"] if s["slice"] == "all")
+
+
+def test_llamacpp_goldens_against_fp64_reference(concord_bin, fp64_dump):
+    # Both sides are dumps: concord only compares them. A wrong reference (RoPE in the NEOX
+    # layout: osc 10-30) or a broken golden fails this; llama.cpp's own Q8 activations and f16 KV
+    # cache measured osc 1.87, KL 0.019 at most here.
+    m = measure_all(concord_bin, "--ref", fp64_dump, "--cand", GOLDEN / "logits.safetensors")
+    assert m["rows"] == 40 and m["flips"] == 0
+    assert m["osc"]["max"] < 3.0 and m["kl"]["max"] < 0.05 and m["kl"]["mean"] < 0.01, m
+
+
+def test_concord_fp32_matches_fp64_reference(concord_bin, model, fp64_dump):
+    # concord's fp32-dequant path against the exact model: fp32 rounding only.
+    m = measure_all(concord_bin, "--ref", fp64_dump, "--cand", "fp32", "--model", model)
+    print(f"concord fp32 vs fp64 reference: osc max {m['osc']['max']:.3g}, KL max "
+          f"{m['kl']['max']:.3g}", file=sys.stderr)
+    assert m["flips"] == 0 and m["osc"]["max"] < 1e-3, m
