@@ -3,8 +3,8 @@ goldens tools/make_llamacpp_golden.py wrote with llama-cpp-python (tests/golden/
 
 - the goldens' chat prompts render exactly as transformers renders the GGUF's own template
   (render_jinja_template, the function behind apply_chat_template), and so does concord's
-  concord_render_chat (C API) for the single-turn ones (xfail, strict, until it renders the
-  default system message);
+  concord_render_chat (C API) for the single-turn ones (with the template's default system
+  message when none is given);
 - `concord tokenize` gives llama.cpp's ids on English, code, Unicode, whitespace and a ChatML
   conversation with special tokens;
 - `concord contract measure --ref <llama.cpp logits> --cand native --model GGUF`: top-1 agreement
@@ -13,7 +13,7 @@ goldens tools/make_llamacpp_golden.py wrote with llama-cpp-python (tests/golden/
   llama.cpp's logits up to its activation rounding, and concord's fp32 path with it to < 1e-3 osc;
 - `concord generate --chat --temp 0 --max-tokens 64` on the four golden prompts gives
   llama.cpp's greedy text, or diverges only at a step whose top-2 gap in llama.cpp's logits is
-  no more than twice the osc measured above (a tie that the two engines may break apart).
+  no more than the osc measured above (docs/contracts.md: a greedy flip needs margin <= osc).
 
 concord's tokenizer for the GGUF's 'smollm' pre-tokenizer and native Q4_1 serving land with
 issue 15; until the CLI loads the model those tests skip, naming the error (any other error
@@ -88,10 +88,6 @@ def test_golden_prompts_render_as_transformers(template):
         assert rendered[0] == want
 
 
-# Strict: the day concord renders the template's default system message this XPASSes and fails,
-# and the marker must go.
-@pytest.mark.xfail(strict=True, reason="concord_render_chat does not yet insert SmolLM2's "
-                   "default system message (the template's loop.first branch) when none is given")
 def test_concord_renders_the_golden_prompts(template):
     import ctypes
 
@@ -137,14 +133,17 @@ def test_logits_match_llamacpp(measured):
     assert measured["rows"] == 40
     assert measured["flips"] <= 0.01 * measured["rows"]  # top-1 agreement >= 99%
     assert measured["bound_violations"] == 0 and measured["missed_flips"] == 0
-    # Same weights, both W4A8-style integer dot products (or fp32 on dequantized weights): the
-    # engines differ by accumulation order and activation rounding only.
-    assert measured["osc"]["max"] < 0.5, measured["osc"]
-    assert measured["kl"]["max"] < 1e-2, measured["kl"]
+    # Same weights; each engine rounds activations to 8 bits its own way (llama.cpp also keeps an
+    # f16 KV cache), so they differ as much as each differs from the exact model. Measured on
+    # these 40 rows (2026-12-03): native vs llama.cpp osc max 1.88, KL max 0.022 (mean 0.0034);
+    # native vs the fp64 reference osc 1.67, KL 0.010; llama.cpp vs it osc 1.87, KL 0.019.
+    # Budgets: twice that. A wrong scale, block or rope in either gives osc >> 10.
+    assert measured["osc"]["max"] < 4.0, measured["osc"]
+    assert measured["kl"]["max"] < 0.05 and measured["kl"]["mean"] < 0.01, measured["kl"]
 
 
 def test_greedy_matches_llamacpp(concord_bin, model, measured):
-    tie = 2 * measured["osc"]["max"]
+    tie = measured["osc"]["max"]
     for p in load_json("greedy.json")["prompts"]:
         system = next((m["content"] for m in p["messages"] if m["role"] == "system"), None)
         user = next(m["content"] for m in p["messages"] if m["role"] == "user")
@@ -157,12 +156,14 @@ def test_greedy_matches_llamacpp(concord_bin, model, measured):
         # The longest golden prefix (in tokens) whose text concord printed.
         from_golden = [golden_text(p, k) for k in range(len(ids) + 1)]
         agree = max(k for k in range(len(ids) + 1) if text.startswith(from_golden[k]))
+        print(f"{p['name']}: concord's greedy text = llama.cpp's for {agree} of {len(ids)} tokens",
+              file=sys.stderr)
         if agree == len(ids):
             continue
         gap = p["steps"][agree]["gap"]
         assert gap <= tie, (
             f"{p['name']}: concord's greedy text leaves llama.cpp's at generated token {agree} "
-            f"(llama.cpp's top-2 gap there {gap:.4g} > twice the measured osc {tie:.4g}): "
+            f"(llama.cpp's top-2 gap there {gap:.4g} > the measured osc {tie:.4g}): "
             f"llama.cpp {from_golden[min(agree + 1, len(ids))]!r}, concord {text[:400]!r}")
 
 
