@@ -335,6 +335,42 @@ expect_error "a Q4_0 tensor cut short" "[gguf] $WORK/cut_q4_0.gguf: tensor 'toke
 grep -q "run past its end" "$WORK/err" && pass "the cut tensor runs past the end" || fail "cut: $(cat "$WORK/err")"
 expect_error "a tensor of unknown ggml type" "tensor 'token_embd.weight' has unknown ggml type 4" \
   "$CONCORD" export --model "$WORK/type_q4_0.gguf" --to safetensors --out "$WORK/x"
+# Inconsistent tokenizer metadata (issue 15): one line naming the file and the key, exit 2, from
+# tokenize and generate alike. The broken files are the run's GGUF export with tokenizer.* keys
+# rewritten (tests/cli/gguf_retoken.py, standard library).
+retoken() {  # retoken NAME EDITS_JSON -> $WORK/tok_NAME.gguf
+  python3 "$CLI_TEST_DIR/gguf_retoken.py" "$WORK/run.gguf" "$WORK/tok_$1.gguf" "$2" >"$WORK/retoken.out" 2>&1 \
+    || fail "gguf_retoken.py $1: $(tail -3 "$WORK/retoken.out")"
+}
+N_TOKENS=259  # the byte tokenizer: 256 bytes, <|bos|>, <|eos|>, <|pad|>
+retoken types "{\"tokenizer.ggml.token_type\": $(python3 -c "print([1] * ($N_TOKENS - 1))")}"
+retoken merge '{"tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.merges": ["\u0120 zz"]}'
+retoken bos "{\"tokenizer.ggml.bos_token_id\": [\"UINT32\", $N_TOKENS]}"
+retoken pad '{"tokenizer.ggml.padding_token_id": ["UINT32", 4000000000]}'
+DUP_TOKENS=$(PYTHONPATH="$CLI_TEST_DIR" python3 -c "
+import json, sys, gguf_retoken
+tokens = dict((k, v) for k, _, v in gguf_retoken.read(sys.argv[1]))['tokenizer.ggml.tokens'][1]
+tokens[-1] = tokens[-2]
+print(json.dumps(tokens))" "$WORK/run.gguf")
+retoken dup "{\"tokenizer.ggml.tokens\": $DUP_TOKENS}"
+retoken pre '{"tokenizer.ggml.pre": "deepseek-llm"}'
+while IFS='|' read -r name fragment; do
+  expect_error "tokenize: tokenizer metadata $name" "$WORK/tok_$name.gguf: $fragment" \
+    "$CONCORD" tokenize --tokenizer "$WORK/tok_$name.gguf"
+  expect_error "generate: tokenizer metadata $name" "$WORK/tok_$name.gguf: $fragment" \
+    "$CONCORD" generate --model "$WORK/tok_$name.gguf" --prompt hi --max-tokens 1
+done <<EOT
+types|tokenizer.ggml.token_type must be an integer array of $N_TOKENS entries (one per tokenizer.ggml.tokens entry; it has $((N_TOKENS - 1)))
+merge|tokenizer.ggml.merges: merge 0 'Ġ zz' names 'zz', which is not in tokenizer.ggml.tokens
+bos|tokenizer.ggml.bos_token_id is $N_TOKENS, outside the vocabulary (0..$((N_TOKENS - 1)))
+pad|tokenizer.ggml.padding_token_id is 4000000000, outside the vocabulary
+dup|tokenizer.ggml.tokens: token '<|eos|>' appears twice (ids 257 and 258)
+pre|tokenizer.ggml.pre 'deepseek-llm' is not supported (concord implements default, qwen2,
+EOT
+# The unbroken copy tokenizes as the original (the rewrite itself changes nothing).
+retoken same '{}'
+expect_output "the rewritten GGUF tokenizes as its source" "$(printf 'And God' | "$CONCORD" tokenize --tokenizer "$WORK/run.gguf")" \
+  bash -c "printf 'And God' | '$CONCORD' tokenize --tokenizer '$WORK/tok_same.gguf'"
 # --out: no parent created silently, never the source or overlapping it, and a failed export
 # leaves nothing (issue 26 item 9).
 expect_error "export into a missing folder" "the folder $WORK/missing/deeper does not exist (create it first)" \

@@ -80,14 +80,39 @@ TEST(TokenizerSplit, Gpt2) {
   EXPECT_EQ(pieces(SplitPattern::kGpt2, "x  y"), (Pieces{"x", " ", " y"}));
 }
 
+// SmolLM's Sequence[Digits(individual_digits), ByteLevel]: every \p{N} alone, and GPT-2's
+// regex on each stretch between digits as on a text of its own.
+TEST(TokenizerSplit, DigitsThenGpt2) {
+  const SplitPattern d = SplitPattern::kDigitsGpt2;
+  EXPECT_EQ(pieces(d, "hello world"), (Pieces{"hello", " world"}));
+  EXPECT_EQ(pieces(d, "abc 123 def"), (Pieces{"abc", " ", "1", "2", "3", " def"}));
+  EXPECT_EQ(pieces(d, "a1 22"), (Pieces{"a", "1", " ", "2", "2"}));
+  // The stretch "x  " ends before the digit, so \s+(?!\S) takes both spaces (GPT-2 alone on
+  // the whole text gives "x", " ", " 1").
+  EXPECT_EQ(pieces(d, "x  1"), (Pieces{"x", "  ", "1"}));
+  EXPECT_EQ(pieces(SplitPattern::kGpt2, "x  1"), (Pieces{"x", " ", " 1"}));
+  EXPECT_EQ(pieces(d, "it's 5's"), (Pieces{"it", "'s", " ", "5", "'s"}));
+  // Digits of other scripts and other numbers (Nd, Nl, No) are \p{N} too.
+  EXPECT_EQ(pieces(d, "\u0663\u0664x\u00BD"), (Pieces{"\u0663", "\u0664", "x", "\u00BD"}));
+  EXPECT_EQ(pieces(d, "7"), (Pieces{"7"}));
+  EXPECT_EQ(pieces(d, " \n"), (Pieces{" \n"}));
+}
+
 TEST(TokenizerSplit, PatternNamesRoundTrip) {
   for (SplitPattern p : {SplitPattern::kGpt2, SplitPattern::kQwen2, SplitPattern::kLlama3}) {
     SplitPattern back = SplitPattern::kNone;
     EXPECT_TRUE(split_pattern_from_regex(split_pattern_regex(p), back));
     EXPECT_EQ(back, p);
-    EXPECT_TRUE(split_pattern_from_gguf_name(split_pattern_gguf_name(p), back));
-    EXPECT_EQ(back, p);
   }
+  for (SplitPattern p : {SplitPattern::kNone, SplitPattern::kGpt2, SplitPattern::kQwen2,
+                         SplitPattern::kLlama3, SplitPattern::kDigitsGpt2}) {
+    const GgufPreTokenizer* named = gguf_pre_tokenizer(split_pattern_gguf_name(p));
+    ASSERT_NE(named, nullptr);
+    EXPECT_EQ(named->split, p);
+  }
+  EXPECT_EQ(split_pattern_gguf_name(SplitPattern::kDigitsGpt2), "smollm");
+  EXPECT_EQ(split_pattern_gguf_name(SplitPattern::kGpt2), "gpt-2");
+  EXPECT_EQ(gguf_pre_tokenizer("deepseek-llm"), nullptr);
   SplitPattern unused = SplitPattern::kNone;
   EXPECT_FALSE(split_pattern_from_regex("\\w+", unused));
 }

@@ -262,12 +262,6 @@ TEST(Tokenizer, RejectsBrokenVocabularies) {
   }
   {
     json j = small_tokenizer();
-    j["model"]["vocab"].erase("\u0120");
-    j["model"]["vocab"]["zz"] = 32;  // keep the ids dense
-    expect_rejected(j, "no token for byte 0x20");
-  }
-  {
-    json j = small_tokenizer();
     j["added_tokens"][0]["id"] = 300;
     expect_rejected(j, "has id 300, but HF tokenizers gives it id 259");
   }
@@ -283,6 +277,19 @@ TEST(Tokenizer, RejectsBrokenVocabularies) {
   }
   EXPECT_THROW(Tokenizer::load(kData / "missing.json"), InputError);
   EXPECT_THROW(Tokenizer::load(kData), InputError);  // a directory
+}
+
+// A byte without a token is dropped, its neighbours joined, as HF's BPE does with no unk_token
+// (SmolLM2's vocabulary has no token for 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2).
+TEST(Tokenizer, AByteWithoutATokenIsDropped) {
+  json j = small_tokenizer();
+  j["model"]["vocab"].erase(byte_char(0x04));
+  j["model"]["vocab"]["zz"] = 4;  // keep the ids dense
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "no-0x04.json");
+  EXPECT_EQ(t.encode("a\x04" "b"), (std::vector<int32_t>{'a', 'b'}));
+  EXPECT_EQ(t.encode("\x04"), std::vector<int32_t>{});
+  EXPECT_EQ(t.encode("\x04\x04 the"), (std::vector<int32_t>{258}));
+  EXPECT_EQ(t.decode(std::vector<int32_t>{4}), "zz");
 }
 
 TEST(Tokenizer, AnAddedTokenInTheVocabularyKeepsItsId) {
@@ -357,7 +364,7 @@ TEST(Tokenizer, FixturesRoundTrip) {
     SCOPED_TRACE(name);
     const Tokenizer t = Tokenizer::load(kData / name);
     const bool strips = std::string(name).starts_with("llama3");  // lstrip/rstrip tokens
-    const bool nfc = t.vocabulary().nfc;
+    const bool nfc = t.vocabulary().nfc.value_or(false);
     for (const std::string& text : texts) {
       const std::vector<int32_t> ids = t.encode(text);
       const bool nfc_changes = nfc && text.find("NFC changes") != std::string::npos;
@@ -402,12 +409,12 @@ TEST(Tokenizer, ToJsonAndVocabularyRoundTrip) {
   }
   const BpeVocabulary q = Tokenizer::load(kData / "qwen3_kjv_4096.json").vocabulary();
   EXPECT_EQ(q.pre, "qwen2");
-  EXPECT_TRUE(q.nfc);
+  EXPECT_EQ(q.nfc, true);
   EXPECT_EQ(q.token_types[4096], 3);  // <|endoftext|>
   EXPECT_EQ(q.tokens[4096], "<|endoftext|>");
   EXPECT_EQ(q.token_types.back(), 4);  // </think> is not special in Qwen3
   EXPECT_EQ(Tokenizer::load(kData / "llama3_kjv_1024.json").vocabulary().pre, "llama-bpe");
-  EXPECT_EQ(Tokenizer::load(kData / "gpt2_kjv_1024.json").vocabulary().pre, "gpt2");
+  EXPECT_EQ(Tokenizer::load(kData / "gpt2_kjv_1024.json").vocabulary().pre, "gpt-2");  // llama.cpp's name
   EXPECT_EQ(Tokenizer::byte_level({"<|bos|>"}).vocabulary().pre, "default");
 }
 
@@ -424,17 +431,24 @@ TEST(Tokenizer, FromVocabularyRejectsBadInput) {
   {
     BpeVocabulary bad = v;
     bad.token_types.pop_back();
-    EXPECT_NE(error(bad).find("257 tokens but 256 token types"), std::string::npos) << error(bad);
+    EXPECT_NE(error(bad).find("m.gguf: tokenizer.ggml.token_type has 256 entries but "
+                              "tokenizer.ggml.tokens has 257"),
+              std::string::npos)
+        << error(bad);
   }
   {
     BpeVocabulary bad = v;
     bad.token_types[3] = 6;
-    EXPECT_NE(error(bad).find("token 3 has type 6"), std::string::npos) << error(bad);
+    EXPECT_NE(error(bad).find("tokenizer.ggml.token_type: token 3 has type 6"), std::string::npos)
+        << error(bad);
   }
   {
     BpeVocabulary bad = v;
     bad.pre = "deepseek-llm";
-    EXPECT_NE(error(bad).find("pre-tokenizer 'deepseek-llm' is not supported"), std::string::npos);
+    EXPECT_NE(error(bad).find("tokenizer.ggml.pre 'deepseek-llm' is not supported (concord "
+                              "implements default, qwen2,"),
+              std::string::npos)
+        << error(bad);
   }
   {
     BpeVocabulary bad = v;
@@ -446,14 +460,112 @@ TEST(Tokenizer, FromVocabularyRejectsBadInput) {
   {
     BpeVocabulary bad = v;
     bad.tokens[256] = "A";
-    EXPECT_NE(error(bad).find("token 'A' appears twice"), std::string::npos) << error(bad);
+    EXPECT_NE(error(bad).find("tokenizer.ggml.tokens: token 'A' appears twice (ids 65 and 256)"),
+              std::string::npos)
+        << error(bad);
   }
   {
     BpeVocabulary bad = v;
     bad.pre = "qwen2";
     bad.merges.push_back("A B");
-    EXPECT_NE(error(bad).find("makes 'AB'"), std::string::npos) << error(bad);
+    EXPECT_NE(error(bad).find("tokenizer.ggml.merges: merge 0 'A B' makes 'AB', which is not in "
+                              "tokenizer.ggml.tokens"),
+              std::string::npos)
+        << error(bad);
   }
+  {
+    BpeVocabulary bad = v;
+    bad.pre = "qwen2";
+    bad.merges.push_back("A \u4E00");
+    EXPECT_NE(error(bad).find("merge 0 'A \u4E00' names '\u4E00', which is not in"),
+              std::string::npos)
+        << error(bad);
+  }
+  for (auto member : {&BpeVocabulary::bos_id, &BpeVocabulary::eos_id, &BpeVocabulary::unk_id,
+                      &BpeVocabulary::pad_id}) {
+    BpeVocabulary bad = v;
+    bad.*member = 257;
+    EXPECT_NE(error(bad).find("_token_id is 257, outside the vocabulary (0..256)"),
+              std::string::npos)
+        << error(bad);
+    bad.*member = -1;
+    EXPECT_NE(error(bad).find("_token_id is -1, outside"), std::string::npos) << error(bad);
+  }
+  {
+    BpeVocabulary bad = v;
+    bad.add_bos = true;
+    EXPECT_NE(error(bad).find("add_bos_token is true but there is no tokenizer.ggml.bos_token_id"),
+              std::string::npos)
+        << error(bad);
+  }
+}
+
+TEST(Tokenizer, PreTokenizerNamesOfLlamaCpp) {
+  // Every name maps to its split: digits alone for the SmolLM family, runs of up to three for
+  // Llama 3's, one for Qwen2's, whole runs for GPT-2's; Llama 3's names also ignore merges.
+  BpeVocabulary v = Tokenizer::byte_level({"<|bos|>"}).vocabulary();
+  // The split shows in the tokenizer.json export (Python tests check the encoding).
+  const auto split_of = [&](const std::string& pre) {
+    BpeVocabulary named = v;
+    named.pre = pre;
+    named.nfc.reset();  // the family's
+    return Tokenizer::from_vocabulary(named, "m.gguf").to_json();
+  };
+  for (const char* name : {"smollm", "starcoder", "refact", "command-r", "codeshell"}) {
+    EXPECT_NE(split_of(name).find("\"individual_digits\": true"), std::string::npos) << name;
+  }
+  for (const char* name : {"llama-bpe", "llama3", "llama-v3", "falcon3", "dbrx", "smaug-bpe"}) {
+    EXPECT_NE(split_of(name).find("\\\\p{N}{1,3}"), std::string::npos) << name;
+  }
+  EXPECT_NE(split_of("llama3").find("\"ignore_merges\": true"), std::string::npos);
+  EXPECT_NE(split_of("dbrx").find("\"ignore_merges\": false"), std::string::npos);
+  for (const char* name : {"gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais"}) {
+    EXPECT_NE(split_of(name).find("| ?\\\\p{N}+|"), std::string::npos) << name;
+  }
+  for (const char* name : {"qwen2", "deepseek-r1-qwen"}) {
+    const std::string exported = split_of(name);
+    EXPECT_NE(exported.find("\\\\p{N}|"), std::string::npos) << name;
+    EXPECT_NE(exported.find("\"NFC\""), std::string::npos) << name;  // the family's normalizer
+  }
+  // The names concord writes are llama.cpp's.
+  v.pre = "smollm";
+  EXPECT_EQ(Tokenizer::from_vocabulary(v, "m.gguf").vocabulary().pre, "smollm");
+  v.pre = "gpt2";
+  EXPECT_EQ(Tokenizer::from_vocabulary(v, "m.gguf").vocabulary().pre, "gpt-2");
+  v.pre = "llama3";
+  EXPECT_EQ(Tokenizer::from_vocabulary(v, "m.gguf").vocabulary().pre, "llama-bpe");
+}
+
+TEST(Tokenizer, SpecialIdsAndAddBos) {
+  BpeVocabulary v = Tokenizer::byte_level({"<|bos|>", "<|eos|>"}).vocabulary();
+  v.bos_id = 256;
+  v.eos_id = 257;
+  {
+    const Tokenizer t = Tokenizer::from_vocabulary(v, "m.gguf");  // add_bos unset, default: false
+    EXPECT_EQ(t.encode_for_model("hi"), (std::vector<int32_t>{'h', 'i'}));
+    EXPECT_EQ(t.bos_id(), 256);
+    EXPECT_EQ(t.eos_id(), 257);
+  }
+  v.add_bos = true;
+  v.add_eos = true;
+  const Tokenizer t = Tokenizer::from_vocabulary(v, "m.gguf");
+  EXPECT_EQ(t.encode_for_model("hi"), (std::vector<int32_t>{256, 'h', 'i', 257}));
+  // A text that writes the BOS itself (a chat template) gets one, not two.
+  EXPECT_EQ(t.encode_for_model("<|bos|>hi"), (std::vector<int32_t>{256, 'h', 'i', 257}));
+  EXPECT_EQ(t.encode("hi"), (std::vector<int32_t>{'h', 'i'}));  // encode adds nothing
+  const BpeVocabulary back = t.vocabulary();
+  EXPECT_EQ(back.bos_id, 256);
+  EXPECT_EQ(back.add_bos, true);
+  // Llama 3's names add BOS when the file does not say (llama.cpp's default).
+  BpeVocabulary llama = Tokenizer::byte_level({"<|begin_of_text|>"}).vocabulary();
+  llama.pre = "llama-bpe";
+  llama.bos_id = 256;
+  llama.add_bos.reset();  // as a file without tokenizer.ggml.add_bos_token
+  EXPECT_EQ(Tokenizer::from_vocabulary(llama, "m.gguf").encode_for_model("a"),
+            (std::vector<int32_t>{256, 'a'}));
+  llama.add_bos = false;
+  EXPECT_EQ(Tokenizer::from_vocabulary(llama, "m.gguf").encode_for_model("a"),
+            (std::vector<int32_t>{'a'}));
 }
 
 }  // namespace

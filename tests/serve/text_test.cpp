@@ -48,6 +48,26 @@ TEST(ChatTemplate, ChatMlQwen2WithDefaultSystem) {
             "<|im_start|>assistant\n");
 }
 
+// SmolLM2's GGUF tokenizer.chat_template writes its newlines as real newlines inside the Jinja
+// string literals (Qwen2's tokenizer_config.json has the escape "\n"); both are one newline.
+constexpr std::string_view kSmolLM2 =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\n' }}{% endif %}";
+
+TEST(ChatTemplate, SmolLM2DefaultSystemWithRealNewlines) {
+  EXPECT_EQ(render_chat(kSmolLM2, "Hi"),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  ChatOptions o;
+  o.system = "Be brief.";
+  EXPECT_EQ(render_chat(kSmolLM2, "Hi", o),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+}
+
 TEST(ChatTemplate, Qwen3ThinkingOnAndOff) {
   EXPECT_EQ(render_chat(kQwen3, " two words "),
             "<|im_start|>user\n two words <|im_end|>\n<|im_start|>assistant\n");

@@ -94,7 +94,7 @@ void add_generate_command(CLI::App& app) {
       text = serve::render_chat(loaded.source.chat_template, a->prompt, chat);
     }
     serve::Request request;
-    request.prompt = tokenizer.encode(text);
+    request.prompt = tokenizer.encode_for_model(text);  // BOS where the vocabulary adds one
     request.sampling = sampling;
     request.max_tokens = a->max_tokens;
     request.stop_tokens = loaded.source.stop_token_ids;

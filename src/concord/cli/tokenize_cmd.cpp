@@ -1,10 +1,12 @@
 // concord tokenize: text on stdin -> token ids on stdout (or ids -> text with --decode), with a
-// tokenizer.json, as HF tokenizers' encode(text, add_special_tokens=False) / decode(ids).
+// tokenizer.json or a GGUF file's tokenizer.ggml.* vocabulary, as HF tokenizers'
+// encode(text, add_special_tokens=False) / decode(ids).
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,8 +14,10 @@
 
 #include "concord/cli/commands.h"
 #include "concord/io/atomic_file.h"
+#include "concord/io/gguf.h"
 #include "concord/io/tokenizer.h"
 #include "concord/io/utf8.h"
+#include "concord/model/files.h"
 #include "concord/numerics/check.h"
 
 namespace concord::cli {
@@ -23,6 +27,7 @@ struct TokenizeOptions {
   std::string tokenizer;
   bool decode = false;
   bool no_special = false;
+  bool add_special = false;
   bool batch = false;
   std::string export_path;
 };
@@ -54,10 +59,25 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 void run_tokenize(const TokenizeOptions& o) {
+  if (o.add_special && (o.no_special || o.decode)) {
+    throw InputError("[tokenize] --add-special: encodes with special tokens parsed; it goes with "
+                     "neither --no-special nor --decode");
+  }
   std::filesystem::path path = o.tokenizer;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) path /= "tokenizer.json";  // a model folder
-  const io::Tokenizer tokenizer = io::Tokenizer::load(path);
+  std::optional<io::Tokenizer> loaded;
+  if (!std::filesystem::is_directory(path, ec) && io::is_gguf_path(path)) {
+    loaded = model::inspect_model(path).tokenizer;  // metadata only, no weights
+    if (!loaded) {
+      throw InputError(fmt::format("[tokenize] {}: the GGUF file has no tokenizer "
+                                   "(tokenizer.ggml.model is absent or 'none')",
+                                   path.string()));
+    }
+  } else {
+    loaded = io::Tokenizer::load(path);
+  }
+  const io::Tokenizer& tokenizer = *loaded;
   if (!o.export_path.empty()) {
     io::write_file_atomic(o.export_path, std::string_view(tokenizer.to_json()));
     return;
@@ -93,7 +113,8 @@ void run_tokenize(const TokenizeOptions& o) {
           "[tokenize] stdin: not valid UTF-8 (byte {}{}); only UTF-8 text can be encoded",
           starts[k] + bad, o.batch ? fmt::format(", in text {} of the batch", k + 1) : ""));
     }
-    const std::vector<int32_t> ids = tokenizer.encode(part, !o.no_special);
+    const std::vector<int32_t> ids =
+        o.add_special ? tokenizer.encode_for_model(part) : tokenizer.encode(part, !o.no_special);
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i > 0) out += ' ';
       out += std::to_string(ids[i]);
@@ -108,7 +129,8 @@ void run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& app) {
   auto opts = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand(
-      "tokenize", "Encode stdin to token ids (or decode ids to text) with a tokenizer.json");
+      "tokenize",
+      "Encode stdin to token ids (or decode ids to text) with a tokenizer.json or a GGUF file");
   cmd->footer(
       "\nEncoding prints the ids on one line, separated by spaces, exactly as HF tokenizers'\n"
       "encode(text, add_special_tokens=False). Special tokens written in the text are recognised\n"
@@ -117,11 +139,15 @@ void add_tokenize_command(CLI::App& app) {
       "as HF's decode (invalid UTF-8 becomes U+FFFD); with --no-special it skips special tokens.\n"
       "--export PATH writes the tokenizer as concord understands it, in the Qwen2 shape of\n"
       "tokenizer.json, which HF tokenizers encodes identically. See docs/tokenizer.md.");
-  cmd->add_option("--tokenizer", opts->tokenizer, "A tokenizer.json, or a model folder holding one")
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "A tokenizer.json, a model folder holding one, or a GGUF file")
       ->required();
   cmd->add_flag("--decode", opts->decode, "Read token ids, write text");
   cmd->add_flag("--no-special", opts->no_special,
                 "Encode: treat special tokens in the text as text; decode: skip special tokens");
+  cmd->add_flag("--add-special", opts->add_special,
+                "Encode as a model is given the text: add BOS / EOS where the GGUF's "
+                "tokenizer.ggml.add_bos_token / add_eos_token say (llama.cpp's add_special)");
   cmd->add_flag("--batch", opts->batch,
                 "Encode: stdin holds NUL-separated texts, one line of ids each; decode: one "
                 "line of ids per text, texts written NUL-terminated");

@@ -130,9 +130,14 @@ class BpeWord {
     symbols_.clear();
     heap_.clear();
     for (size_t i = 0; i < piece.size(); ++i) {
-      symbols_.push_back(Symbol{t.byte_ids[static_cast<uint8_t>(piece[i])],
-                                static_cast<int32_t>(i) - 1, static_cast<int32_t>(i) + 1, true});
+      // A byte without a token (SmolLM2's vocabulary lacks a few) is dropped, and its neighbours
+      // become adjacent, as in HF's Word (no unk_token).
+      const int32_t id = t.byte_ids[static_cast<uint8_t>(piece[i])];
+      if (id < 0) continue;
+      const auto at = static_cast<int32_t>(symbols_.size());
+      symbols_.push_back(Symbol{id, at - 1, at + 1, true});
     }
+    if (symbols_.empty()) return;
     symbols_.back().next = -1;
     for (size_t i = 0; i + 1 < symbols_.size(); ++i) push(t, i, i + 1);
     while (!heap_.empty()) {
@@ -199,7 +204,7 @@ class Encoder {
 
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) {
     if (piece.size() == 1) {
-      out.push_back(t_.byte_ids[static_cast<uint8_t>(piece[0])]);
+      if (const int32_t id = t_.byte_ids[static_cast<uint8_t>(piece[0])]; id >= 0) out.push_back(id);
       return;
     }
     if (auto it = cache_.find(piece); it != cache_.end()) {
@@ -301,15 +306,12 @@ void Tokenizer::Impl::finish() {
     added_index[static_cast<size_t>(a.id)] = static_cast<int32_t>(i);
     added_ids.emplace(a.content, a.id);
   }
+  // A byte with no token of its own is dropped from the text it is in, as HF's BPE does without
+  // an unk_token (SmolLM2 lacks 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2 and the bytes
+  // that never occur in UTF-8).
   for (int b = 0; b < 256; ++b) {
-    const std::string& c = byte_to_char()[static_cast<size_t>(b)];
-    auto it = model_ids.find(c);
-    if (it == model_ids.end()) {
-      fail(fmt::format("the vocabulary has no token for byte 0x{:02X} ('{}'); a byte-level BPE "
-                       "needs all 256",
-                       b, c));
-    }
-    byte_ids[static_cast<size_t>(b)] = it->second;
+    auto it = model_ids.find(byte_to_char()[static_cast<size_t>(b)]);
+    byte_ids[static_cast<size_t>(b)] = it == model_ids.end() ? -1 : it->second;
   }
   merge_map.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
@@ -399,6 +401,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   return ids;
 }
 
+std::vector<int32_t> Tokenizer::encode_for_model(std::string_view text) const {
+  std::vector<int32_t> ids = encode(text, true);
+  if (impl_->add_bos && (ids.empty() || ids.front() != *impl_->bos_id)) {
+    ids.insert(ids.begin(), *impl_->bos_id);
+  }
+  if (impl_->add_eos) ids.push_back(*impl_->eos_id);
+  return ids;
+}
+
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string bytes;
   for (int32_t id : ids) {
@@ -421,6 +432,9 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
   if (auto it = impl_->model_ids.find(key); it != impl_->model_ids.end()) return it->second;
   return std::nullopt;
 }
+
+std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos_id; }
+std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos_id; }
 
 bool Tokenizer::is_special(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->tokens.size()) return false;

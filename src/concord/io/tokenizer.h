@@ -11,7 +11,11 @@
 // What load/from_json rejects (InputError "[tokenizer] <path>: <problem>"): invalid JSON, a model
 // other than BPE, a normalizer, pre-tokenizer or decoder concord does not implement exactly (named
 // in the message), a split regex that is not one of the known byte-level patterns, vocabulary ids
-// that are duplicated, negative or leave holes, merges naming unknown tokens.
+// that are duplicated, negative or leave holes, merges naming unknown tokens. from_vocabulary
+// rejects the same for GGUF metadata, naming the tokenizer.ggml.* key: token types of another
+// length or of a type other than normal/control/user-defined, duplicated, empty or non-UTF-8
+// tokens, merges naming tokens outside the vocabulary, special ids outside it, and pre-tokenizer
+// names it does not implement.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +29,22 @@
 
 namespace concord::io {
 
-// A vocabulary in GGUF's terms (tokenizer.ggml.model = "gpt2").
+// A vocabulary in GGUF's terms (tokenizer.ggml.model = "gpt2"). `pre` is one of the names of
+// llama.cpp's llama-vocab.cpp that concord implements (docs/tokenizer.md lists them): the Qwen2
+// split (qwen2, deepseek-r1-qwen), Llama 3's (llama-bpe, llama3, llama-v3, falcon3, falcon-h1,
+// pixtral; dbrx, smaug-bpe without ignore_merges), GPT-2's (gpt-2, phi-2, mpt, olmo, jais; and
+// gpt2, which concord wrote before), each digit alone then GPT-2's (smollm, starcoder, refact,
+// command-r, codeshell, exaone, minerva-7b), and default (no split; only without merges).
 struct BpeVocabulary {
   std::vector<std::string> tokens;   // by id, in byte-level characters (as in tokenizer.json)
   std::vector<int32_t> token_types;  // by id: 1 normal, 3 control (special), 4 user-defined
   std::vector<std::string> merges;   // "left right", by rank
-  std::string pre = "qwen2";         // tokenizer.ggml.pre: "qwen2", "llama-bpe", "gpt2", "default"
-  bool nfc = true;                   // NFC normalizer (Qwen2/Qwen3)
+  std::string pre = "qwen2";         // tokenizer.ggml.pre
+  std::optional<bool> nfc;           // NFC normalizer; unset: the pre-tokenizer family's (Qwen2)
+  // tokenizer.ggml.{bos,eos,unknown,padding}_token_id and add_bos_token / add_eos_token.
+  std::optional<int32_t> bos_id, eos_id, unk_id, pad_id;
+  std::optional<bool> add_bos;  // unset: llama.cpp's default for `pre` (true for Llama 3's)
+  bool add_eos = false;
 };
 
 class Tokenizer {
@@ -52,6 +65,11 @@ class Tokenizer {
   // HF tokenizers' encode(text, add_special_tokens=False): special and added tokens written in
   // the text are recognised when `parse_special` (HF's default).
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
+  // What a model is given for `text`, as llama.cpp's tokenize(text, add_special=true,
+  // parse_special=true): encode(text), then the BOS id first when the vocabulary's add_bos is
+  // set and the text does not already begin with it (a chat template that writes the BOS
+  // itself, as Llama 3's, gives one, not two), and the EOS id last when add_eos is set.
+  std::vector<int32_t> encode_for_model(std::string_view text) const;
   // HF's decode(ids, skip_special_tokens=skip_special); InputError for ids outside the vocabulary.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   // The raw bytes one token decodes to (streaming output; may be part of a UTF-8 character).
@@ -60,6 +78,8 @@ class Tokenizer {
   int32_t vocab_size() const;  // largest id + 1 (base vocabulary and added tokens)
   std::optional<int32_t> token_id(std::string_view token) const;  // by its tokenizer.json string
   bool is_special(int32_t id) const;
+  std::optional<int32_t> bos_id() const;
+  std::optional<int32_t> eos_id() const;
 
   // A tokenizer.json that HF tokenizers loads and that encodes as this one does.
   std::string to_json() const;

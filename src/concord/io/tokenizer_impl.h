@@ -6,6 +6,8 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -55,11 +57,21 @@ enum class SplitPattern : uint8_t {
   kGpt2,    // GPT-2 / ByteLevel use_regex
   kQwen2,   // Qwen2 / Qwen3
   kLlama3,  // Llama 3: Qwen2's with \p{N}{1,3}
+  kDigitsGpt2,  // SmolLM / StarCoder: each \p{N} alone (HF Digits individual_digits), then GPT-2
 };
 std::string_view split_pattern_regex(SplitPattern pattern);  // exact tokenizer.json string
 bool split_pattern_from_regex(std::string_view regex, SplitPattern& pattern);
-std::string_view split_pattern_gguf_name(SplitPattern pattern);  // tokenizer.ggml.pre
-bool split_pattern_from_gguf_name(std::string_view name, SplitPattern& pattern);
+// tokenizer.ggml.pre names (llama.cpp's llama-vocab.cpp): the split and what goes with it.
+struct GgufPreTokenizer {
+  std::string_view name;
+  SplitPattern split;
+  bool nfc;            // the family's tokenizer.json normalizes to NFC (Qwen2)
+  bool ignore_merges;  // llama.cpp's and the family's tokenizer.json ignore_merges (Llama 3)
+  bool add_bos;        // llama.cpp's add_bos when tokenizer.ggml.add_bos_token is absent
+};
+std::span<const GgufPreTokenizer> gguf_pre_tokenizers();
+const GgufPreTokenizer* gguf_pre_tokenizer(std::string_view name);  // nullptr: not supported
+std::string_view split_pattern_gguf_name(SplitPattern pattern);     // the name concord writes
 
 // Appends the pieces of `text` (byte ranges [begin, end), covering it in order) as HF's
 // Split(pattern, Isolated) produces them. Reuses `scratch` across calls.
@@ -129,6 +141,10 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, std::string>> merges;  // by rank, as in the file
   tokenizer_detail::MergeMap merge_map;
   std::array<int32_t, 256> byte_ids{};  // model id of each byte's byte-level character
+
+  // GGUF's special ids and flags (BpeVocabulary); tokenizer.json carries none of them.
+  std::optional<int32_t> bos_id, eos_id, unk_id, pad_id;
+  bool add_bos = false, add_eos = false;
 
   // Decoding: the bytes HF's ByteLevel decoder makes of each token.
   std::vector<std::string> decoded;

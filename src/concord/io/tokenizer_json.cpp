@@ -2,6 +2,7 @@
 // Qwen2 shape), GGUF's BpeVocabulary, and the training byte tokenizer.
 #include <fstream>
 #include <set>
+#include <unordered_map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -110,14 +111,26 @@ void read_pre_tokenizer(const std::string& label, const json& p, Tokenizer::Impl
       read_byte_level(label, list[1], true, t);
       return;
     }
+    if (list.size() == 2 && type_of(list[0]) == "Digits" && type_of(list[1]) == "ByteLevel") {
+      // SmolLM / StarCoder: each digit alone, then ByteLevel's own GPT-2 regex.
+      if (!flag(label, list[0], "individual_digits", false, "pre_tokenizer Digits")) {
+        fail(label, "pre_tokenizer Digits with individual_digits false is not supported");
+      }
+      read_byte_level(label, list[1], false, t);
+      if (t.split != SplitPattern::kGpt2) {
+        fail(label, "pre_tokenizer Sequence[Digits, ByteLevel] needs ByteLevel use_regex true");
+      }
+      t.split = SplitPattern::kDigitsGpt2;
+      return;
+    }
     std::string types;
     for (const json& inner : list) types += (types.empty() ? "" : ", ") + type_of(inner);
     fail(label, fmt::format("pre_tokenizer Sequence[{}] is not supported (concord implements "
-                            "ByteLevel, or Sequence[Split, ByteLevel])",
+                            "ByteLevel, Sequence[Split, ByteLevel] or Sequence[Digits, ByteLevel])",
                             types));
   }
-  fail(label, fmt::format("pre_tokenizer {} is not supported (concord implements ByteLevel, or "
-                          "Sequence[Split, ByteLevel])",
+  fail(label, fmt::format("pre_tokenizer {} is not supported (concord implements ByteLevel, "
+                          "Sequence[Split, ByteLevel] or Sequence[Digits, ByteLevel])",
                           p.is_null() ? "null" : type));
 }
 
@@ -288,45 +301,60 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json) {
   return from_json(buffer.str(), label);
 }
 
+namespace {
+std::string supported_pre_names() {
+  std::string names;
+  for (const GgufPreTokenizer& p : gguf_pre_tokenizers()) {
+    names += (names.empty() ? "" : ", ") + std::string(p.name);
+  }
+  return names;
+}
+}  // namespace
+
+// The messages name GGUF's keys, as the vocabulary is in its terms.
 Tokenizer Tokenizer::from_vocabulary(const BpeVocabulary& vocab, std::string label) {
   const size_t n = vocab.tokens.size();
   if (vocab.token_types.size() != n) {
-    fail(label, fmt::format("{} tokens but {} token types", n, vocab.token_types.size()));
+    fail(label, fmt::format("tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens "
+                            "has {} (one type per token)",
+                            vocab.token_types.size(), n));
   }
   auto t = std::make_unique<Impl>();
   t->label = label;
-  t->nfc = vocab.nfc;
-  if (!split_pattern_from_gguf_name(vocab.pre, t->split)) {
-    fail(label, fmt::format("pre-tokenizer '{}' is not supported (concord implements qwen2, "
-                            "llama-bpe, gpt2, and default for a vocabulary without merges)",
-                            vocab.pre));
+  const GgufPreTokenizer* pre = gguf_pre_tokenizer(vocab.pre);
+  if (pre == nullptr) {
+    fail(label, fmt::format("tokenizer.ggml.pre '{}' is not supported (concord implements {})",
+                            vocab.pre, supported_pre_names()));
   }
+  t->split = pre->split;
+  t->nfc = vocab.nfc.value_or(pre->nfc);
   if (t->split == SplitPattern::kNone && !vocab.merges.empty()) {
-    fail(label, "pre-tokenizer 'default' with merges is llama.cpp's default split, which concord "
-                "does not implement");
+    fail(label, "tokenizer.ggml.pre 'default' with merges is llama.cpp's default split, which "
+                "concord does not implement");
   }
   // The model vocabulary runs up to the last normal token; added tokens after it follow it.
   size_t model_size = 0;
   for (size_t id = 0; id < n; ++id) {
     const int32_t type = vocab.token_types[id];
     if (type != 1 && type != 3 && type != 4) {
-      fail(label, fmt::format("token {} has type {}; concord supports 1 (normal), 3 (control) "
-                              "and 4 (user-defined)",
+      fail(label, fmt::format("tokenizer.ggml.token_type: token {} has type {}; concord supports "
+                              "1 (normal), 3 (control) and 4 (user-defined)",
                               id, type));
     }
     if (type == 1) model_size = id + 1;
     if (invalid_utf8_offset(vocab.tokens[id]) != std::string_view::npos || vocab.tokens[id].empty()) {
-      fail(label, fmt::format("token {} is empty or not valid UTF-8", id));
+      fail(label, fmt::format("tokenizer.ggml.tokens: token {} is empty or not valid UTF-8", id));
     }
   }
-  // llama.cpp applies ignore_merges to Llama 3's vocabulary, as its tokenizer.json does.
-  t->ignore_merges = t->split == SplitPattern::kLlama3;
+  t->ignore_merges = pre->ignore_merges;
   t->tokens = vocab.tokens;
   t->model_vocab_size = static_cast<int32_t>(model_size);
-  std::set<std::string_view> seen;
+  std::unordered_map<std::string_view, size_t> seen;
+  seen.reserve(n);
   for (size_t id = 0; id < n; ++id) {
-    if (!seen.insert(vocab.tokens[id]).second) {
-      fail(label, fmt::format("token '{}' appears twice", vocab.tokens[id]));
+    if (auto [it, fresh] = seen.emplace(vocab.tokens[id], id); !fresh) {
+      fail(label, fmt::format("tokenizer.ggml.tokens: token '{}' appears twice (ids {} and {})",
+                              vocab.tokens[id], it->second, id));
     }
     if (id < model_size) t->model_ids.emplace(vocab.tokens[id], static_cast<int32_t>(id));
     if (vocab.token_types[id] != 1) {
@@ -334,6 +362,7 @@ Tokenizer Tokenizer::from_vocabulary(const BpeVocabulary& vocab, std::string lab
       a.id = static_cast<int32_t>(id);
       a.content = vocab.tokens[id];
       a.special = vocab.token_types[id] == 3;
+      a.normalized = false;  // as transformers' GGUF converter adds them (normalized=False)
       t->added.push_back(std::move(a));
     }
   }
@@ -341,10 +370,45 @@ Tokenizer Tokenizer::from_vocabulary(const BpeVocabulary& vocab, std::string lab
     const std::string& text = vocab.merges[rank];
     const size_t space = text.find(' ');
     if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
-      fail(label, fmt::format("merge {} '{}' is not two tokens separated by one space", rank, text));
+      fail(label, fmt::format("tokenizer.ggml.merges: merge {} '{}' is not two tokens separated "
+                              "by one space",
+                              rank, text));
     }
-    t->merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+    const std::string left = text.substr(0, space), right = text.substr(space + 1);
+    for (const std::string* part : {&left, &right, static_cast<const std::string*>(nullptr)}) {
+      const std::string whole = part ? *part : left + right;
+      if (t->model_ids.find(whole) == t->model_ids.end()) {
+        fail(label, fmt::format("tokenizer.ggml.merges: merge {} '{}' {} '{}', which is not in "
+                                "tokenizer.ggml.tokens",
+                                rank, text, part ? "names" : "makes", whole));
+      }
+    }
+    t->merges.emplace_back(left, right);
   }
+  const std::pair<const char*, std::optional<int32_t>> specials[] = {
+      {"bos_token_id", vocab.bos_id},
+      {"eos_token_id", vocab.eos_id},
+      {"unknown_token_id", vocab.unk_id},
+      {"padding_token_id", vocab.pad_id}};
+  for (const auto& [key, id] : specials) {
+    if (id && (*id < 0 || static_cast<size_t>(*id) >= n)) {
+      fail(label, fmt::format("tokenizer.ggml.{} is {}, outside the vocabulary (0..{})", key, *id,
+                              n - 1));
+    }
+  }
+  const bool add_bos = vocab.add_bos.value_or(pre->add_bos);
+  if (add_bos && !vocab.bos_id) {
+    fail(label, "tokenizer.ggml.add_bos_token is true but there is no tokenizer.ggml.bos_token_id");
+  }
+  if (vocab.add_eos && !vocab.eos_id) {
+    fail(label, "tokenizer.ggml.add_eos_token is true but there is no tokenizer.ggml.eos_token_id");
+  }
+  t->bos_id = vocab.bos_id;
+  t->eos_id = vocab.eos_id;
+  t->unk_id = vocab.unk_id;
+  t->pad_id = vocab.pad_id;
+  t->add_bos = add_bos;
+  t->add_eos = vocab.add_eos;
   t->finish();
   return Tokenizer(std::move(t));
 }
@@ -389,6 +453,12 @@ std::string Tokenizer::to_json() const {
                             {"use_regex", false}};
   if (t.split == SplitPattern::kNone) {
     j["pre_tokenizer"] = byte_level;
+  } else if (t.split == SplitPattern::kDigitsGpt2) {
+    ojson byte_level_regex = byte_level;
+    byte_level_regex["use_regex"] = true;
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Digits"}, {"individual_digits", true}}, byte_level_regex}}};
   } else {
     const ojson split = {{"type", "Split"},
                          {"pattern", {{"Regex", std::string(split_pattern_regex(t.split))}}},
@@ -432,6 +502,12 @@ BpeVocabulary Tokenizer::vocabulary() const {
   for (const auto& [left, right] : t.merges) v.merges.push_back(left + " " + right);
   v.pre = std::string(split_pattern_gguf_name(t.split));
   v.nfc = t.nfc;
+  v.bos_id = t.bos_id;
+  v.eos_id = t.eos_id;
+  v.unk_id = t.unk_id;
+  v.pad_id = t.pad_id;
+  v.add_bos = t.add_bos;
+  v.add_eos = t.add_eos;
   return v;
 }
 

@@ -95,11 +95,43 @@ size_t match_qwen2(const Text& t, size_t i, size_t max_digits) {
   return match_trailing_space(t, i, e);
 }
 
+// One row per tokenizer.ggml.pre name concord reads: the split llama.cpp's llama-vocab.cpp
+// applies for it, then what HF's tokenizer.json of that family adds (Qwen2's NFC normalizer;
+// Llama 3's ignore_merges, which llama.cpp sets for the same names) and llama.cpp's add_bos
+// default. The first row of each pattern is the name concord writes.
+constexpr GgufPreTokenizer kGgufPreTokenizers[] = {
+    {"default", SplitPattern::kNone, false, false, false},  // only without merges
+    {"qwen2", SplitPattern::kQwen2, true, false, false},
+    {"deepseek-r1-qwen", SplitPattern::kQwen2, true, false, false},  // Qwen2.5's tokenizer
+    {"llama-bpe", SplitPattern::kLlama3, false, true, true},
+    {"llama3", SplitPattern::kLlama3, false, true, true},
+    {"llama-v3", SplitPattern::kLlama3, false, true, true},
+    {"falcon3", SplitPattern::kLlama3, false, true, true},
+    {"falcon-h1", SplitPattern::kLlama3, false, true, true},
+    {"pixtral", SplitPattern::kLlama3, false, true, true},
+    {"dbrx", SplitPattern::kLlama3, false, false, false},
+    {"smaug-bpe", SplitPattern::kLlama3, false, false, false},
+    {"gpt-2", SplitPattern::kGpt2, false, false, false},
+    {"gpt2", SplitPattern::kGpt2, false, false, false},  // concord wrote this before issue 15
+    {"phi-2", SplitPattern::kGpt2, false, false, false},
+    {"mpt", SplitPattern::kGpt2, false, false, false},
+    {"olmo", SplitPattern::kGpt2, false, false, false},
+    {"jais", SplitPattern::kGpt2, false, false, false},
+    {"smollm", SplitPattern::kDigitsGpt2, false, false, false},
+    {"starcoder", SplitPattern::kDigitsGpt2, false, false, false},
+    {"refact", SplitPattern::kDigitsGpt2, false, false, false},
+    {"command-r", SplitPattern::kDigitsGpt2, false, false, false},
+    {"codeshell", SplitPattern::kDigitsGpt2, false, false, false},
+    {"exaone", SplitPattern::kDigitsGpt2, false, false, false},
+    {"minerva-7b", SplitPattern::kDigitsGpt2, false, false, false},
+};
+
 }  // namespace
 
 std::string_view split_pattern_regex(SplitPattern pattern) {
   switch (pattern) {
-    case SplitPattern::kGpt2: return kGpt2Regex;
+    case SplitPattern::kGpt2:
+    case SplitPattern::kDigitsGpt2: return kGpt2Regex;
     case SplitPattern::kQwen2: return kQwen2Regex;
     case SplitPattern::kLlama3: return kLlama3Regex;
     case SplitPattern::kNone: break;
@@ -117,25 +149,20 @@ bool split_pattern_from_regex(std::string_view regex, SplitPattern& pattern) {
   return false;
 }
 
-std::string_view split_pattern_gguf_name(SplitPattern pattern) {
-  switch (pattern) {
-    case SplitPattern::kGpt2: return "gpt2";
-    case SplitPattern::kQwen2: return "qwen2";
-    case SplitPattern::kLlama3: return "llama-bpe";
-    case SplitPattern::kNone: break;
+std::span<const GgufPreTokenizer> gguf_pre_tokenizers() { return kGgufPreTokenizers; }
+
+const GgufPreTokenizer* gguf_pre_tokenizer(std::string_view name) {
+  for (const GgufPreTokenizer& p : kGgufPreTokenizers) {
+    if (p.name == name) return &p;
   }
-  return "default";
+  return nullptr;
 }
 
-bool split_pattern_from_gguf_name(std::string_view name, SplitPattern& pattern) {
-  for (SplitPattern p : {SplitPattern::kNone, SplitPattern::kGpt2, SplitPattern::kQwen2,
-                         SplitPattern::kLlama3}) {
-    if (name == split_pattern_gguf_name(p)) {
-      pattern = p;
-      return true;
-    }
+std::string_view split_pattern_gguf_name(SplitPattern pattern) {
+  for (const GgufPreTokenizer& p : kGgufPreTokenizers) {
+    if (p.split == pattern) return p.name;
   }
-  return false;
+  return "default";
 }
 
 void split_text(SplitPattern pattern, std::string_view text, SplitScratch& scratch,
@@ -156,12 +183,34 @@ void split_text(SplitPattern pattern, std::string_view text, SplitScratch& scrat
   }
   scratch.offsets.push_back(static_cast<uint32_t>(text.size()));
   const Text t{scratch.cps.data(), scratch.flags.data(), scratch.cps.size()};
+  if (pattern == SplitPattern::kDigitsGpt2) {
+    // HF's Sequence[Digits(individual_digits), ByteLevel]: every \p{N} is a piece of its own,
+    // and the GPT-2 regex runs on each stretch between them as on a text of its own (its
+    // \s+(?!\S) sees the stretch's end as the end of the text), as llama.cpp's two regexes do.
+    for (size_t i = 0; i < t.n;) {
+      if (t.flags[i] & kNumber) {
+        pieces.emplace_back(scratch.offsets[i], scratch.offsets[i + 1]);
+        ++i;
+        continue;
+      }
+      size_t stop = i + 1;
+      while (stop < t.n && !(t.flags[stop] & kNumber)) ++stop;
+      const Text stretch{t.cp, t.flags, stop};
+      while (i < stop) {
+        const size_t e = match_gpt2(stretch, i);
+        pieces.emplace_back(scratch.offsets[i], scratch.offsets[e]);
+        i = e;
+      }
+    }
+    return;
+  }
   for (size_t i = 0; i < t.n;) {
     size_t e = 0;
     switch (pattern) {
       case SplitPattern::kGpt2: e = match_gpt2(t, i); break;
       case SplitPattern::kQwen2: e = match_qwen2(t, i, 1); break;
       case SplitPattern::kLlama3: e = match_qwen2(t, i, 3); break;
+      case SplitPattern::kDigitsGpt2:
       case SplitPattern::kNone: break;
     }
     pieces.emplace_back(scratch.offsets[i], scratch.offsets[e]);

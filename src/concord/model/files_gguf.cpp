@@ -176,8 +176,9 @@ std::optional<io::Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
   v.merges = merges->strings;
   if (const io::GgufValue* types = f.find_value("tokenizer.ggml.token_type")) {
     if (!types->is_array() || types->ints.size() != v.tokens.size())
-      fail(f.path(), fmt::format("tokenizer.ggml.token_type must be an integer array of {} entries",
-                                 v.tokens.size()));
+      fail(f.path(), fmt::format("tokenizer.ggml.token_type must be an integer array of {} entries "
+                                 "(one per tokenizer.ggml.tokens entry; it has {})",
+                                 v.tokens.size(), types->size()));
     for (int64_t t : types->ints) v.token_types.push_back(static_cast<int32_t>(t));
   } else {
     v.token_types.assign(v.tokens.size(), 1);
@@ -188,7 +189,31 @@ std::optional<io::Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
     v.token_types.pop_back();
   }
   v.pre = f.find_value("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
-  v.nfc = v.pre == "qwen2";
+  // Special ids, checked here where the value may not fit an int32; from_vocabulary checks the
+  // range. llama.cpp and transformers both ignore add_space_prefix for a byte-level BPE.
+  auto special_id = [&](const char* key, std::optional<int32_t>& out) {
+    if (!f.find_value(key)) return;
+    const int64_t id = f.get_int(key);
+    if (id < 0 || id >= static_cast<int64_t>(v.tokens.size()))
+      fail(f.path(), fmt::format("{} is {}, outside the vocabulary (0..{})", key, id,
+                                 static_cast<int64_t>(v.tokens.size()) - 1));
+    out = static_cast<int32_t>(id);
+  };
+  special_id("tokenizer.ggml.bos_token_id", v.bos_id);
+  special_id("tokenizer.ggml.eos_token_id", v.eos_id);
+  special_id("tokenizer.ggml.unknown_token_id", v.unk_id);
+  special_id("tokenizer.ggml.padding_token_id", v.pad_id);
+  auto flag = [&](const char* key, std::optional<bool>& out) {
+    const io::GgufValue* value = f.find_value(key);
+    if (value == nullptr) return;
+    if (value->is_array() || value->type != io::GgufType::boolean || value->ints.size() != 1)
+      fail(f.path(), fmt::format("{} must be a bool", key));
+    out = value->ints[0] != 0;
+  };
+  flag("tokenizer.ggml.add_bos_token", v.add_bos);
+  std::optional<bool> add_eos;
+  flag("tokenizer.ggml.add_eos_token", add_eos);
+  v.add_eos = add_eos.value_or(false);
   return io::Tokenizer::from_vocabulary(v, f.path());
 }
 

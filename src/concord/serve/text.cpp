@@ -22,27 +22,31 @@ std::string trim(std::string_view s) {
 }
 
 // The default system turn a Qwen2-style template writes as a literal:
-// '<|im_start|>system\nTEXT<|im_end|>\n' with no expression inside.
+// '<|im_start|>system\nTEXT<|im_end|>\n' with no expression inside. The newline is the escape
+// "\n" in Qwen2's tokenizer_config.json and a real newline in SmolLM2's GGUF
+// tokenizer.chat_template; Jinja reads both as a newline.
 std::optional<std::string> chatml_default_system(std::string_view tpl) {
-  const std::string_view open = "<|im_start|>system\\n";
-  for (size_t at = tpl.find(open); at != std::string_view::npos; at = tpl.find(open, at + 1)) {
-    const size_t begin = at + open.size();
-    const size_t end = tpl.find("<|im_end|>", begin);
-    if (end == std::string_view::npos) break;
-    const std::string_view text = tpl.substr(begin, end - begin);
-    if (text.empty() || contains(text, "'") || contains(text, "\"") || contains(text, "{") ||
-        contains(text, "+"))
-      continue;
-    std::string out;  // undo the string literal's \n escapes
-    for (size_t i = 0; i < text.size(); ++i) {
-      if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
-        out += '\n';
-        ++i;
-      } else {
-        out += text[i];
+  for (const std::string_view open : {std::string_view("<|im_start|>system\\n"),
+                                      std::string_view("<|im_start|>system\n")}) {
+    for (size_t at = tpl.find(open); at != std::string_view::npos; at = tpl.find(open, at + 1)) {
+      const size_t begin = at + open.size();
+      const size_t end = tpl.find("<|im_end|>", begin);
+      if (end == std::string_view::npos) break;
+      const std::string_view text = tpl.substr(begin, end - begin);
+      if (text.empty() || contains(text, "'") || contains(text, "\"") || contains(text, "{") ||
+          contains(text, "+"))
+        continue;
+      std::string out;  // undo the string literal's \n escapes
+      for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
+          out += '\n';
+          ++i;
+        } else {
+          out += text[i];
+        }
       }
+      return out;
     }
-    return out;
   }
   return std::nullopt;
 }

@@ -3,8 +3,9 @@
 // Chat templates: a Jinja engine is out of scope. render_chat recognises the template families
 // by their markers and renders what HF's apply_chat_template(messages, tokenize=False,
 // add_generation_prompt=True) renders for [system?, user]:
-//   ChatML ("<|im_start|>"), Qwen2 / Qwen2.5: a default system turn when the template has one
-//     ("You are Qwen, created by Alibaba Cloud. ..."), taken from the template's text;
+//   ChatML ("<|im_start|>"), Qwen2 / Qwen2.5 / SmolLM2: a default system turn when the template
+//     has one ("You are Qwen, created by Alibaba Cloud. ...", "You are a helpful AI assistant
+//     named SmolLM, trained by Hugging Face"), taken from the template's text;
 //   ChatML with "enable_thinking" (Qwen3): no default system; with thinking off the generation
 //     prompt ends in an empty "<think>\n\n</think>\n\n" block, as Qwen3's template writes it;
 //   Llama 3 ("<|start_header_id|>"): bos, turns "<|start_header_id|>ROLE<|end_header_id|>\n\n
