@@ -94,18 +94,20 @@ def hf_encode(tok, text, special=True):
         tok.encode_special_tokens = False
 
 
-def kjv_chapters():
+def kjv_text():
+    """The whole King James Bible (Debian's bible-kjv, or concord's cached copy of it)."""
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                          "concord", "kjv.txt")
     if os.path.exists(cache):
         with open(cache, encoding="utf-8") as f:
-            text = f.read()
-    else:
-        text = subprocess.run(["/usr/bin/bible", "-f", "Gen1:1-Rev22:21"],
-                              stdin=subprocess.DEVNULL, capture_output=True, check=True,
-                              text=True).stdout
+            return f.read()
+    return subprocess.run(["/usr/bin/bible", "-f", "Gen1:1-Rev22:21"], stdin=subprocess.DEVNULL,
+                          capture_output=True, check=True, text=True).stdout
+
+
+def kjv_chapters():
     chapters = re.compile(r"^(Ge[1-3]|Psa119|Mat[5-7]|John1|Rev22):")
-    return "".join(line for line in text.splitlines(keepends=True) if chapters.match(line))
+    return "".join(line for line in kjv_text().splitlines(keepends=True) if chapters.match(line))
 
 
 def system_texts():
