@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "concord/model/ops.h"
+#include "concord/numerics/convert.h"
 
 namespace concord::model {
 namespace {
@@ -555,6 +556,128 @@ TEST(OpsAttention, QueryRowOverGrowingCacheReproducesForwardBitwise) {
                             cache_k.data(), cache_v.data(), s + 1, stride, Hq, Hkv, D);
         ASSERT_TRUE(same_bits(row_out2, row_out));
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The float attention kernel's copies (baseline SSE2, AVX2; ops_attention_kernel.h) against the
+// reference operation order written out here: bitwise, for every instruction set the CPU has.
+
+// The reference arithmetic of one query (docs/engine.md): 8-lane dot products combined pairwise,
+// times the scale; exp in float, sum and division in double; out = 0 + Σ_j p_j v_j, j ascending.
+void reference_attend_one_query(float* out, float* probs, const float* q, const float* k,
+                                const float* v, int64_t n_ctx, int64_t kv_stride, int64_t Hq,
+                                int64_t Hkv, int64_t D) {
+  const int64_t group = Hq / Hkv;
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (int64_t h = 0; h < Hq; ++h) {
+    const float* qh = q + h * D;
+    FVec p(static_cast<size_t>(n_ctx));
+    for (int64_t j = 0; j < n_ctx; ++j) {
+      const float* kj = k + j * kv_stride + (h / group) * D;
+      float lane[8] = {};
+      for (int64_t i = 0; i < D; ++i) lane[i % 8] = lane[i % 8] + qh[i] * kj[i];
+      const float dot = ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+                        ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+      p[j] = dot * scale;
+    }
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (const float s : p) max_score = std::max(max_score, s);
+    double sum = 0.0;
+    for (float& s : p) {
+      s = std::exp(s - max_score);
+      sum += static_cast<double>(s);
+    }
+    const double inv_sum = 1.0 / sum;
+    for (float& s : p) s = static_cast<float>(static_cast<double>(s) * inv_sum);
+    std::copy(p.begin(), p.end(), probs + h * n_ctx);
+    for (int64_t d = 0; d < D; ++d) {
+      float o = 0.0f;
+      for (int64_t j = 0; j < n_ctx; ++j) o = o + p[j] * v[j * kv_stride + (h / group) * D + d];
+      out[h * D + d] = o;
+    }
+  }
+}
+
+// The instruction sets this CPU can run the attention kernel with; restores the active one.
+class IsaSweep {
+ public:
+  IsaSweep() : saved_(numerics::active_isa()) {}
+  ~IsaSweep() { numerics::set_active_isa(saved_); }
+  IsaSweep(const IsaSweep&) = delete;
+  IsaSweep& operator=(const IsaSweep&) = delete;
+  static std::vector<numerics::Isa> available() {
+    std::vector<numerics::Isa> isas;
+    for (const auto isa : {numerics::Isa::generic, numerics::Isa::avx2, numerics::Isa::avx512}) {
+      if (numerics::isa_supported(isa)) isas.push_back(isa);
+    }
+    return isas;
+  }
+
+ private:
+  numerics::Isa saved_;
+};
+
+TEST(OpsAttentionIsa, EveryKernelCopyMatchesTheReferenceOrderBitwise) {
+  IsaSweep restore;
+  const auto isas = IsaSweep::available();
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Shape { int64_t Hq, Hkv, D; };
+  // SmolLM2 (9/3/64), Qwen3 (16/8/128), D = 32, and scalar-path shapes (D % 8 != 0, D = 8).
+  const Shape shapes[] = {{9, 3, 64}, {16, 8, 128}, {4, 4, 32}, {6, 2, 20}, {2, 1, 8}};
+  int64_t checked = 0;
+  for (const Shape& sh : shapes) {
+    for (const int64_t n_ctx : {1, 2, 3, 4, 5, 7, 8, 9, 33, 130}) {
+      const int64_t stride = sh.Hkv * sh.D + 3;  // unaligned rows, as a padded cache could be
+      FVec q(static_cast<size_t>(sh.Hq * sh.D)), k(static_cast<size_t>(n_ctx * stride)),
+          v(static_cast<size_t>(n_ctx * stride));
+      // Scores spread over tens of units (exp sees large and tiny arguments), some exact zeros
+      // and negative zeros (signed-zero additions must round the same way).
+      for (auto& x : q) x = 2.0f * normal(rng);
+      for (auto& x : k) x = normal(rng);
+      for (auto& x : v) x = normal(rng);
+      for (size_t i = 0; i < v.size(); i += 11) v[i] = (i % 2 == 0) ? 0.0f : -0.0f;
+      for (size_t i = 0; i < q.size(); i += 13) q[i] = -0.0f;
+      FVec want_out(q.size()), want_probs(static_cast<size_t>(sh.Hq * n_ctx));
+      reference_attend_one_query(want_out.data(), want_probs.data(), q.data(), k.data(), v.data(),
+                                 n_ctx, stride, sh.Hq, sh.Hkv, sh.D);
+      for (const auto isa : isas) {
+        numerics::set_active_isa(isa);
+        FVec out(q.size(), NAN), probs(want_probs.size(), NAN);
+        attention_query_row(out.data(), probs.data(), q.data(), k.data(), v.data(), n_ctx, stride,
+                            sh.Hq, sh.Hkv, sh.D);
+        const std::string where = std::string(numerics::isa_name(isa)) +
+                                  " Hq=" + std::to_string(sh.Hq) + " Hkv=" +
+                                  std::to_string(sh.Hkv) + " D=" + std::to_string(sh.D) +
+                                  " n_ctx=" + std::to_string(n_ctx);
+        ASSERT_TRUE(same_bits(out, want_out)) << "out, " << where;
+        ASSERT_TRUE(same_bits(probs, want_probs)) << "probs, " << where;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int64_t>(std::size(shapes) * 10 * isas.size()));
+}
+
+TEST(OpsAttentionIsa, ForwardIsTheSameOnEveryInstructionSet) {
+  IsaSweep restore;
+  std::mt19937_64 rng(78);
+  for (const int64_t D : {int64_t{64}, int64_t{128}, int64_t{20}}) {
+    AttentionCase a(rng, 2, 37, 6, 3, D);
+    const FVec q = to_float(a.q), k = to_float(a.k), v = to_float(a.v);
+    numerics::set_active_isa(numerics::Isa::generic);
+    FVec want_out(a.q_size()), want_probs(a.probs_size());
+    attention_forward<float>(want_out.data(), want_probs.data(), q.data(), k.data(), v.data(), a.B,
+                             a.S, a.Hq, a.Hkv, D);
+    for (const auto isa : IsaSweep::available()) {
+      numerics::set_active_isa(isa);
+      FVec out(a.q_size()), probs(a.probs_size());
+      attention_forward<float>(out.data(), probs.data(), q.data(), k.data(), v.data(), a.B, a.S,
+                               a.Hq, a.Hkv, D);
+      EXPECT_TRUE(same_bits(out, want_out)) << numerics::isa_name(isa) << " D=" << D;
+      EXPECT_TRUE(same_bits(probs, want_probs)) << numerics::isa_name(isa) << " D=" << D;
     }
   }
 }

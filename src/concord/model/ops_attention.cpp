@@ -7,6 +7,11 @@
 #include <vector>
 
 #include "concord/model/ops.h"
+#include "concord/model/ops_attention_isa.h"
+#include "concord/numerics/convert.h"
+
+#define CONCORD_ATTENTION_NS attention_generic
+#include "concord/model/ops_attention_kernel.h"
 
 namespace concord::model {
 namespace {
@@ -31,90 +36,30 @@ void check_batch(const char* op, int64_t B, int64_t S) {
   }
 }
 
-// Dot product in a fixed order: 8 interleaved partial sums (lane l takes elements i ≡ l mod 8),
-// combined pairwise. The order depends only on n, so every caller gets the same bits; the 8
-// independent lanes let GCC vectorize it at the SSE2 baseline without reassociating anything.
-template <class F>
-F dot_fixed_order(const F* a, const F* b, int64_t n) {
-  constexpr int64_t kLanes = 8;
-  F lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += a[i + l] * b[i + l];
+using attention_generic::attention_scale;
+using attention_generic::dot_fixed_order;
+
+// One query against n_ctx cached rows (ops_attention_kernel.h): float runs the copy built for the
+// active instruction set (CONCORD_ISA=generic: the baseline one), double the baseline one. The
+// copies perform the same IEEE operations in the same order per output, so the bits never depend
+// on the pick (tests/model/ops_test.cpp AttentionIsa* compares them).
+void attend_one_query(float* out, float* probs, int64_t probs_head_stride, const float* q,
+                      const float* k, const float* v, int64_t n_ctx, int64_t kv_stride,
+                      int64_t Hq, int64_t Hkv, int64_t D, float* scores) {
+  if (numerics::active_isa() != numerics::Isa::generic) {
+    attention_avx2::attend_one_query_f32(out, probs, probs_head_stride, q, k, v, n_ctx, kv_stride,
+                                         Hq, Hkv, D, scores);
+    return;
   }
-  for (int64_t l = 0; i + l < n; ++l) lane[l] += a[i + l] * b[i + l];
-  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  attention_generic::attend_one_query<float>(out, probs, probs_head_stride, q, k, v, n_ctx,
+                                             kv_stride, Hq, Hkv, D, scores);
 }
 
-template <class F>
-F attention_scale(int64_t D) {
-  return static_cast<F>(1.0 / std::sqrt(static_cast<double>(D)));
-}
-
-// THE arithmetic of one query position (all Hq heads) against n_ctx keys/values; both
-// attention_forward and attention_query_row run through here. scores: Hq * n_ctx scratch values.
-// probs, if not null, receives head h's probabilities at probs + h * probs_head_stride.
-//   s_j = (q·k_j) · scale          dot_fixed_order over D
-//   p_j = exp(s_j − max) / Σ exp   exp in F, the sum and the division in double
-//   out = Σ_j p_j v_j              j ascending, accumulated in F, vectorized over D
-// The loops run key-major (all heads for one cached row, then the next row) so each cache row is
-// read once per query instead of once per head; every head's arithmetic is unchanged by that.
-template <class F>
-void attend_one_query(F* out, F* probs, int64_t probs_head_stride, const F* q, const F* k,
-                      const F* v, int64_t n_ctx, int64_t kv_stride, int64_t Hq, int64_t Hkv,
-                      int64_t D, F* scores) {
-  const int64_t group = Hq / Hkv;
-  const F scale = attention_scale<F>(D);
-  for (int64_t j = 0; j < n_ctx; ++j) {
-    const F* kj = k + j * kv_stride;
-    for (int64_t h = 0; h < Hq; ++h) {
-      scores[h * n_ctx + j] = dot_fixed_order(q + h * D, kj + (h / group) * D, D) * scale;
-    }
-  }
-  for (int64_t h = 0; h < Hq; ++h) {
-    F* p = scores + h * n_ctx;
-    F max_score = -std::numeric_limits<F>::infinity();
-    for (int64_t j = 0; j < n_ctx; ++j) max_score = std::max(max_score, p[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_ctx; ++j) {
-      p[j] = std::exp(p[j] - max_score);
-      sum += static_cast<double>(p[j]);
-    }
-    const double inv_sum = 1.0 / sum;
-    for (int64_t j = 0; j < n_ctx; ++j) p[j] = static_cast<F>(static_cast<double>(p[j]) * inv_sum);
-    if (probs != nullptr) std::copy(p, p + n_ctx, probs + h * probs_head_stride);
-  }
-  // Four keys per pass keep out[d] in a register across them; the additions stay one per key, in
-  // ascending j, so the bits are those of the one-key-at-a-time loop (the tail) for any n_ctx.
-  std::fill(out, out + Hq * D, F(0));
-  int64_t j = 0;
-  for (; j + 4 <= n_ctx; j += 4) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      const F* v0 = v + j * kv_stride + (h / group) * D;
-      const F* v1 = v0 + kv_stride;
-      const F* v2 = v1 + kv_stride;
-      const F* v3 = v2 + kv_stride;
-      const F* p = scores + h * n_ctx + j;
-      const F p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
-      F* oh = out + h * D;
-      for (int64_t d = 0; d < D; ++d) {
-        F o = oh[d];
-        o += p0 * v0[d];
-        o += p1 * v1[d];
-        o += p2 * v2[d];
-        o += p3 * v3[d];
-        oh[d] = o;
-      }
-    }
-  }
-  for (; j < n_ctx; ++j) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      const F pj = scores[h * n_ctx + j];
-      const F* vjh = v + j * kv_stride + (h / group) * D;
-      F* oh = out + h * D;
-      for (int64_t d = 0; d < D; ++d) oh[d] += pj * vjh[d];
-    }
-  }
+void attend_one_query(double* out, double* probs, int64_t probs_head_stride, const double* q,
+                      const double* k, const double* v, int64_t n_ctx, int64_t kv_stride,
+                      int64_t Hq, int64_t Hkv, int64_t D, double* scores) {
+  attention_generic::attend_one_query<double>(out, probs, probs_head_stride, q, k, v, n_ctx,
+                                              kv_stride, Hq, Hkv, D, scores);
 }
 
 template <class F>
@@ -129,7 +74,8 @@ void query_row_checked(F* out, F* probs, const F* q, const F* k, const F* v, int
     throw InputError("[attention_query_row] kv_stride " + std::to_string(kv_stride) +
                      " is shorter than a cache row (Hkv*D = " + std::to_string(Hkv * D) + ")");
   }
-  std::vector<F> scores(static_cast<size_t>(Hq * n_ctx));
+  thread_local std::vector<F> scores;  // reused: one call per query row and layer in decode
+  scores.resize(static_cast<size_t>(Hq * n_ctx));
   attend_one_query(out, probs, n_ctx, q, k, v, n_ctx, kv_stride, Hq, Hkv, D, scores.data());
 }
 
