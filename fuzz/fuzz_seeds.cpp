@@ -2,6 +2,7 @@
 // DIR/gguf/ and DIR/safetensors/ with a few small valid files covering every metadata type,
 // the dequantizable tensor types (every legacy and k-quant among them), custom alignment, and
 // the safetensors dtypes, two damaged GGUFs (a quant tensor cut short, an unknown tensor type),
+// a GGUF tokenizer and five inconsistent ones (tokenizer_from_gguf),
 // and DIR/dump/ with logit dumps (.npy with and without its rows.json sidecar, safetensors) in
 // dump_fuzz's input layout.
 #include <algorithm>
@@ -23,6 +24,26 @@ namespace {
 
 using namespace concord::io;
 namespace fs = std::filesystem;
+
+// GPT-2's byte-level alphabet, byte 0 to 255 (printable Latin-1 bytes stand for themselves,
+// the others U+0100 onwards), as UTF-8.
+std::vector<std::string> byte_level_characters() {
+  std::vector<std::string> out;
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const char32_t cp = printable ? static_cast<char32_t>(b) : next++;
+    std::string c;
+    if (cp < 0x80) {
+      c += static_cast<char>(cp);
+    } else {
+      c += static_cast<char>(0xC0 | (cp >> 6));
+      c += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    out.push_back(c);
+  }
+  return out;
+}
 
 std::vector<float> ramp(size_t n) {
   std::vector<float> v(n);
@@ -87,6 +108,46 @@ void gguf_seeds(const fs::path& dir) {
   const auto type_offset = static_cast<size_t>(at - unknown.begin()) + name.size() + 4 + 2 * 8;
   unknown[type_offset] = 4;
   write_file_atomic(dir / "unknown_type.gguf", std::span<const uint8_t>(unknown));
+
+  // Tokenizer metadata (issue 15): a small byte-level vocabulary with merges, control tokens and
+  // the smollm split, and the same made inconsistent in each way tokenizer_from_gguf names.
+  GgufMetadata tok;
+  tok.emplace_back("general.architecture", GgufValue::of_string("llama"));
+  std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>"};
+  for (const std::string& c : byte_level_characters()) tokens.push_back(c);
+  tokens.push_back("\u0120t");
+  tokens.push_back("he");
+  std::vector<int64_t> types(tokens.size(), 1);
+  types[0] = types[1] = 3;
+  const auto tokenizer = [&](const std::vector<std::string>& t, const std::vector<int64_t>& ty,
+                             const std::vector<std::string>& merges, int64_t bos,
+                             const std::string& pre) {
+    GgufMetadata m2 = tok;
+    m2.emplace_back("tokenizer.ggml.model", GgufValue::of_string("gpt2"));
+    m2.emplace_back("tokenizer.ggml.pre", GgufValue::of_string(pre));
+    m2.emplace_back("tokenizer.ggml.tokens", GgufValue::of_strings(t));
+    m2.emplace_back("tokenizer.ggml.token_type", GgufValue::of_ints(GgufType::int32, ty));
+    m2.emplace_back("tokenizer.ggml.merges", GgufValue::of_strings(merges));
+    m2.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::of_uint32(static_cast<uint32_t>(bos)));
+    m2.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::of_bool(true));
+    return m2;
+  };
+  const std::vector<std::string> merges = {"\u0120 t", "h e"};
+  write_gguf(dir / "tokenizer.gguf", tokenizer(tokens, types, merges, 1, "smollm"), {});
+  write_gguf(dir / "tokenizer_types_short.gguf",
+             tokenizer(tokens, std::vector<int64_t>(types.begin() + 1, types.end()), merges, 1,
+                       "smollm"),
+             {});
+  write_gguf(dir / "tokenizer_merge_unknown.gguf",
+             tokenizer(tokens, types, {"\u0120 t", "zz t"}, 1, "smollm"), {});
+  write_gguf(dir / "tokenizer_bos_out_of_range.gguf",
+             tokenizer(tokens, types, merges, static_cast<int64_t>(tokens.size()), "smollm"), {});
+  std::vector<std::string> duplicated = tokens;
+  duplicated.back() = duplicated[duplicated.size() - 2];
+  write_gguf(dir / "tokenizer_duplicate.gguf", tokenizer(duplicated, types, merges, 1, "smollm"),
+             {});
+  write_gguf(dir / "tokenizer_pre_unknown.gguf", tokenizer(tokens, types, merges, 1, "tekken"),
+             {});
 }
 
 void safetensors_seeds(const fs::path& dir) {

@@ -1,12 +1,16 @@
 // libFuzzer target: io::GgufFile::from_bytes on arbitrary bytes. Bad input may only throw
 // InputError; a file that loads must dequantize (or refuse with InputError), answer the typed
-// getters, and survive a write/read round trip with the same metadata and tensor bytes.
+// getters, and survive a write/read round trip with the same metadata and tensor bytes; its
+// tokenizer.ggml.* metadata must load as a tokenizer (or refuse with InputError) that encodes
+// and decodes.
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "concord/io/gguf.h"
+#include "concord/io/tokenizer.h"
 #include "concord/numerics/check.h"
 
 namespace {
@@ -44,6 +48,14 @@ void exercise(const GgufFile& f) {
     } catch (const concord::InputError&) {
     }
     require(f.find_value(key) == &value);  // keys are unique
+  }
+  try {
+    if (const std::optional<Tokenizer> t = tokenizer_from_gguf(f)) {
+      const std::vector<int32_t> ids = t->encode_for_model("Hi <|im_start|>x  12 \xC3\xA9\n");
+      for (int32_t id : ids) require(id >= 0 && id < t->vocab_size());
+      (void)t->decode(ids);
+    }
+  } catch (const concord::InputError&) {
   }
   for (const GgufTensorInfo& t : f.tensors()) {
     require(f.find(t.name) != nullptr);

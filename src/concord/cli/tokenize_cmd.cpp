@@ -17,7 +17,6 @@
 #include "concord/io/gguf.h"
 #include "concord/io/tokenizer.h"
 #include "concord/io/utf8.h"
-#include "concord/model/files.h"
 #include "concord/numerics/check.h"
 
 namespace concord::cli {
@@ -68,7 +67,7 @@ void run_tokenize(const TokenizeOptions& o) {
   if (std::filesystem::is_directory(path, ec)) path /= "tokenizer.json";  // a model folder
   std::optional<io::Tokenizer> loaded;
   if (!std::filesystem::is_directory(path, ec) && io::is_gguf_path(path)) {
-    loaded = model::inspect_model(path).tokenizer;  // metadata only, no weights
+    loaded = io::tokenizer_from_gguf(io::GgufFile::open(path));  // metadata only
     if (!loaded) {
       throw InputError(fmt::format("[tokenize] {}: the GGUF file has no tokenizer "
                                    "(tokenizer.ggml.model is absent or 'none')",

@@ -29,6 +29,8 @@
 
 namespace concord::io {
 
+class GgufFile;  // gguf.h
+
 // A vocabulary in GGUF's terms (tokenizer.ggml.model = "gpt2"). `pre` is one of the names of
 // llama.cpp's llama-vocab.cpp that concord implements (docs/tokenizer.md lists them): the Qwen2
 // split (qwen2, deepseek-r1-qwen), Llama 3's (llama-bpe, llama3, llama-v3, falcon3, falcon-h1,
@@ -91,5 +93,11 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The tokenizer of a GGUF file's tokenizer.ggml.* metadata (tokenizer_gguf.cpp): nullopt when
+// tokenizer.ggml.model is absent, "none" or "no_vocab"; InputError "[tokenizer] <file>: <key>
+// ..." for a model other than "gpt2", keys of the wrong type or length, special ids outside
+// the vocabulary, and whatever from_vocabulary rejects.
+std::optional<Tokenizer> tokenizer_from_gguf(const GgufFile& file);
 
 }  // namespace concord::io

@@ -154,69 +154,6 @@ int64_t positive_int(const io::GgufFile& f, const std::string& key) {
   return v;
 }
 
-// tokenizer.ggml.* -> io::Tokenizer; trailing "[PAD{i}]" tokens of type UNUSED (5), which
-// convert_hf_to_gguf.py adds to fill a vocabulary larger than the tokenizer, are dropped.
-std::optional<io::Tokenizer> gguf_tokenizer(const io::GgufFile& f) {
-  const io::GgufValue* model = f.find_value("tokenizer.ggml.model");
-  if (model == nullptr) return std::nullopt;
-  const std::string& kind = f.get_string("tokenizer.ggml.model");
-  if (kind == "none" || kind == "no_vocab") return std::nullopt;
-  if (kind != "gpt2")
-    fail(f.path(), fmt::format("tokenizer.ggml.model '{}' is not supported (only byte-level BPE, "
-                               "'gpt2')", kind));
-  const io::GgufValue* tokens = f.find_value("tokenizer.ggml.tokens");
-  if (tokens == nullptr || !tokens->is_array() || tokens->array_type != io::GgufType::string)
-    fail(f.path(), "tokenizer.ggml.tokens must be an array of strings");
-  const io::GgufValue* merges = f.find_value("tokenizer.ggml.merges");
-  if (merges == nullptr || !merges->is_array() ||
-      (merges->size() > 0 && merges->array_type != io::GgufType::string))
-    fail(f.path(), "tokenizer.ggml.merges must be an array of strings (llama.cpp requires it)");
-  io::BpeVocabulary v;
-  v.tokens = tokens->strings;
-  v.merges = merges->strings;
-  if (const io::GgufValue* types = f.find_value("tokenizer.ggml.token_type")) {
-    if (!types->is_array() || types->ints.size() != v.tokens.size())
-      fail(f.path(), fmt::format("tokenizer.ggml.token_type must be an integer array of {} entries "
-                                 "(one per tokenizer.ggml.tokens entry; it has {})",
-                                 v.tokens.size(), types->size()));
-    for (int64_t t : types->ints) v.token_types.push_back(static_cast<int32_t>(t));
-  } else {
-    v.token_types.assign(v.tokens.size(), 1);
-  }
-  while (!v.tokens.empty() && v.token_types.back() == 5 &&
-         v.tokens.back() == fmt::format("[PAD{}]", v.tokens.size() - 1)) {
-    v.tokens.pop_back();
-    v.token_types.pop_back();
-  }
-  v.pre = f.find_value("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
-  // Special ids, checked here where the value may not fit an int32; from_vocabulary checks the
-  // range. llama.cpp and transformers both ignore add_space_prefix for a byte-level BPE.
-  auto special_id = [&](const char* key, std::optional<int32_t>& out) {
-    if (!f.find_value(key)) return;
-    const int64_t id = f.get_int(key);
-    if (id < 0 || id >= static_cast<int64_t>(v.tokens.size()))
-      fail(f.path(), fmt::format("{} is {}, outside the vocabulary (0..{})", key, id,
-                                 static_cast<int64_t>(v.tokens.size()) - 1));
-    out = static_cast<int32_t>(id);
-  };
-  special_id("tokenizer.ggml.bos_token_id", v.bos_id);
-  special_id("tokenizer.ggml.eos_token_id", v.eos_id);
-  special_id("tokenizer.ggml.unknown_token_id", v.unk_id);
-  special_id("tokenizer.ggml.padding_token_id", v.pad_id);
-  auto flag = [&](const char* key, std::optional<bool>& out) {
-    const io::GgufValue* value = f.find_value(key);
-    if (value == nullptr) return;
-    if (value->is_array() || value->type != io::GgufType::boolean || value->ints.size() != 1)
-      fail(f.path(), fmt::format("{} must be a bool", key));
-    out = value->ints[0] != 0;
-  };
-  flag("tokenizer.ggml.add_bos_token", v.add_bos);
-  std::optional<bool> add_eos;
-  flag("tokenizer.ggml.add_eos_token", add_eos);
-  v.add_eos = add_eos.value_or(false);
-  return io::Tokenizer::from_vocabulary(v, f.path());
-}
-
 }  // namespace
 
 ModelSource inspect_gguf(const io::GgufFile& f) {
@@ -267,7 +204,7 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
   c.tie_word_embeddings = f.find("output.weight") == nullptr;
   c.attention_bias = arch == "llama" && f.find("blk.0.attn_q.bias") != nullptr;
 
-  s.tokenizer = gguf_tokenizer(f);
+  s.tokenizer = io::tokenizer_from_gguf(f);
   if (const io::GgufTensorInfo* embed = f.find("token_embd.weight"); embed && embed->dims.size() == 2) {
     c.vocab_size = embed->dims[1];
   } else if (s.tokenizer) {
