@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -97,17 +98,28 @@ TEST(SmolLM2, NativeBlocksAgreeWithTheDequantizedWeightsAndKeepTheInvariances) {
   int64_t same_top1 = 0;
   double max_diff = 0;
   for (int64_t t = 0; t < T; ++t) {
-    same_top1 += argmax(a.data() + t * V, V) == argmax(b.data() + t * V, V);
+    const float* bt = b.data() + t * V;
+    const bool same = argmax(a.data() + t * V, V) == argmax(bt, V);
+    same_top1 += same;
+    if (!same) {  // a flip needs a near-tie in the dequantized logits: top-2 margin < 1 nat
+      std::vector<float> top(bt, bt + V);
+      std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+      std::printf("position %lld flips; fp32-dequant top-2 margin %.3g\n", static_cast<long long>(t),
+                  static_cast<double>(top[0] - top[1]));
+      EXPECT_LT(top[0] - top[1], 1.0f) << "position " << t << " flipped far from a tie";
+    }
     for (int64_t v = 0; v < V; ++v)
       max_diff = std::max(max_diff, static_cast<double>(std::abs(a[t * V + v] - b[t * V + v])));
   }
   std::printf("native (W4A8/W8A8) vs fp32-dequant over %lld positions: top-1 agrees on %lld, "
               "max |logit diff| %.3g\n", static_cast<long long>(T), static_cast<long long>(same_top1),
               max_diff);
-  EXPECT_GE(same_top1, T - 1);  // a near-tie may flip at most one position of this prompt
-  // Measured: top-1 37/37, max |diff| 2.7 (logits span ~±30): the 8-bit activations' error
-  // compounds over 30 layers; it is quantified per position by the kernel contract
-  // (docs/results.md). A wrong block decode would change the argmax almost everywhere.
+  EXPECT_GE(same_top1, T - 3);  // near-ties only (checked above), few of them
+  // Measured: top-1 35/37 (positions 8 and 36, fp32 margins 0.08; 37/37 before the activation
+  // scales went to fp16 as ggml's; llama.cpp takes position 36's other token too), max |diff|
+  // 2.19 (logits span ~±30): the 8-bit activations' error compounds over 30 layers; it is
+  // quantified per position by the kernel contract (docs/results.md). A wrong block decode
+  // would change the argmax almost everywhere.
   EXPECT_GT(max_diff, 0.0);
   EXPECT_LT(max_diff, 5.0);
 

@@ -5,6 +5,7 @@
 #include "concord/tensor/quant_gemm.h"
 
 #include <gtest/gtest.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <bit>
@@ -82,8 +83,22 @@ float round_half_even(float v) {
   return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
 }
 
+// Nearest fp16 value of v (ties to even), computed in fp64 from the format's definition: ulp
+// 2^(e-10) for |v| in [2^e, 2^(e+1)), e >= -14 (subnormals share 2^-24); >= 65520 is Inf.
+double f16_round(double v) {
+  if (std::isnan(v)) return v;
+  const double a = std::fabs(v);
+  int e = 0;
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  const int exp = std::max(e - 1, -14);
+  const double ulp = std::ldexp(1.0, exp - 10);
+  double r = std::nearbyint(a / ulp) * ulp;  // a / ulp exact (a power-of-two scaling)
+  if (r >= 65520.0) r = std::numeric_limits<double>::infinity();
+  return std::copysign(r, v);
+}
+
 struct RefActBlock {
-  float d = 0;
+  double d = 0, s = 0;  // d_a = fp16(amax/127), s_a = fp16(fp32(d·S))
   int q[32] = {};
   int sum = 0;
 };
@@ -93,21 +108,23 @@ RefActBlock quantize_block(const float* x) {
   float amax = 0;
   for (int i = 0; i < 32; ++i) {
     if (!std::isfinite(x[i])) {
-      a.d = std::numeric_limits<float>::quiet_NaN();
+      a.d = a.s = std::numeric_limits<double>::quiet_NaN();
       return a;
     }
     amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
   }
   const float d = amax / 127.0f;
   if (d < FLT_MIN) return a;
-  a.d = d;
-  const float inv = 1.0f / d;
+  const float inv = 127.0f / amax;  // ggml's x86 id
   for (int i = 0; i < 32; ++i) {
     float r = round_half_even(x[i] * inv);
     r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
     a.q[i] = static_cast<int>(r);
     a.sum += a.q[i];
   }
+  a.d = f16_round(d);
+  // s from the fp32 product d·S (exact in fp64, then rounded to fp32), as ggml computes it.
+  a.s = f16_round(static_cast<float>(static_cast<double>(d) * a.sum));
   return a;
 }
 
@@ -135,14 +152,17 @@ RefResult reference(BlockQuant t, int64_t N, int64_t K, const std::vector<uint8_
       const RefBlock wb = decode_block(t, &wbytes[(n * nb + b) * block_bytes(t)]);
       for (int64_t m = 0; m < M; ++m) {
         const RefActBlock& a = acts[m * nb + b];
+        // q4_1: Σ (d_w·q_w + m_w)·x_i with x_i = d_a·q_i, except that the min term uses ggml's
+        // separately rounded s_a in place of d_a·S_a.
         double dot = 0, sum = 0;
         for (int i = 0; i < 32; ++i) {
-          dot += ref_value(t, wb, i) * (static_cast<double>(a.d) * a.q[i]);
+          dot += (ref_value(t, wb, i) - wb.m) * (a.d * a.q[i]);
         }
+        if (t == BlockQuant::q4_1) dot += wb.m * a.s;
         double idot = 0;
         for (int i = 0; i < 32; ++i) idot += (wb.code[i] - (t == BlockQuant::q4_0 ? 8 : 0)) * a.q[i];
         sum = std::fabs(wb.d * a.d * idot);
-        if (t == BlockQuant::q4_1) sum += std::fabs(wb.m * a.d * a.sum);
+        if (t == BlockQuant::q4_1) sum += std::fabs(wb.m * a.s);
         r.y[m * N + n] += dot;
         r.bound[m * N + n] += sum;
       }
@@ -192,7 +212,8 @@ std::vector<uint8_t> random_weight(BlockQuant t, int64_t N, int64_t K, uint32_t 
 }
 
 // Activations (M x ldx); with edges, some blocks are all zero, tiny (quantize to zero), hold
-// exact .5 ties (amax 127: d_a = 1), or one large value.
+// exact .5 ties (amax 127: d = 1), one large value, a d that rounds to an fp16 subnormal or to
+// fp16 zero (s_a then may not be), or d = 65504 (the largest finite fp16, S_a = 0).
 std::vector<float> random_acts(int64_t M, int64_t K, int64_t ldx, uint32_t seed, bool edges) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -208,6 +229,9 @@ std::vector<float> random_acts(int64_t M, int64_t K, int64_t ldx, uint32_t seed,
         if (kind == 1) v *= 1e-38f;
         if (kind == 2) v = i == 0 ? 127.0f : static_cast<float>(i % 7) - 3.5f;
         if (kind == 3 && i == 5) v = -3e4f;
+        if (kind == 4) v *= 1e-4f;
+        if (kind == 5) v = 2e-7f + std::fabs(v) * 1e-7f;
+        if (kind == 6 && i < 2) v = i == 0 ? 8319008.0f : -8319008.0f;
         xb[i] = v;
       }
     }
@@ -320,6 +344,109 @@ TEST(QuantGemm, MatchesIndependentFp64Reference) {
               << quant_isa_name(isa) << " " << block_quant_name(t) << " K=" << K << " output "
               << i << ": " << y[i] << " vs fp64 " << ref.y[i];
         }
+      }
+    }
+  }
+}
+
+// The hardware's conversion (F16C vcvtps2ph, imm 0), to hold the software one to it.
+__attribute__((target("f16c"))) uint16_t f16c_bits(float x) {
+  return static_cast<uint16_t>(_cvtss_sh(x, 0));
+}
+
+TEST(QuantGemm, Fp32ToFp16RoundsAsF16c) {
+  // Every 499th non-negative fp32 pattern (Inf, NaN included), both signs, plus the boundaries.
+  std::vector<float> vals;
+  for (uint64_t u = 0; u <= 0x7fffffffu; u += 499) {
+    vals.push_back(std::bit_cast<float>(static_cast<uint32_t>(u)));
+  }
+  for (float b : {65504.0f, 65520.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f, 1.5f * 0x1p-24f, 2.5f * 0x1p-24f,
+                  0x1.ffcp-15f, 0x1.ffep-15f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, FLT_MAX}) {
+    vals.push_back(b);
+    vals.push_back(std::nextafter(b, 0.0f));
+    vals.push_back(std::nextafter(b, INFINITY));
+  }
+  __builtin_cpu_init();
+  const bool f16c = __builtin_cpu_supports("f16c");
+  for (float v : vals) {
+    for (float x : {v, -v}) {
+      if (f16c) {
+        ASSERT_EQ(detail::f32_to_f16(x), f16c_bits(x)) << "fp32 " << std::hexfloat << x;
+      }
+      const float got = detail::f16_to_f32(detail::f32_to_f16(x));
+      const double want = f16_round(x);
+      if (std::isnan(x)) {
+        ASSERT_TRUE(std::isnan(got)) << x;
+        continue;
+      }
+      ASSERT_EQ(std::bit_cast<uint64_t>(static_cast<double>(got)), std::bit_cast<uint64_t>(want))
+          << "fp32 " << std::hexfloat << x << " -> " << got << ", want " << want;
+    }
+  }
+}
+
+// One ggml block: scale d, min m (q4_1), every code equal to code except element 0's (code0).
+std::vector<uint8_t> one_block(BlockQuant t, uint16_t d, uint16_t m, int code, int code0) {
+  std::vector<uint8_t> b(block_bytes(t), 0);
+  b[0] = static_cast<uint8_t>(d);
+  b[1] = static_cast<uint8_t>(d >> 8);
+  if (t == BlockQuant::q4_1) {
+    b[2] = static_cast<uint8_t>(m);
+    b[3] = static_cast<uint8_t>(m >> 8);
+  }
+  const size_t qs = t == BlockQuant::q4_1 ? 4 : 2;
+  if (t == BlockQuant::q8_0) {
+    for (int i = 0; i < 32; ++i) {
+      b[qs + i] = static_cast<uint8_t>(static_cast<int8_t>(i == 0 ? code0 : code));
+    }
+  } else {
+    for (int j = 0; j < 16; ++j) {
+      b[qs + j] = static_cast<uint8_t>((j == 0 ? code0 : code) | code << 4);
+    }
+  }
+  return b;
+}
+
+TEST(QuantGemm, ActivationScalesAreGgmlFp16) {
+  constexpr uint16_t kOne = 0x3c00;
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char* what;
+    BlockQuant t;
+    uint16_t m;
+    int code, code0;
+    float x, x0;   // x_i = x, x_0 = x0
+    float want;    // exact, or NaN for "is NaN"
+  };
+  const float d_tie_up = 190.5f * 0x1p-24f, d_tie_even = 317.5f * 0x1p-24f;  // d = 1.5, 2.5 ·2^-24
+  const Case cases[] = {
+      // q8_0, d_w = 1, codes 1: y = d_a · S_a, S_a = 32·127.
+      {"d = 1.5·2^-24 rounds up to the fp16 subnormal 2^-23", BlockQuant::q8_0, 0, 1, 1, d_tie_up, d_tie_up, 4064 * 0x1p-23f},
+      {"d = 2.5·2^-24 ties to the even subnormal 2^-23", BlockQuant::q8_0, 0, 1, 1, d_tie_even, d_tie_even, 4064 * 0x1p-23f},
+      {"d = 2^-25 ties to fp16 zero", BlockQuant::q8_0, 0, 1, 1, 127 * 0x1p-25f, 127 * 0x1p-25f, 0.0f},
+      {"d = 65519 rounds to 65504", BlockQuant::q8_0, 0, 1, 1, 8320913.0f, 8320913.0f, 65504.0f * 4064},
+      {"d = 65520 overflows to +Inf", BlockQuant::q8_0, 0, 1, 1, 8321040.0f, 8321040.0f, inf},
+      {"d = +Inf times a negative dot", BlockQuant::q8_0, 0, 1, 1, -8321040.0f, -8321040.0f, -inf},
+      {"d = +Inf times a zero dot is NaN", BlockQuant::q8_0, 0, 1, 0, 0.0f, 8321040.0f, NAN},
+      // q4_1, d_w = 1, m_w = 1, codes 0: y = 0 + s_a.
+      {"d_a = 0 but s_a = fp16(2^-25·4064) is not", BlockQuant::q4_1, kOne, 0, 0, 127 * 0x1p-25f, 127 * 0x1p-25f, 127 * 0x1p-20f},
+      {"s_a = fp16(d·4064) overflows to +Inf", BlockQuant::q4_1, kOne, 0, 0, 3000.0f, 3000.0f, inf},
+      {"s_a overflows to -Inf", BlockQuant::q4_1, kOne, 0, 0, -3000.0f, -3000.0f, -inf},
+      // q4_1 codes 1: y = fma(fp16(d), 4064, 0) + fp16(d·4064): 7.874016 -> 7.875, 32000.002 -> 32000.
+      {"both q4_1 scales rounded", BlockQuant::q4_1, kOne, 1, 1, 1000.0f, 1000.0f, 7.875f * 4064 + 32000.0f},
+  };
+  for (const Case& c : cases) {
+    const auto bytes = one_block(c.t, kOne, c.m, c.code, c.code0);
+    const QuantWeight w = pack_quant_weight(c.t, 1, 32, bytes);
+    std::vector<float> x(32, c.x);
+    x[0] = c.x0;
+    for (QuantIsa isa : supported_isas()) {
+      const float y = run(w, x, 1, 32, 1, isa)[0];
+      if (std::isnan(c.want)) {
+        EXPECT_TRUE(std::isnan(y)) << c.what << " (" << quant_isa_name(isa) << "): " << y;
+      } else {
+        EXPECT_EQ(std::bit_cast<uint32_t>(y), std::bit_cast<uint32_t>(c.want))
+            << c.what << " (" << quant_isa_name(isa) << "): " << y << ", want " << c.want;
       }
     }
   }

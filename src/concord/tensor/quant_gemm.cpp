@@ -29,6 +29,26 @@ float f16_to_f32(uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+uint16_t f32_to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 (and Inf): Inf
+  if (a >= 0x38800000u) {  // >= 2^-14: normal fp16; RNE at bit 13, a carry moves the exponent
+    const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((r - 0x38000000u) >> 13));
+  }
+  // Subnormal fp16 or zero: round(|f| / 2^-24) to nearest even (0x400 is the smallest normal).
+  const uint32_t e = a >> 23;
+  if (e < 102) return static_cast<uint16_t>(sign);  // |f| < 2^-25 (fp32 subnormals included)
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;  // |f| = m · 2^(e-150)
+  const uint32_t shift = 126 - e;                  // 14 .. 24
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u) != 0)) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
 namespace {
 
 // Code of element i (0..31) of row j (0..15) in a packed block's codes: q4 nibble 0..15, q8 the
@@ -60,23 +80,26 @@ void quantize_row_generic(const float* x, int64_t K, int8_t* q, float* d, float*
       finite = finite && std::isfinite(xb[i]);
       amax = std::max(amax, std::fabs(xb[i]));
     }
-    float da = amax / 127.0f;
-    int32_t total = 0;
-    if (!finite || da < FLT_MIN) {
-      da = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    const float d32 = amax / 127.0f;
+    if (!finite || d32 < FLT_MIN) {
+      const float v = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       std::fill_n(qb, 32, int8_t{0});
-    } else {
-      const float inv = 1.0f / da;
-      for (int i = 0; i < 32; ++i) {
-        const float r = std::nearbyint(xb[i] * inv);
-        const int v = static_cast<int>(std::clamp(r, -127.0f, 127.0f));
-        qb[i] = static_cast<int8_t>(v);
-        total += v;
-      }
+      d[b] = v;
+      s[b] = v;
+      sum[b] = 0;
+      continue;
     }
-    d[b] = da;
+    const float inv = 127.0f / amax;  // ggml's x86 quantize_row_q8_0/q8_1: 127/amax, not 1/d
+    int32_t total = 0;
+    for (int i = 0; i < 32; ++i) {
+      const float r = std::nearbyint(xb[i] * inv);
+      const int v = static_cast<int>(std::clamp(r, -127.0f, 127.0f));
+      qb[i] = static_cast<int8_t>(v);
+      total += v;
+    }
+    d[b] = f16_to_f32(f32_to_f16(d32));
     sum[b] = total;
-    s[b] = da * static_cast<float>(total);
+    s[b] = f16_to_f32(f32_to_f16(d32 * static_cast<float>(total)));
   }
 }
 

@@ -4,11 +4,19 @@
 // and fp32 activations X (M x K), quantized per row in blocks of 32 to int8.
 //
 // Numerics (the contract; the generic path is its plain statement, the reference):
-//   Activation block (32 fp32 values x_i), all fp32 with round-to-nearest-even:
-//     amax = max |x_i|; any x_i Inf/NaN -> d_a = NaN, q_i = 0 (the row's outputs become NaN);
-//     d_a = amax / 127; if d_a < FLT_MIN (amax < ~1.5e-36, zero included): d_a = 0, q_i = 0;
-//     else q_i = clamp(rint(x_i * (1 / d_a)), -127, 127);  S_a = Σ q_i (int);  s_a = d_a · S_a.
-//     d_a stays fp32 (ggml's q8_0/q8_1 round it to fp16: a ~2^-11 relative difference per block).
+//   Activation block (32 fp32 values x_i), fp32 with round-to-nearest-even, then the two scales
+//   rounded to fp16 exactly as ggml's x86 quantize_row_q8_0 / quantize_row_q8_1 store them:
+//     amax = max |x_i|; any x_i Inf/NaN -> d_a = s_a = NaN, q_i = 0 (the row's outputs are NaN);
+//     d = amax / 127 (fp32); if d < FLT_MIN (amax < ~1.5e-36, zero included): d_a = s_a = 0, q_i = 0;
+//     else q_i = clamp(rint(x_i · (127 / amax)), -127, 127) (ggml's id = 127/amax, from the fp32
+//     amax, not from a rounded d);  S_a = Σ q_i (int);
+//     d_a = fp16(d), s_a = fp16(d · float(S_a)) (one fp32 multiply, then fp16), both held as the
+//     fp32 value of that fp16, where fp16() is F16C's vcvtps2ph with imm 0 (round to nearest
+//     even; below 2^-14 to fp16 subnormals, below 2^-25 (ties included) to ±0; |v| >= 65520 to
+//     ±Inf). So a block with d >= 65520 (amax >= ~8.32e6) has d_a = +Inf (its outputs become ±Inf
+//     or NaN, as in ggml), a q4_1 block with |d·S_a| >= 65520 has s_a = ±Inf, and a block with
+//     d <= 2^-25 has d_a = 0 while s_a may be a nonzero fp16 — as llama.cpp's CPU backend has
+//     them (only the accumulation below is concord's own: ggml sums q4_1's m_w·s_a apart).
 //   Weight block: d_w (fp16, exact in fp32), codes q_w; q4_1 also m_w (fp16).
 //   Integer block dot (exact, int32): P = Σ q_a·q_w for q8_0, Σ q_a·(q_w - 8) for q4_0,
 //     Σ q_a·q_w (q_w in 0..15) for q4_1.
@@ -97,7 +105,7 @@ void quant_gemm(const QuantWeight& w, const float* x, int64_t M, int64_t ldx, fl
 namespace concord::tensor::detail {
 
 // M rows of quantized activations: row r has q[r*K ..] (int8 codes), and per block b
-// d[r*nb + b] (d_a), s[r*nb + b] (s_a = d_a·S_a), sum[r*nb + b] (S_a).
+// d[r*nb + b] (d_a), s[r*nb + b] (s_a = fp16(d·S_a)), sum[r*nb + b] (S_a), as the contract says.
 struct QuantActs {
   int64_t K = 0, nb = 0;
   const int8_t* q = nullptr;
@@ -128,5 +136,6 @@ inline size_t quant_m_offset(BlockQuant t, int64_t nb) {
   return quant_d_offset(t, nb) + 32 * static_cast<size_t>(nb);
 }
 float f16_to_f32(uint16_t h);  // exact
+uint16_t f32_to_f16(float f);  // F16C's vcvtps2ph, imm 0 (RNE, overflow -> Inf), bit for bit
 
 }  // namespace concord::tensor::detail

@@ -146,9 +146,14 @@ void group_avx2(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0,
   }
 }
 
+// fp32 -> fp16 (F16C, imm 0: round to nearest even whatever MXCSR says; overflow -> Inf) -> fp32.
+inline float round_to_f16(float v) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(v), 0)));
+}
+
 }  // namespace
 
-// The contract's activation quantizer: max, divide, reciprocal and multiply are IEEE fp32 ops
+// The contract's activation quantizer: max, divide, multiply and the fp16 rounding are IEEE ops
 // (the same bits as the generic loop), cvtps rounds to nearest even as nearbyint does.
 void quantize_row_avx2(const float* x, int64_t K, int8_t* q, float* d, float* s, int32_t* sum) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -167,16 +172,17 @@ void quantize_row_avx2(const float* x, int64_t K, int8_t* q, float* d, float* s,
       amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
     }
     const bool finite = _mm256_testz_si256(nonfinite, nonfinite) != 0;
-    float da = hmax8(amax) / 127.0f;
-    if (!finite || da < FLT_MIN) {
-      da = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    const float amax_s = hmax8(amax);
+    const float d32 = amax_s / 127.0f;
+    if (!finite || d32 < FLT_MIN) {
+      const float z = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       std::memset(q + b * 32, 0, 32);
-      d[b] = da;
+      d[b] = z;
+      s[b] = z;
       sum[b] = 0;
-      s[b] = da * 0.0f;
       continue;
     }
-    const __m256 inv = _mm256_set1_ps(1.0f / da);
+    const __m256 inv = _mm256_set1_ps(127.0f / amax_s);
     __m256i qi[4];
     for (int i = 0; i < 4; ++i) {
       qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
@@ -186,9 +192,9 @@ void quantize_row_avx2(const float* x, int64_t K, int8_t* q, float* d, float* s,
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), _mm256_permutevar8x32_epi32(p, order));
     const int32_t t = hsum8(total);
-    d[b] = da;
+    d[b] = round_to_f16(d32);
     sum[b] = t;
-    s[b] = da * static_cast<float>(t);
+    s[b] = round_to_f16(d32 * static_cast<float>(t));
   }
 }
 
