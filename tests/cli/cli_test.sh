@@ -367,6 +367,14 @@ pad|tokenizer.ggml.padding_token_id is 4000000000, outside the vocabulary
 dup|tokenizer.ggml.tokens: token '<|eos|>' appears twice (ids 257 and 258)
 pre|tokenizer.ggml.pre 'deepseek-llm' is not supported (concord implements default, qwen2,
 EOT
+expect_error "tokenize --add-special with --no-special" "[tokenize] --add-special: encodes with special tokens parsed" \
+  "$CONCORD" tokenize --tokenizer "$WORK/run.gguf" --add-special --no-special
+# add_bos_token / add_eos_token: --add-special puts <|bos|> (256) first and <|eos|> (257) last.
+retoken addbos '{"tokenizer.ggml.bos_token_id": ["UINT32", 256], "tokenizer.ggml.eos_token_id": ["UINT32", 257], "tokenizer.ggml.add_bos_token": ["BOOL", true], "tokenizer.ggml.add_eos_token": ["BOOL", true]}'
+expect_output "tokenize --add-special follows add_bos_token / add_eos_token" "256 104 105 257" \
+  bash -c "printf hi | '$CONCORD' tokenize --add-special --tokenizer '$WORK/tok_addbos.gguf'"
+expect_output "tokenize without --add-special adds nothing" "104 105" \
+  bash -c "printf hi | '$CONCORD' tokenize --tokenizer '$WORK/tok_addbos.gguf'"
 # The unbroken copy tokenizes as the original (the rewrite itself changes nothing).
 retoken same '{}'
 expect_output "the rewritten GGUF tokenizes as its source" "$(printf 'And God' | "$CONCORD" tokenize --tokenizer "$WORK/run.gguf")" \

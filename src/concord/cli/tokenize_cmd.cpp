@@ -136,6 +136,9 @@ void add_tokenize_command(CLI::App& app) {
       "unless --no-special (non-special added tokens such as Qwen3's <think> still are, as in\n"
       "HF). The text must be UTF-8. --decode reads whitespace-separated ids and writes the text\n"
       "as HF's decode (invalid UTF-8 becomes U+FFFD); with --no-special it skips special tokens.\n"
+      "--add-special adds the BOS/EOS a GGUF's add_bos_token/add_eos_token ask for (llama.cpp's\n"
+      "add_special). A GGUF's tokenizer comes from its tokenizer.ggml.* metadata (gpt2 model;\n"
+      "the pre-tokenizer names concord implements are in docs/tokenizer.md).\n"
       "--export PATH writes the tokenizer as concord understands it, in the Qwen2 shape of\n"
       "tokenizer.json, which HF tokenizers encodes identically. See docs/tokenizer.md.");
   cmd->add_option("--tokenizer", opts->tokenizer,
