@@ -375,6 +375,10 @@ expect_output "tokenize --add-special follows add_bos_token / add_eos_token" "25
   bash -c "printf hi | '$CONCORD' tokenize --add-special --tokenizer '$WORK/tok_addbos.gguf'"
 expect_output "tokenize without --add-special adds nothing" "104 105" \
   bash -c "printf hi | '$CONCORD' tokenize --tokenizer '$WORK/tok_addbos.gguf'"
+run_rc "export keeps add_bos_token / add_eos_token" 0 \
+  "$CONCORD" export --model "$WORK/tok_addbos.gguf" --to gguf --out "$WORK/tok_addbos_export.gguf" \
+  && expect_output "the export adds BOS and EOS as its source" "256 104 105 257" \
+    bash -c "printf hi | '$CONCORD' tokenize --add-special --tokenizer '$WORK/tok_addbos_export.gguf'"
 # The unbroken copy tokenizes as the original (the rewrite itself changes nothing).
 retoken same '{}'
 expect_output "the rewritten GGUF tokenizes as its source" "$(printf 'And God' | "$CONCORD" tokenize --tokenizer "$WORK/run.gguf")" \

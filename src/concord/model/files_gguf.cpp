@@ -367,7 +367,9 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   } else if (!eos.empty()) {
     meta.emplace_back("tokenizer.ggml.padding_token_id", u32(eos[0]));
   }
-  meta.emplace_back("tokenizer.ggml.add_bos_token", io::GgufValue::of_bool(false));
+  // The tokenizer's own add_bos / add_eos (a GGUF's; false for a tokenizer.json, which has none).
+  meta.emplace_back("tokenizer.ggml.add_bos_token", io::GgufValue::of_bool(v.add_bos.value_or(false)));
+  if (v.add_eos) meta.emplace_back("tokenizer.ggml.add_eos_token", io::GgufValue::of_bool(true));
   if (!options.chat_template.empty())
     meta.emplace_back("tokenizer.chat_template", io::GgufValue::of_string(options.chat_template));
 
