@@ -11,6 +11,7 @@
 #include "concord/numerics/convert.h"
 
 #define CONCORD_ATTENTION_NS attention_generic
+#define CONCORD_ATTENTION_VREGS 8  // 8-float vectors in the 16 SSE registers: the reference loops
 #include "concord/model/ops_attention_kernel.h"
 
 namespace concord::model {

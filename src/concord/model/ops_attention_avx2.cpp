@@ -3,6 +3,7 @@
 #include "concord/model/ops_attention_isa.h"
 
 #define CONCORD_ATTENTION_NS attention_avx2_impl
+#define CONCORD_ATTENTION_VREGS 16
 #include "concord/model/ops_attention_kernel.h"
 
 namespace concord::model::attention_avx2 {
