@@ -16,12 +16,18 @@ from concord_capi import Capi  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def capi():
+def capi_path():
+    """The path of the built libconcord_capi.so ($CONCORD_CAPI)."""
     path = os.environ.get("CONCORD_CAPI")
     if not path:
         pytest.fail("CONCORD_CAPI is not set: point it at the built libconcord_capi.so "
                     "(ctest sets it; by hand: CONCORD_CAPI=build/lib/libconcord_capi.so)")
-    return Capi(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def capi(capi_path):
+    return Capi(capi_path)
 
 
 @pytest.fixture(scope="session")

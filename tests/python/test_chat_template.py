@@ -28,12 +28,8 @@ def qwen3_dir():
 
 
 @pytest.fixture(scope="module")
-def render():
-    path = os.environ.get("CONCORD_CAPI")
-    if not path:
-        pytest.fail("CONCORD_CAPI is not set (ctest sets it; by hand: "
-                    "CONCORD_CAPI=build/lib/libconcord_capi.so)")
-    lib = ctypes.CDLL(path)
+def render(capi_path):
+    lib = ctypes.CDLL(capi_path)
     lib.concord_render_chat.restype = ctypes.c_int32
     lib.concord_last_error.restype = ctypes.c_char_p
 

@@ -13,7 +13,6 @@ $CONCORD_BIN and $CONCORD_CAPI come from ctest.
 
 import ctypes
 import json
-import os
 
 import gguf
 import numpy as np
@@ -98,12 +97,8 @@ class GgufCapi:
 
 
 @pytest.fixture(scope="session")
-def capi():
-    path = os.environ.get("CONCORD_CAPI")
-    if not path:
-        pytest.fail("CONCORD_CAPI is not set (ctest sets it; by hand: "
-                    "CONCORD_CAPI=build/lib/libconcord_capi.so)")
-    return GgufCapi(path)
+def capi(capi_path):
+    return GgufCapi(capi_path)
 
 
 # --- content shared by the tests ---

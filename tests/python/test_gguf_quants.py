@@ -46,12 +46,8 @@ EDGE_F16 = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C
 
 
 @pytest.fixture(scope="session")
-def capi():
-    path = os.environ.get("CONCORD_CAPI")
-    if not path:
-        pytest.fail("CONCORD_CAPI is not set (ctest sets it; by hand: "
-                    "CONCORD_CAPI=build/lib/libconcord_capi.so)")
-    return GgufCapi(path)
+def capi(capi_path):
+    return GgufCapi(capi_path)
 
 
 def random_quant_bytes(qtype, seed, n_blocks=384, finite_scales=False):

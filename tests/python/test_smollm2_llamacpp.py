@@ -79,14 +79,10 @@ def test_golden_prompts_render_as_transformers(template):
         assert rendered[0] == want
 
 
-def test_concord_renders_the_golden_prompts(template):
+def test_concord_renders_the_golden_prompts(template, capi_path):
     import ctypes
 
-    path = os.environ.get("CONCORD_CAPI")
-    if not path:
-        pytest.fail("CONCORD_CAPI is not set (ctest sets it; by hand: "
-                    "CONCORD_CAPI=build/lib/libconcord_capi.so)")
-    lib = ctypes.CDLL(path)
+    lib = ctypes.CDLL(capi_path)
     lib.concord_render_chat.restype = ctypes.c_int32
     lib.concord_last_error.restype = ctypes.c_char_p
     for p in load_json("greedy.json")["prompts"]:
