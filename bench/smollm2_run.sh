@@ -97,7 +97,7 @@ for b in bench(out / "real_model_bench.json"):
         continue
     pol = "native" if a["policy"] == "0" else "fp32"
     speed[(kind, pol, int(a["threads"]))] = b["tokens_per_s"]
-    if kind == "BM_Decode128":
+    if kind == "BM_Decode128" and pol == "native":
         wbytes = b["weight_bytes"]
 rss = {("native", "fp32")[p]: max(b["peak_rss_mb"] for b in bench(out / f"real_model_bench_policy{p}.json"))
        for p in (0, 1)}
