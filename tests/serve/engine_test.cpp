@@ -1,11 +1,14 @@
 // The engine against the training forward: KV-cache decode vs recompute, chunked prefill, batch
 // and thread invariance at every precision preset; the KV cache's errors and slot reuse; the
-// engine's scheduling (stop tokens, max tokens, context) and determinism.
+// engine's scheduling (stop tokens, max tokens, context, cancellation) and determinism; top-n
+// and prompt log-probabilities against references; the streaming events.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -207,6 +210,55 @@ TEST_P(PresetTest, EngineDeterministicAcrossBatchesAndThreads) {
   }
 }
 
+// Prompt log-probs are those of the training forward's logits (row i - 1 scores prompt[i]) under
+// logprob.h's definition with the request's temperature: bitwise where chunking is bitwise
+// (row-local presets, any chunk; the others with the whole prompt in one chunk), independent of
+// prefill_chunk there. Asking for them changes no generated token or log-prob at any preset.
+TEST_P(PresetTest, PromptLogprobsMatchRecompute) {
+  Model m = make_model(GetParam());
+  const int64_t V = m.config().vocab_size;
+  Request plain;
+  plain.prompt = random_tokens(19, 70);
+  plain.max_tokens = 5;
+  plain.sampling.temperature = 0.7f;
+  plain.sampling.seed = 9;
+  Request scored = plain;
+  scored.prompt_logprobs = true;
+  scored.top_logprobs = 3;
+  const auto logits = full_forward(m, plain.prompt);
+  std::vector<double> expected;
+  for (size_t i = 1; i < plain.prompt.size(); ++i)
+    expected.push_back(token_logprob(std::span<const float>(logits).subspan((i - 1) * V, V),
+                                     plain.prompt[i], 0.7f));
+  const std::vector<int64_t> chunks = row_local(GetParam()) ? std::vector<int64_t>{1, 4, 7, 64}
+                                                             : std::vector<int64_t>{64};
+  for (int64_t chunk : chunks) {
+    Engine e(m, {.max_sequences = 2, .prefill_chunk = chunk});
+    const auto out = e.generate({plain, scored});
+    EXPECT_TRUE(out[0].prompt_logprobs.empty());
+    EXPECT_EQ(out[1].prompt_logprobs, expected) << "chunk " << chunk;
+    EXPECT_EQ(out[1].tokens, out[0].tokens) << "chunk " << chunk;
+    EXPECT_EQ(out[1].logprobs, out[0].logprobs) << "chunk " << chunk;
+    ASSERT_EQ(out[1].prompt_top_logprobs.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const auto& top = out[1].prompt_top_logprobs[i];
+      ASSERT_EQ(top.size(), 3u);
+      EXPECT_GE(top[0].logprob, expected[i]);
+      for (const TopLogprob& t : top) {
+        if (t.token == plain.prompt[i + 1]) {
+          EXPECT_EQ(t.logprob, expected[i]);
+        }
+      }
+    }
+  }
+  // For every preset, different chunkings give each their own plain = scored tokens.
+  Engine small_chunks(m, {.max_sequences = 2, .prefill_chunk = 3});
+  const auto out = small_chunks.generate({plain, scored});
+  EXPECT_EQ(out[1].tokens, out[0].tokens);
+  EXPECT_EQ(out[1].logprobs, out[0].logprobs);
+  EXPECT_EQ(out[1].prompt_logprobs.size(), expected.size());
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, PresetTest,
                          ::testing::Values("fp32", "bf16", "mxfp8", "mxfp4", "nvfp4", "fp8-tensor"),
                          [](const auto& p) {
@@ -303,12 +355,319 @@ TEST(Engine, RejectsBadRequests) {
   r.prompt = random_tokens(17, 1);
   EXPECT_THROW(e.submit(r), InputError);  // longer than the context
   r.prompt = {1};
+  r.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_THROW(e.submit(r), InputError);
+  r.top_logprobs = -1;
+  EXPECT_THROW(e.submit(r), InputError);
+  r.top_logprobs = kMaxTopLogprobs;
+  EXPECT_NO_THROW(e.submit(r));
   r.sampling.top_p = 0.0f;
   EXPECT_THROW(e.submit(r), InputError);
   EXPECT_THROW(e.take(123), InputError);
   EXPECT_THROW(Engine(m, {.max_sequences = 0}), InputError);
   EXPECT_THROW(Engine(m, {.max_sequences = 1, .prefill_chunk = 0}), InputError);
   EXPECT_THROW(Engine(m, {.max_sequences = 1, .prefill_chunk = 4, .max_context = 49}), InputError);
+}
+
+// The top-n reference: log_softmax(logits / T) in long double, sorted (logp desc, id asc).
+std::vector<std::pair<long double, int32_t>> reference_top(std::span<const float> logits, float T,
+                                                           size_t n) {
+  const long double t = T == 0.0f ? 1.0L : static_cast<long double>(T);
+  long double m = -INFINITY;
+  for (float x : logits) m = std::max(m, static_cast<long double>(x) / t);
+  long double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<long double>(x) / t - m);
+  std::vector<std::pair<long double, int32_t>> all;
+  for (size_t i = 0; i < logits.size(); ++i)
+    all.push_back({static_cast<long double>(logits[i]) / t - m - std::log(sum), static_cast<int32_t>(i)});
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  all.resize(std::min(n, all.size()));
+  return all;
+}
+
+// Each generated token's top-n list is the long-double reference's on the recomputed logits (the
+// same tokens in the same order, values within 1e-12), its values are token_logprob's exactly,
+// and the sampled token's log-prob is its entry whenever it is listed.
+TEST(Engine, TopLogprobsMatchReference) {
+  Model m = make_model("fp32");
+  const int64_t V = m.config().vocab_size;
+  for (const auto& [temperature, n] : {std::pair{0.0f, 5}, std::pair{0.8f, 20}, std::pair{1.3f, 1}}) {
+    Request r;
+    r.prompt = random_tokens(6, 80);
+    r.max_tokens = 7;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 4;
+    r.top_logprobs = n;
+    Engine e(m);
+    const Completion c = e.generate({r})[0];
+    ASSERT_EQ(c.top_logprobs.size(), c.tokens.size());
+    std::vector<int32_t> seq = r.prompt;
+    int listed = 0;
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      const auto logits = full_forward(m, seq);
+      const std::span<const float> last(logits.data() + (seq.size() - 1) * V, V);
+      const auto expected = reference_top(last, temperature, static_cast<size_t>(n));
+      const auto& got = c.top_logprobs[i];
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_EQ(got[k].token, expected[k].second) << "token " << i << " entry " << k;
+        EXPECT_NEAR(got[k].logprob, static_cast<double>(expected[k].first), 1e-12);
+        EXPECT_EQ(got[k].logprob, token_logprob(last, got[k].token, temperature));
+        if (got[k].token == c.tokens[i]) {
+          EXPECT_EQ(got[k].logprob, c.logprobs[i]);
+          ++listed;
+        }
+      }
+      if (temperature == 0.0f) {
+        EXPECT_EQ(got[0].token, c.tokens[i]);  // greedy: the argmax
+      }
+      seq.push_back(c.tokens[i]);
+    }
+    EXPECT_GT(listed, 0) << "T " << temperature;
+  }
+}
+
+// Ties go to the lower token id; -Inf logits rank last; n is capped at the vocabulary.
+TEST(Engine, TopLogprobsTiesAndCap) {
+  const std::vector<float> logits{1.0f, 3.0f, 3.0f, -INFINITY, 2.0f, 3.0f};
+  const SoftmaxStats stats = softmax_stats(logits, 1.0f);
+  std::vector<TopLogprob> top;
+  top_logprobs(logits, stats, 4, top);
+  ASSERT_EQ(top.size(), 4u);
+  const std::vector<int32_t> order{1, 2, 5, 4};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(top[k].token, order[k]);
+    EXPECT_EQ(top[k].logprob, token_logprob(logits, order[k], 1.0f));
+  }
+  top_logprobs(logits, stats, 20, top);
+  ASSERT_EQ(top.size(), logits.size());
+  EXPECT_EQ(top.back().token, 3);
+  EXPECT_EQ(top.back().logprob, -INFINITY);
+  top_logprobs(logits, stats, 0, top);
+  EXPECT_TRUE(top.empty());
+  // Through the engine, on a model with fewer tokens than asked for.
+  ModelConfig small = test_config();
+  small.vocab_size = 11;
+  Model m(small);
+  m.init_random(3, 0.08f);
+  Request r;
+  r.prompt = random_tokens(4, 81, 11);
+  r.max_tokens = 3;
+  r.top_logprobs = kMaxTopLogprobs;
+  r.prompt_logprobs = true;
+  Engine e(m);
+  const Completion c = e.generate({r})[0];
+  ASSERT_EQ(c.top_logprobs.size(), 3u);
+  for (const auto& list : c.top_logprobs) EXPECT_EQ(list.size(), 11u);
+  ASSERT_EQ(c.prompt_top_logprobs.size(), 3u);
+  for (const auto& list : c.prompt_top_logprobs) EXPECT_EQ(list.size(), 11u);
+}
+
+// Scoring a prompt without generating (max_tokens = 0): the prompt runs, no token is drawn, no
+// event is sent; a one-token prompt has nothing to score and finishes at submit.
+TEST(Engine, PromptLogprobsWithoutGeneration) {
+  Model m = make_model("fp32");
+  Request r;
+  r.prompt = random_tokens(9, 82);
+  r.max_tokens = 0;
+  r.prompt_logprobs = true;
+  Engine e(m, {.max_sequences = 1, .prefill_chunk = 4});
+  int events = 0;
+  e.set_token_callback([&](const TokenEvent&) { ++events; });
+  const int64_t id = e.submit(r);
+  EXPECT_FALSE(e.finished(id));
+  e.run();
+  const Completion c = e.take(id);
+  EXPECT_TRUE(c.tokens.empty());
+  EXPECT_EQ(c.finish, FinishReason::length);
+  Request with_tokens = r;
+  with_tokens.max_tokens = 2;
+  EXPECT_EQ(c.prompt_logprobs, e.generate({with_tokens})[0].prompt_logprobs);
+  EXPECT_EQ(c.prompt_logprobs.size(), 8u);
+  r.prompt = {5};
+  const int64_t one = e.submit(r);
+  EXPECT_TRUE(e.finished(one));
+  EXPECT_TRUE(e.take(one).prompt_logprobs.empty());
+  r.prompt_logprobs = false;
+  r.prompt = random_tokens(3, 83);
+  EXPECT_TRUE(e.finished(e.submit(r)));  // nothing to compute
+  EXPECT_EQ(events, 2);                  // only with_tokens' two tokens
+  EXPECT_EQ(e.cache().sequences_in_use(), 0);
+}
+
+// Events: one per sampled token, in each sequence's order, carrying the completion's token,
+// log-prob and top entries; `finished` on the last event only, with the completion's reason,
+// when the completion is already available.
+TEST(Engine, TokenEventsInOrderFinishedOnce) {
+  Model m = make_model("fp32");
+  std::vector<Request> requests;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.prompt = random_tokens(3 + 2 * i, 90 + i);
+    r.max_tokens = 4 + i;
+    r.sampling.seed = static_cast<uint64_t>(i);
+    r.top_logprobs = i % 2 == 0 ? 2 : 0;
+    requests.push_back(r);
+  }
+  {  // request 3 stops at its second token
+    Engine probe(m);
+    requests[3].stop_tokens = {probe.generate({requests[3]})[0].tokens[1]};
+  }
+  struct Seen {
+    std::vector<int32_t> tokens;
+    std::vector<double> logprobs;
+    std::vector<std::vector<TopLogprob>> top;
+    int finished = 0;
+    bool after_finish = false;
+    FinishReason finish = FinishReason::length;
+  };
+  std::map<int64_t, Seen> seen;
+  Engine e(m, {.max_sequences = 2, .prefill_chunk = 3});
+  e.set_token_callback([&](const TokenEvent& ev) {
+    Seen& s = seen[ev.id];
+    if (s.finished) s.after_finish = true;
+    s.tokens.push_back(ev.token);
+    s.logprobs.push_back(ev.logprob);
+    s.top.emplace_back(ev.top.begin(), ev.top.end());
+    if (ev.finished) {
+      ++s.finished;
+      s.finish = ev.finish;
+      EXPECT_TRUE(e.finished(ev.id));
+      EXPECT_FALSE(e.cancel(ev.id));
+    } else {
+      EXPECT_FALSE(e.finished(ev.id));
+    }
+  });
+  std::vector<int64_t> ids;
+  for (const Request& r : requests) ids.push_back(e.submit(r));
+  e.run();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Completion c = e.take(ids[i]);
+    const Seen& s = seen[ids[i]];
+    EXPECT_EQ(s.tokens, c.tokens) << i;
+    EXPECT_EQ(s.logprobs, c.logprobs) << i;
+    EXPECT_EQ(s.finished, 1) << i;
+    EXPECT_FALSE(s.after_finish) << i;
+    EXPECT_EQ(s.finish, c.finish) << i;
+    if (requests[i].top_logprobs > 0) {
+      EXPECT_EQ(s.top, c.top_logprobs) << i;
+    } else {
+      for (const auto& t : s.top) EXPECT_TRUE(t.empty()) << i;
+    }
+  }
+  EXPECT_EQ(seen[ids[3]].finish, FinishReason::stop);
+  EXPECT_EQ(seen[ids[3]].tokens.size(), 2u);
+}
+
+// Cancelling a running request frees its slot at once (the waiting one runs from the next step),
+// its completion holds the tokens so far; a waiting request leaves the queue; unknown, finished
+// and taken ids are refused. The others' results are those of running alone.
+TEST(Engine, CancelRunningAndWaiting) {
+  Model m = make_model("fp32");
+  std::vector<Request> requests;
+  for (int i = 0; i < 3; ++i) {
+    Request r;
+    r.prompt = random_tokens(4 + i, 100 + i);
+    r.max_tokens = 6;
+    r.sampling.seed = static_cast<uint64_t>(10 + i);
+    requests.push_back(r);
+  }
+  std::vector<Completion> alone;
+  for (const Request& r : requests) {
+    Engine one(m, {.max_sequences = 1});
+    alone.push_back(one.generate({r})[0]);
+  }
+  Engine e(m, {.max_sequences = 1});
+  std::vector<int64_t> ids;
+  for (const Request& r : requests) ids.push_back(e.submit(r));
+  EXPECT_EQ(e.waiting(), 3);
+  EXPECT_EQ(e.running(), 0);
+  EXPECT_TRUE(e.cancel(ids[1]));  // still queued
+  EXPECT_EQ(e.waiting(), 2);
+  ASSERT_TRUE(e.finished(ids[1]));
+  const Completion queued = e.take(ids[1]);
+  EXPECT_TRUE(queued.tokens.empty());
+  EXPECT_EQ(queued.finish, FinishReason::cancelled);
+  EXPECT_FALSE(e.cancel(ids[1]));  // taken
+  ASSERT_TRUE(e.step());           // request 0: prefill and its first token
+  ASSERT_TRUE(e.step());           // ... its second
+  EXPECT_EQ(e.running(), 1);
+  EXPECT_EQ(e.waiting(), 1);
+  EXPECT_TRUE(e.cancel(ids[0]));
+  EXPECT_EQ(e.running(), 0);
+  EXPECT_EQ(e.cache().sequences_in_use(), 0);
+  const Completion cut = e.take(ids[0]);
+  EXPECT_EQ(cut.finish, FinishReason::cancelled);
+  EXPECT_EQ(cut.tokens, std::vector<int32_t>(alone[0].tokens.begin(), alone[0].tokens.begin() + 2));
+  EXPECT_EQ(cut.logprobs, std::vector<double>(alone[0].logprobs.begin(), alone[0].logprobs.begin() + 2));
+  ASSERT_TRUE(e.step());  // request 2 is admitted into the freed slot
+  EXPECT_EQ(e.running(), 1);
+  EXPECT_EQ(e.waiting(), 0);
+  e.run();
+  EXPECT_FALSE(e.cancel(ids[2]));  // finished, not taken
+  const Completion last = e.take(ids[2]);
+  EXPECT_EQ(last.tokens, alone[2].tokens);
+  EXPECT_EQ(last.logprobs, alone[2].logprobs);
+  EXPECT_FALSE(e.cancel(12345));
+  EXPECT_FALSE(e.step());
+}
+
+// Cancellation from the token callback, of the event's own request (its completion ends with the
+// event's token, as a stop string needs) and of another request later in the same step (it gets
+// no token in that step); the requests that are not cancelled produce what they produce alone.
+TEST(Engine, CancelFromCallbackKeepsOthersInvariant) {
+  Model m = make_model("bf16");
+  std::vector<Request> requests;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.prompt = random_tokens(5 + 3 * i, 110 + i);
+    r.max_tokens = 8;
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = static_cast<uint64_t>(20 + i);
+    r.top_logprobs = 2;
+    requests.push_back(r);
+  }
+  std::vector<Completion> alone;
+  for (const Request& r : requests) {
+    Engine one(m, {.max_sequences = 1, .prefill_chunk = 4});
+    alone.push_back(one.generate({r})[0]);
+  }
+  Engine e(m, {.max_sequences = 4, .prefill_chunk = 4});
+  std::vector<int64_t> ids;
+  for (const Request& r : requests) ids.push_back(e.submit(r));
+  std::map<int64_t, int> events;
+  int64_t cancelled_other_at = -1;  // tokens of request 3 when request 0 cancelled it
+  e.set_token_callback([&](const TokenEvent& ev) {
+    const int n = ++events[ev.id];
+    EXPECT_FALSE(ev.finished && ev.finish == FinishReason::cancelled);
+    if (ev.id == ids[1] && n == 3) {
+      EXPECT_TRUE(e.cancel(ev.id));
+    }
+    if (ev.id == ids[0] && n == 4) {
+      cancelled_other_at = events[ids[3]];
+      EXPECT_TRUE(e.cancel(ids[3]));  // slot 3 comes after slot 0 in this step
+    }
+  });
+  e.run();
+  const Completion c0 = e.take(ids[0]), c1 = e.take(ids[1]), c2 = e.take(ids[2]), c3 = e.take(ids[3]);
+  EXPECT_EQ(c0.tokens, alone[0].tokens);
+  EXPECT_EQ(c0.logprobs, alone[0].logprobs);
+  EXPECT_EQ(c0.top_logprobs, alone[0].top_logprobs);
+  EXPECT_EQ(c2.tokens, alone[2].tokens);
+  EXPECT_EQ(c2.logprobs, alone[2].logprobs);
+  EXPECT_EQ(c1.finish, FinishReason::cancelled);
+  EXPECT_EQ(c1.tokens, std::vector<int32_t>(alone[1].tokens.begin(), alone[1].tokens.begin() + 3));
+  EXPECT_EQ(c1.top_logprobs.size(), 3u);
+  EXPECT_EQ(events[ids[1]], 3);
+  EXPECT_EQ(c3.finish, FinishReason::cancelled);
+  ASSERT_GE(cancelled_other_at, 0);
+  EXPECT_EQ(static_cast<int64_t>(c3.tokens.size()), cancelled_other_at);
+  EXPECT_EQ(events[ids[3]], cancelled_other_at);
+  EXPECT_EQ(c3.tokens, std::vector<int32_t>(alone[3].tokens.begin(),
+                                            alone[3].tokens.begin() + cancelled_other_at));
+  EXPECT_EQ(e.cache().sequences_in_use(), 0);
 }
 
 TEST(KvCache, SlotsCapacityAndErrors) {

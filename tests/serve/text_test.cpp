@@ -1,5 +1,5 @@
 // Chat templates rendered by family (expected strings: what HF's apply_chat_template renders for
-// these templates with add_generation_prompt=True) and the UTF-8 stream decoder.
+// these templates with add_generation_prompt=True), the UTF-8 stream decoder and stop strings.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,6 +97,95 @@ TEST(ChatTemplate, UnknownFamiliesAreErrors) {
   EXPECT_THROW(render_chat("", "x"), InputError);
   EXPECT_THROW(render_chat("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}", "x"),
                InputError);
+}
+
+// ---- Multi-turn (expected strings: HF apply_chat_template on the full real templates, Qwen3's
+// tokenizer_config.json and SmolLM2's GGUF; tests/python/test_chat_template.py checks more) ----
+
+std::vector<ChatMessage> chat(std::initializer_list<std::pair<const char*, const char*>> turns) {
+  std::vector<ChatMessage> out;
+  for (const auto& [role, content] : turns) out.push_back({role, content});
+  return out;
+}
+
+TEST(ChatTemplate, SingleTurnIsTheMultiTurnOfOneUserMessage) {
+  for (const std::string& tpl : {kQwen25, std::string(kSmolLM2), kQwen3, kLlama3, kLlama31}) {
+    ChatOptions o;
+    EXPECT_EQ(render_chat(tpl, "Hi", o), render_chat(tpl, chat({{"user", "Hi"}}), o));
+    o.system = "S";
+    EXPECT_EQ(render_chat(tpl, "Hi", o), render_chat(tpl, chat({{"system", "S"}, {"user", "Hi"}})));
+  }
+}
+
+TEST(ChatTemplate, ChatMlMultiTurn) {
+  EXPECT_EQ(render_chat(kSmolLM2, chat({{"user", "Q1"}, {"assistant", "A1"}, {"user", "Q2"}})),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n");
+  // Consecutive turns of one role, and a final assistant turn closed before the prompt; an
+  // assistant's <think> text is plain content outside Qwen3.
+  EXPECT_EQ(render_chat(kQwen25, chat({{"system", "S"}, {"user", "a"}, {"user", "b"}, {"assistant", "<think>r</think>c"}})),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\na<|im_end|>\n<|im_start|>user\nb<|im_end|>\n"
+            "<|im_start|>assistant\n<think>r</think>c<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, Qwen3DropsEarlierReasoning) {
+  ChatOptions off;
+  off.enable_thinking = false;
+  EXPECT_EQ(render_chat(kQwen3, chat({{"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"user", "Q2"}}), off),
+            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nQ2"
+            "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // After the last user query the reasoning stays (stripped of newlines), before it goes.
+  EXPECT_EQ(render_chat(kQwen3, chat({{"system", "S"}, {"user", "Q1"}, {"assistant", "<think>r1</think>A1"}, {"user", "Q2"},
+                                      {"assistant", "<think>\n\nr2\n\n</think>\n\nA2"}})),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1"
+            "<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2"
+            "<|im_end|>\n<|im_start|>assistant\n");
+  // The final message always gets a block, an earlier one after the query only with reasoning.
+  EXPECT_EQ(render_chat(kQwen3, chat({{"user", "Q1"}, {"assistant", "A1"}, {"assistant", "<think>r</think>A2"}})),
+            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>assistant\n"
+            "<think>\nr\n</think>\n\nA2<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat(kQwen3, chat({{"user", "Q1"}, {"assistant", "A1"}})),
+            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA1<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  // A user message that is a wrapped tool response is not a query.
+  EXPECT_EQ(render_chat(kQwen3, chat({{"user", "Q1"}, {"user", "<tool_response>x</tool_response>"},
+                                      {"assistant", "<think>r</think>A2"}, {"assistant", "A3"}})),
+            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr\n</think>\n\nA2<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+            "</think>\n\nA3<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, Llama3MultiTurnTrimsUnicodeWhitespace) {
+  // Jinja's trim is Python's str.strip(): U+00A0, U+3000, U+001C are whitespace too.
+  EXPECT_EQ(render_chat(kLlama3, chat({{"user", "\xC2\xA0 Q1\xE3\x80\x80"}, {"assistant", "\x1c" "A1\n"}, {"user", "Q2"}})),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nQ1<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nA1<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nQ2<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(render_chat(kLlama31, chat({{"system", " S "}, {"user", "Q1"}, {"assistant", "A1"}})),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+            "Date: December 2023\nToday Date: 26 Jul 2024\n\nS<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nQ1<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nA1<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // Not whitespace: a non-breaking character that is not a space, and bytes that are not UTF-8.
+  EXPECT_EQ(render_chat(kLlama3, chat({{"user", "\xE2\x81\xA0x\xC2"}})),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n\xE2\x81\xA0x\xC2<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(ChatTemplate, BadConversationsAreErrors) {
+  for (const std::string& tpl : {kQwen25, kQwen3, kLlama3}) {
+    EXPECT_THROW(render_chat(tpl, std::vector<ChatMessage>{}), InputError);
+    EXPECT_THROW(render_chat(tpl, chat({{"tool", "x"}})), InputError);
+    EXPECT_THROW(render_chat(tpl, chat({{"User", "x"}})), InputError);
+    EXPECT_THROW(render_chat(tpl, chat({{"user", "x"}, {"system", "S"}})), InputError);
+    ChatOptions o;
+    o.system = "S";
+    EXPECT_THROW(render_chat(tpl, chat({{"system", "T"}, {"user", "x"}}), o), InputError);
+    EXPECT_NO_THROW(render_chat(tpl, chat({{"system", "T"}})));
+  }
 }
 
 const std::string kFFFD = "\xEF\xBF\xBD";
@@ -200,6 +289,223 @@ TEST(Utf8Stream, AnySplitGivesTheLossyDecodingOfTheWhole) {
     }
     ASSERT_EQ(stream(pieces), io::utf8_lossy(input)) << ::testing::PrintToString(input);
   }
+}
+
+// ---- Stop strings ----
+
+struct StopRun {
+  std::vector<std::string> pieces;  // what each push returned
+  std::string flushed;
+  bool stopped = false;
+  std::string text() const {
+    std::string out;
+    for (const std::string& p : pieces) out += p;
+    return out + flushed;
+  }
+};
+
+StopRun run_stops(const std::vector<std::string>& stops, const std::vector<std::string>& pushes) {
+  StopStrings s(stops);
+  StopRun run;
+  for (const std::string& p : pushes) run.pieces.push_back(s.push(p));
+  run.stopped = s.stopped();
+  run.flushed = s.flush();
+  return run;
+}
+
+// The reference, by brute force: scan the ends of the text; the first end at which some stop
+// string ends stops it, and the longest stop ending there says where the text is cut.
+std::pair<std::string, bool> reference_stop(const std::string& text, const std::vector<std::string>& stops) {
+  for (size_t end = 1; end <= text.size(); ++end) {
+    size_t longest = 0;
+    for (const std::string& stop : stops)
+      if (stop.size() <= end && text.compare(end - stop.size(), stop.size(), stop) == 0)
+        longest = std::max(longest, stop.size());
+    if (longest > 0) return {text.substr(0, end - longest), true};
+  }
+  return {text, false};
+}
+
+// The longest suffix of `text` that is a proper prefix of a stop: what must be held back.
+size_t reference_hold(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& stop : stops)
+    for (size_t k = 1; k < stop.size() && k <= text.size(); ++k)
+      if (text.compare(text.size() - k, k, stop, 0, k) == 0) hold = std::max(hold, k);
+  return hold;
+}
+
+TEST(StopStrings, EverySplitOfOneText) {
+  const std::string text = "Hello STOP world";
+  const std::vector<std::string> stops = {"STOP"};
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const StopRun two = run_stops(stops, {text.substr(0, i), text.substr(i)});
+    EXPECT_EQ(two.text(), "Hello ") << "split at " << i;
+    EXPECT_TRUE(two.stopped);
+    EXPECT_EQ(two.flushed, "");
+    for (size_t j = i; j <= text.size(); ++j) {
+      const StopRun three = run_stops(stops, {text.substr(0, i), text.substr(i, j - i), text.substr(j)});
+      EXPECT_EQ(three.text(), "Hello ") << "split at " << i << ", " << j;
+    }
+  }
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  const StopRun one_by_one = run_stops(stops, bytes);
+  EXPECT_EQ(one_by_one.text(), "Hello ");
+  // Byte by byte, each byte comes out as soon as it cannot start "STOP"; "S", "ST", "STO" wait.
+  EXPECT_EQ(one_by_one.pieces[5], " ");
+  EXPECT_EQ(one_by_one.pieces[6], "");
+  EXPECT_EQ(one_by_one.pieces[8], "");
+  EXPECT_EQ(one_by_one.pieces[9], "");  // the stop completes: nothing of it is emitted
+  EXPECT_EQ(one_by_one.pieces[10], "");  // pushed after stopped()
+}
+
+TEST(StopStrings, EarliestOccurrenceWinsWhateverTheOrder) {
+  for (const auto& stops : {std::vector<std::string>{"world", "lo"}, std::vector<std::string>{"lo", "world"}}) {
+    EXPECT_EQ(run_stops(stops, {"hello world"}).text(), "hel");
+    EXPECT_EQ(run_stops(stops, {"hel", "l", "o world"}).text(), "hel");
+  }
+  EXPECT_EQ(run_stops({"x", "b"}, {"abcx"}).text(), "a");
+  // Ending at the same byte: the longest (it starts first).
+  EXPECT_EQ(run_stops({"cd", "bcd"}, {"abcd"}).text(), "a");
+  EXPECT_EQ(run_stops({"bcd", "cd"}, {"ab", "c", "d"}).text(), "a");
+  // One stop strictly inside another: the inner one completes first, split or not.
+  EXPECT_EQ(run_stops({"abcd", "bc"}, {"abcd"}).text(), "a");
+  EXPECT_EQ(run_stops({"abcd", "bc"}, {"abc", "d"}).text(), "a");
+  // A stop that is a prefix of another: the shorter completes first, at the same start.
+  EXPECT_EQ(run_stops({"ab", "abc"}, {"xabc"}).text(), "x");
+}
+
+TEST(StopStrings, OverlappingPrefixes) {
+  // "abab" in "ababab": stops at the first complete "abab".
+  std::vector<std::string> bytes;
+  for (char c : std::string("ababab")) bytes.emplace_back(1, c);
+  StopRun r = run_stops({"abab"}, bytes);
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text(), "");
+  EXPECT_EQ(run_stops({"abab"}, {"xaba", "bab"}).text(), "x");
+  // "aba" then "b..." resumes the match from the second 'a': "abaabab" -> "aba".
+  r = run_stops({"abab"}, {"aba", "a", "bab"});
+  EXPECT_EQ(r.pieces[0], "");    // "aba" could start "abab"
+  EXPECT_EQ(r.pieces[1], "aba");  // "abaa": only the last "a" could start it now
+  EXPECT_EQ(r.text(), "aba");
+  // A failed match releases exactly what can no longer start the stop.
+  StopStrings s({"abab"});
+  EXPECT_EQ(s.push("aba"), "");
+  EXPECT_EQ(s.push("c"), "abac");
+  EXPECT_EQ(s.push("ab"), "");
+  EXPECT_EQ(s.push("a"), "");  // "aba" held
+  EXPECT_FALSE(s.stopped());
+  EXPECT_EQ(s.flush(), "aba");
+}
+
+TEST(StopStrings, MultiByteStops) {
+  const std::string e_acute = "\xC3\xA9";         // U+00E9
+  const std::string euro = "\xE2\x82\xAC";        // U+20AC
+  const std::string dong = "\xE2\x82\xAB";        // U+20AB: shares two bytes with the euro
+  const std::string text = "caf" + e_acute + " 5" + dong + " 7" + euro + " rest";
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  EXPECT_EQ(run_stops({euro}, bytes).text(), "caf" + e_acute + " 5" + dong + " 7");
+  EXPECT_EQ(run_stops({euro}, {text}).text(), "caf" + e_acute + " 5" + dong + " 7");
+  EXPECT_EQ(run_stops({e_acute + " "}, bytes).text(), "caf");
+  // Split between characters, each piece returned is valid UTF-8 (a held suffix starts with the
+  // stop's first character).
+  StopStrings s({euro + "!"});
+  EXPECT_EQ(s.push("a" + euro), "a");
+  EXPECT_EQ(s.push(dong), euro + dong);
+  EXPECT_EQ(s.push(euro), "");
+  EXPECT_EQ(s.push("!"), "");
+  EXPECT_TRUE(s.stopped());
+}
+
+TEST(StopStrings, NoStopPassesEverythingThrough) {
+  StopStrings none({});
+  EXPECT_EQ(none.push("abc"), "abc");
+  EXPECT_EQ(none.push(""), "");
+  EXPECT_EQ(none.flush(), "");
+  EXPECT_FALSE(none.stopped());
+  // A stop that never completes: the held-back suffix comes out at flush.
+  StopStrings s({"STOP"});
+  EXPECT_EQ(s.push("abcST"), "abc");
+  EXPECT_EQ(s.push("O"), "");
+  EXPECT_EQ(s.flush(), "STO");
+  EXPECT_FALSE(s.stopped());
+  EXPECT_EQ(s.flush(), "");
+}
+
+TEST(StopStrings, NothingAfterStopped) {
+  StopStrings s({"\n\n"});
+  EXPECT_EQ(s.push("one\n"), "one");
+  EXPECT_EQ(s.push("\ntwo"), "");
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.push("three"), "");
+  EXPECT_EQ(s.flush(), "");
+  EXPECT_TRUE(s.stopped());
+}
+
+TEST(StopStrings, BadStopsAreInputErrors) {
+  EXPECT_THROW(StopStrings({"ok", ""}), InputError);
+  EXPECT_THROW(StopStrings({"\xC3"}), InputError);  // half a character could cut one in two
+}
+
+// Random texts over a small alphabet (with multi-byte characters, so stops overlap often) and
+// random splits: the concatenated output is the brute-force reference, each push emits all but
+// the longest suffix that could begin a stop, and, split at character boundaries, every piece is
+// valid UTF-8. Seeded; deterministic.
+TEST(StopStrings, RandomTextsAndSplitsMatchTheReference) {
+  std::mt19937 rng(17);
+  const std::vector<std::string> chars = {"a", "b", "\xC3\xA9", "\xE2\x82\xAC"};
+  auto random_string = [&](size_t max_chars, std::vector<size_t>* boundaries) {
+    std::string s;
+    const size_t n = rng() % (max_chars + 1);
+    for (size_t i = 0; i < n; ++i) {
+      if (boundaries) boundaries->push_back(s.size());
+      s += chars[rng() % chars.size()];
+    }
+    if (boundaries) boundaries->push_back(s.size());
+    return s;
+  };
+  int stopped_runs = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<std::string> stops(rng() % 4);
+    for (std::string& stop : stops) {
+      do stop = random_string(4, nullptr);
+      while (stop.empty());
+    }
+    std::vector<size_t> boundaries;
+    const std::string text = random_string(30, &boundaries);
+    const bool char_splits = trial % 2 == 0;
+    std::vector<std::string> pushes;
+    for (size_t at = 0; at < text.size();) {
+      size_t next = std::min(text.size(), at + rng() % 6);  // empty pushes too
+      if (char_splits) next = *std::lower_bound(boundaries.begin(), boundaries.end(), next);
+      pushes.push_back(text.substr(at, next - at));
+      at = next;
+    }
+    const auto [expected, expect_stop] = reference_stop(text, stops);
+    StopStrings s(stops);
+    std::string pushed, emitted;
+    for (const std::string& p : pushes) {
+      pushed += p;
+      const std::string piece = s.push(p);
+      emitted += piece;
+      if (char_splits) {
+        ASSERT_EQ(io::invalid_utf8_offset(piece), std::string::npos) << ::testing::PrintToString(piece);
+      }
+      if (!s.stopped()) {  // minimal latency: only a possible stop's start is held back
+        ASSERT_EQ(emitted, pushed.substr(0, pushed.size() - reference_hold(pushed, stops)))
+            << ::testing::PrintToString(text);
+      }
+    }
+    ASSERT_EQ(s.stopped(), expect_stop) << ::testing::PrintToString(text);
+    emitted += s.flush();
+    ASSERT_EQ(emitted, expected) << ::testing::PrintToString(text) << " stops "
+                                 << ::testing::PrintToString(stops);
+    stopped_runs += expect_stop;
+  }
+  EXPECT_GT(stopped_runs, 500);  // the trials exercise stopping, not only pass-through
+  EXPECT_LT(stopped_runs, 2500);
 }
 
 }  // namespace

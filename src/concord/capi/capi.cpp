@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -374,6 +375,30 @@ int32_t concord_render_chat(const char* chat_template, const char* system, const
     if (system != nullptr) options.system = std::string(system);
     options.enable_thinking = enable_thinking != 0;
     const std::string text = concord::serve::render_chat(chat_template, user, options);
+    require(text.size() < cap, "output buffer holds " + std::to_string(cap) + " bytes, " +
+                                   std::to_string(text.size() + 1) + " needed");
+    require_pointer(out, text.size() + 1, "out");
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    if (out_len != nullptr) *out_len = text.size();
+  });
+}
+
+int32_t concord_render_chat_messages(const char* chat_template, const char* messages_json,
+                                     int32_t enable_thinking, char* out, size_t cap,
+                                     size_t* out_len) {
+  return guarded("render_chat_messages", [&] {
+    require(chat_template != nullptr && messages_json != nullptr,
+            "chat_template and messages_json must not be NULL");
+    std::vector<concord::serve::ChatMessage> messages;
+    try {
+      for (const nlohmann::json& m : nlohmann::json::parse(messages_json))
+        messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    } catch (const nlohmann::json::exception& e) {
+      throw concord::InputError(std::string("messages_json is not an array of {role, content}: ") + e.what());
+    }
+    concord::serve::ChatOptions options;
+    options.enable_thinking = enable_thinking != 0;
+    const std::string text = concord::serve::render_chat(chat_template, messages, options);
     require(text.size() < cap, "output buffer holds " + std::to_string(cap) + " bytes, " +
                                    std::to_string(text.size() + 1) + " needed");
     require_pointer(out, text.size() + 1, "out");

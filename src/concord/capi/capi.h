@@ -102,6 +102,12 @@ int32_t concord_gguf_write(const char* path, const char* spec, const uint8_t* da
  * NUL-terminated text goes to out (capacity cap bytes); *out_len receives its length. */
 int32_t concord_render_chat(const char* chat_template, const char* system, const char* user,
                             int32_t enable_thinking, char* out, size_t cap, size_t* out_len);
+/* Multi-turn: renders the conversation messages_json, a JSON array of {"role": "system" | "user"
+ * | "assistant", "content": STRING} objects, with add_generation_prompt (serve::render_chat
+ * over ChatMessage). Output as concord_render_chat. */
+int32_t concord_render_chat_messages(const char* chat_template, const char* messages_json,
+                                     int32_t enable_thinking, char* out, size_t cap,
+                                     size_t* out_len);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@ void add_train_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 void add_contract_command(CLI::App& app);
 void add_rl_command(CLI::App& app);
 

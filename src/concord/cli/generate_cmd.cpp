@@ -1,13 +1,17 @@
 // `concord generate`: load a model (HF folder or GGUF), tokenize a prompt (optionally through the
-// model's chat template), and stream sampled tokens to stdout; a throughput summary on stderr.
+// model's chat template), and stream sampled tokens to stdout (or, with --json, print one JSON
+// object: tokens, text, log-probs); stop strings; a throughput summary on stderr.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
@@ -22,12 +26,25 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+// [[id, logp], ...] per position.
+nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>>& lists) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& list : lists) {
+    nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+    for (const serve::TopLogprob& t : list) entries.push_back({t.token, t.logprob});
+    out.push_back(std::move(entries));
+  }
+  return out;
+}
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native";
-    bool chat = false, no_think = false;
+    bool chat = false, no_think = false, json = false, echo = false;
+    std::vector<std::string> stops;
+    std::optional<int32_t> top_logprobs;
     int64_t max_tokens = 256, prefill_chunk = 512;
     float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
     int32_t top_k = 0;
@@ -37,8 +54,9 @@ void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "generate",
       "Generate text from a prompt with a model folder (config.json + safetensors + tokenizer) or "
-      "a GGUF file; tokens stream to stdout, a summary (prompt tokens, prefill tok/s, generated "
-      "tokens, decode tok/s) goes to stderr.");
+      "a GGUF file; tokens stream to stdout (--json: one JSON object with tokens, text and "
+      "log-probs), a summary (prompt tokens, prefill tok/s, generated tokens, decode tok/s) goes "
+      "to stderr.");
   cmd->add_option("--model", a->model, "model folder or .gguf file")->required();
   cmd->add_option("--prompt", a->prompt, "prompt text")->required();
   cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template (ChatML, Llama 3)");
@@ -58,8 +76,23 @@ void add_generate_command(CLI::App& app) {
                   "nvfp4, mxfp4), or a policy JSON");
   add_integer_flag(cmd, "--prefill-chunk", a->prefill_chunk, at_least(1),
                    "prompt tokens per forward pass (default 512)");
+  cmd->add_flag("--json", a->json,
+                "print one JSON object (prompt_tokens, tokens, text, logprobs, finish_reason, ...) "
+                "instead of streaming the text");
+  cmd->add_option("--stop", a->stops,
+                  "stop when the generated text contains this string (repeatable); the text ends "
+                  "before it")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_integer_flag(cmd, "--top-logprobs", a->top_logprobs, between(0, serve::kMaxTopLogprobs),
+                   "with --json: the N most probable tokens and their log-probs per generated token");
+  cmd->add_flag("--echo", a->echo, "with --json: the log-prob of every prompt token after the first");
   cmd->callback([a]() {
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
+    if (a->top_logprobs && !a->json) throw InputError("[generate] --top-logprobs needs --json");
+    if (a->echo && !a->json) throw InputError("[generate] --echo needs --json");
+    std::optional<serve::StopStrings> stop;
+    if (!a->stops.empty()) stop.emplace(a->stops);
     serve::SamplingParams sampling;
     sampling.temperature = a->temperature;
     sampling.top_k = a->top_k;
@@ -98,24 +131,57 @@ void add_generate_command(CLI::App& app) {
     request.sampling = sampling;
     request.max_tokens = a->max_tokens;
     request.stop_tokens = loaded.source.stop_token_ids;
+    request.top_logprobs = a->top_logprobs.value_or(0);
+    request.prompt_logprobs = a->echo;
     if (request.prompt.empty()) throw InputError("[generate] the prompt encodes to no tokens");
 
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = a->prefill_chunk});
     serve::Utf8Stream out;
+    std::string generated;  // --json: the whole text
+    // Text through the UTF-8 stream, then the stop strings; streamed, or kept for --json.
+    auto emit = [&](std::string piece) {
+      if (stop) piece = stop->push(piece);
+      if (a->json) {
+        generated += piece;
+      } else {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    };
     double first_token_seconds = -1;
     const auto request_start = Clock::now();
-    engine.set_token_callback([&](int64_t, int32_t token) {
+    engine.set_token_callback([&](const serve::TokenEvent& event) {
+      const int32_t token = event.token;
       if (first_token_seconds < 0) first_token_seconds = seconds_since(request_start);
       if (tokenizer.is_special(token)) return;  // stop tokens and other control tokens
-      const std::string ready = out.push(tokenizer.token_bytes(token));
-      std::fwrite(ready.data(), 1, ready.size(), stdout);
-      std::fflush(stdout);
+      if (stop && stop->stopped()) return;
+      emit(out.push(tokenizer.token_bytes(token)));
+      // The token that completed a stop string is the completion's last.
+      if (stop && stop->stopped()) engine.cancel(event.id);
     });
     const int64_t id = engine.submit(request);
     engine.run();
     const serve::Completion done = engine.take(id);
-    const std::string rest = out.flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    emit(out.flush());
+    if (stop) emit(stop->flush());
+    const bool stopped_by_string = stop && stop->stopped();
+    if (a->json) {
+      // OpenAI's reasons: a stop token or string is "stop"; max_tokens and a full context "length".
+      const bool stopped = stopped_by_string || done.finish == serve::FinishReason::stop;
+      nlohmann::ordered_json j;
+      j["prompt_tokens"] = request.prompt;
+      j["tokens"] = done.tokens;
+      j["text"] = generated;
+      j["logprobs"] = done.logprobs;
+      if (a->top_logprobs) j["top_logprobs"] = top_json(done.top_logprobs);
+      j["finish_reason"] = stopped ? "stop" : "length";
+      if (a->echo) {
+        j["prompt_logprobs"] = done.prompt_logprobs;
+        if (a->top_logprobs) j["prompt_top_logprobs"] = top_json(done.prompt_top_logprobs);
+      }
+      const std::string line = j.dump();
+      std::fwrite(line.data(), 1, line.size(), stdout);
+    }
     std::fputc('\n', stdout);
     std::fflush(stdout);
 
@@ -128,7 +194,7 @@ void add_generate_command(CLI::App& app) {
                              load_seconds, request.prompt.size(),
                              rate(s.prefill_tokens, s.prefill_seconds),
                              1e3 * std::max(first_token_seconds, 0.0), done.tokens.size(),
-                             serve::finish_reason_name(done.finish),
+                             stopped_by_string ? "stop" : serve::finish_reason_name(done.finish),
                              rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name)
                      .c_str());
   });

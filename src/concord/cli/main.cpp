@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   concord::cli::add_export_command(app);
   concord::cli::add_tokenize_command(app);
   concord::cli::add_generate_command(app);
+  concord::cli::add_serve_command(app);
   concord::cli::add_contract_command(app);
   concord::cli::add_rl_command(app);
   concord::cli::check_text_values(app);

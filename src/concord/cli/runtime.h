@@ -10,7 +10,10 @@ namespace concord::cli {
 // Why (issue 26): libgomp's default spins ~300,000 iterations (a few ms) at every barrier; on a
 // machine whose cores are shared with other work, the spinning threads take the CPU from the
 // one that still has work, and a training step ran 14-19x slower instead of 2x (bench/README.md,
-// "Speed under contention"). Call first thing in main(), before anything starts a thread.
+// "Speed under contention"). `concord serve` is the exception: a server owns its cores, and its
+// many small decode-step forks are 2.4-2.7x slower with passive waits, so it keeps libgomp's
+// default bounded spin (bench/README.md, "concord serve"). Call first thing in main(), before
+// anything starts a thread.
 void configure_runtime(char** argv);
 
 }  // namespace concord::cli

@@ -1,9 +1,10 @@
 // The engine's scheduler: admission into KV-cache slots, one batched cached forward per step,
-// per-sequence sampling and log-probabilities.
+// per-sequence sampling and log-probabilities, cancellation.
 #include "concord/serve/engine.h"
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include <fmt/format.h>
 
@@ -18,6 +19,7 @@ struct Engine::Sequence {
   int slot = -1;
   int64_t prefilled = 0;  // prompt tokens in the cache
   int32_t next_input = 0;  // the last sampled token, fed by the next decode step
+  bool done = false;       // finished or cancelled (its completion is in done_)
   Completion completion;
 };
 
@@ -26,8 +28,33 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::stop: return "stop";
     case FinishReason::length: return "length";
     case FinishReason::context: return "context";
+    case FinishReason::cancelled: return "cancelled";
   }
   return "?";
+}
+
+void top_logprobs(std::span<const float> logits, const SoftmaxStats& stats, int32_t n,
+                  std::vector<TopLogprob>& out) {
+  out.clear();
+  if (n <= 0) return;
+  const size_t keep = std::min(static_cast<size_t>(n), logits.size());
+  // `better` is the heap's "less": the heap's front is the worst entry kept so far. Tokens come
+  // in ascending id, so a later token with an equal logp never displaces an earlier one.
+  const auto better = [](const TopLogprob& a, const TopLogprob& b) {
+    return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
+  };
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const TopLogprob entry{static_cast<int32_t>(i), stats.logprob(logits[i])};
+    if (out.size() < keep) {
+      out.push_back(entry);
+      std::push_heap(out.begin(), out.end(), better);
+    } else if (better(entry, out.front())) {
+      std::pop_heap(out.begin(), out.end(), better);
+      out.back() = entry;
+      std::push_heap(out.begin(), out.end(), better);
+    }
+  }
+  std::sort_heap(out.begin(), out.end(), better);  // best first
 }
 
 static const EngineOptions& checked_options(const EngineOptions& o) {
@@ -63,10 +90,14 @@ int64_t Engine::submit(Request request) {
       throw InputError(fmt::format("[engine] stop token {} outside the vocabulary [0, {})", t, V));
   if (request.max_tokens < 0)
     throw InputError(fmt::format("[engine] max_tokens must be >= 0, got {}", request.max_tokens));
+  if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs)
+    throw InputError(fmt::format("[engine] top_logprobs must be in 0..{}, got {}", kMaxTopLogprobs,
+                                 request.top_logprobs));
   auto s = std::make_unique<Sequence>();
   s->id = next_id_++;
   s->request = std::move(request);
-  if (s->request.max_tokens == 0) {
+  const bool scores_prompt = s->request.prompt_logprobs && s->request.prompt.size() >= 2;
+  if (s->request.max_tokens == 0 && !scores_prompt) {
     done_[s->id] = Completion{};
     return s->id;
   }
@@ -102,10 +133,55 @@ bool Engine::finish_if_done(Sequence& s, int32_t token) {
   return false;
 }
 
+void Engine::finish(Sequence& s, FinishReason reason) {
+  s.completion.finish = reason;
+  s.done = true;
+  cache_.release(s.slot);
+  done_[s.id] = std::move(s.completion);
+  std::unique_ptr<Sequence>& owner = running_[static_cast<size_t>(s.slot)];
+  // During step()'s sampling loop the loop still points at the sequence: keep it until the end.
+  if (in_step_) retired_.push_back(std::move(owner));
+  owner.reset();
+}
+
+// logp(prompt[i] | prompt[<i]) from the logits of prompt token i - 1: `rows` logit rows of
+// prompt tokens first_row, first_row + 1, ... Rows are independent (each sums on one thread, in
+// index order), so they run in parallel without changing a bit.
+void Engine::record_prompt_logprobs(Sequence& s, std::span<const float> logits, int64_t first_row,
+                                    int64_t rows) {
+  const int64_t V = model_.config().vocab_size;
+  const Request& r = s.request;
+  Completion& c = s.completion;
+  const auto prompt_len = static_cast<int64_t>(r.prompt.size());
+  const int64_t scored = std::min(rows, prompt_len - 1 - first_row);  // the last token scores none
+  if (scored <= 0) return;
+  const size_t base = c.prompt_logprobs.size();
+  c.prompt_logprobs.resize(base + static_cast<size_t>(scored));
+  if (r.top_logprobs > 0) c.prompt_top_logprobs.resize(base + static_cast<size_t>(scored));
+  std::exception_ptr error;
+#pragma omp parallel for schedule(static) if (scored * V > 65536)
+  for (int64_t j = 0; j < scored; ++j) {
+    try {
+      const std::span<const float> row = logits.subspan(static_cast<size_t>(j * V), static_cast<size_t>(V));
+      const SoftmaxStats stats = softmax_stats(row, r.sampling.temperature);
+      const size_t k = base + static_cast<size_t>(j);
+      c.prompt_logprobs[k] = stats.logprob(row[static_cast<size_t>(r.prompt[first_row + j + 1])]);
+      if (r.top_logprobs > 0) top_logprobs(row, stats, r.top_logprobs, c.prompt_top_logprobs[k]);
+    } catch (...) {
+#pragma omp critical(concord_engine_prompt_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 bool Engine::step() {
+  CONCORD_CHECK(!in_step_, "Engine::step() called from the token callback");
   admit();
   std::vector<model::CachedInput> inputs;
   std::vector<Sequence*> owners;
+  std::vector<int64_t> prompt_first;  // per input: its first prompt position, -1 for decode rows
+  std::vector<bool> samples;          // per input: its last logits row is sampled
   int64_t prefill_rows = 0, decode_rows = 0;
   for (auto& slot : running_) {
     if (!slot) continue;
@@ -115,14 +191,21 @@ bool Engine::step() {
     in.slot = s.slot;
     if (s.prefilled < prompt_len) {
       const int64_t n = std::min(options_.prefill_chunk, prompt_len - s.prefilled);
+      const bool last_chunk = s.prefilled + n == prompt_len;
       in.tokens = std::span<const int32_t>(s.request.prompt).subspan(
           static_cast<size_t>(s.prefilled), static_cast<size_t>(n));
-      in.logits = s.prefilled + n == prompt_len ? model::LogitRows::last : model::LogitRows::none;
+      in.logits = s.request.prompt_logprobs ? model::LogitRows::all
+                  : last_chunk             ? model::LogitRows::last
+                                           : model::LogitRows::none;
+      prompt_first.push_back(s.prefilled);
+      samples.push_back(last_chunk && s.request.max_tokens > 0);
       s.prefilled += n;
       prefill_rows += n;
     } else {
       in.tokens = std::span<const int32_t>(&s.next_input, 1);
       in.logits = model::LogitRows::last;
+      prompt_first.push_back(-1);
+      samples.push_back(true);
       decode_rows += 1;
     }
     inputs.push_back(in);
@@ -135,29 +218,80 @@ bool Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward_cached(cache_, inputs, logits_);
 
-  int64_t row = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].logits == model::LogitRows::none) continue;
-    Sequence& s = *owners[i];
-    const std::span<const float> logits(logits_.data() + row * V, static_cast<size_t>(V));
-    ++row;
-    Completion& c = s.completion;
-    const SamplingParams& p = s.request.sampling;
-    const int32_t token = sample_token(logits, p, c.tokens.size());
-    c.tokens.push_back(token);
-    c.logprobs.push_back(token_logprob(logits, token, p.temperature));
-    if (s.request.full_logprobs) {
-      c.full_logprobs.emplace_back(static_cast<size_t>(V));
-      full_logprobs(logits, p.temperature, c.full_logprobs.back());
+  // The sampling loop; callbacks may cancel or finish sequences (retired_ keeps them alive).
+  struct StepScope {
+    Engine& e;
+    explicit StepScope(Engine& engine) : e(engine) { e.in_step_ = true; }
+    ~StepScope() {
+      e.in_step_ = false;
+      e.retired_.clear();
     }
+  } scope(*this);
+  // Draws first, for every sampled row at once: each depends only on its own logits row,
+  // parameters and position (sampling.h), so running the rows on several threads changes no
+  // bit; at batch 8 the V-wide exp passes of sampling and log-probs are a fifth of a decode step.
+  std::vector<int64_t> first_row(inputs.size());
+  for (size_t i = 0, row = 0; i < inputs.size(); ++i) {
+    first_row[i] = static_cast<int64_t>(row);
+    row += static_cast<size_t>(model::logit_rows({&inputs[i], 1}));
+  }
+  draws_.resize(inputs.size());
+  const auto n_inputs = static_cast<int64_t>(inputs.size());
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1) if (n_inputs > 1)
+  for (int64_t i = 0; i < n_inputs; ++i) {
+    if (!samples[static_cast<size_t>(i)]) continue;
+    try {
+      const Sequence& s = *owners[static_cast<size_t>(i)];
+      const int64_t rows = model::logit_rows({&inputs[static_cast<size_t>(i)], 1});
+      const std::span<const float> logits(
+          logits_.data() + (first_row[static_cast<size_t>(i)] + rows - 1) * V, static_cast<size_t>(V));
+      const SamplingParams& p = s.request.sampling;
+      Draw& d = draws_[static_cast<size_t>(i)];
+      d.token = sample_token(logits, p, s.completion.tokens.size());
+      // stats.logprob(logits[token]) is token_logprob(logits, token, T), computed once per row.
+      const SoftmaxStats stats = softmax_stats(logits, p.temperature);
+      d.logprob = stats.logprob(logits[static_cast<size_t>(d.token)]);
+      d.top.clear();
+      if (s.request.top_logprobs > 0) top_logprobs(logits, stats, s.request.top_logprobs, d.top);
+    } catch (...) {
+#pragma omp critical(concord_engine_draw_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t rows = model::logit_rows({&inputs[i], 1});
+    const std::span<const float> block(logits_.data() + first_row[i] * V,
+                                       static_cast<size_t>(rows * V));
+    Sequence& s = *owners[i];
+    if (s.done) continue;  // cancelled by an earlier callback of this step
+    if (prompt_first[i] >= 0 && s.request.prompt_logprobs)
+      record_prompt_logprobs(s, block, prompt_first[i], rows);
+    if (!samples[i]) {
+      if (s.prefilled == static_cast<int64_t>(s.request.prompt.size()))
+        finish(s, FinishReason::length);  // max_tokens = 0: the prompt is scored, nothing drawn
+      continue;
+    }
+    const std::span<const float> logits = block.last(static_cast<size_t>(V));
+    Completion& c = s.completion;
+    const Request& r = s.request;
+    const Draw& d = draws_[i];
+    const int32_t token = d.token;
+    c.tokens.push_back(token);
+    c.logprobs.push_back(d.logprob);
+    if (r.full_logprobs) {
+      c.full_logprobs.emplace_back(static_cast<size_t>(V));
+      full_logprobs(logits, r.sampling.temperature, c.full_logprobs.back());
+    }
+    if (r.top_logprobs > 0) c.top_logprobs.push_back(d.top);
     s.next_input = token;
     ++stats_.generated_tokens;
-    if (on_token_) on_token_(s.id, token);
-    if (finish_if_done(s, token)) {
-      cache_.release(s.slot);
-      done_[s.id] = std::move(c);
-      running_[static_cast<size_t>(s.slot)].reset();
-    }
+    const bool ended = finish_if_done(s, token);
+    const FinishReason reason = c.finish;
+    if (ended) finish(s, reason);  // before the event: cancel() from it returns false
+    if (on_token_) on_token_(TokenEvent{s.id, token, d.logprob, d.top, ended, reason});
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -178,6 +312,29 @@ void Engine::run() {
 }
 
 bool Engine::finished(int64_t id) const { return done_.count(id) != 0; }
+
+bool Engine::cancel(int64_t id) {
+  const auto queued = std::find_if(waiting_.begin(), waiting_.end(),
+                                   [id](const std::unique_ptr<Sequence>& s) { return s->id == id; });
+  if (queued != waiting_.end()) {
+    Completion c = std::move((*queued)->completion);
+    c.finish = FinishReason::cancelled;
+    done_[id] = std::move(c);
+    waiting_.erase(queued);
+    return true;
+  }
+  for (auto& slot : running_) {
+    if (slot && slot->id == id && !slot->done) {
+      finish(*slot, FinishReason::cancelled);
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t Engine::waiting() const { return static_cast<int64_t>(waiting_.size()); }
+
+int64_t Engine::running() const { return cache_.sequences_in_use(); }
 
 Completion Engine::take(int64_t id) {
   auto it = done_.find(id);

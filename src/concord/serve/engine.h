@@ -1,5 +1,6 @@
 // Engine: generation for many sequences on one Model — KV cache, chunked prefill, batched decode,
-// sampling and log-probabilities of the sampled tokens.
+// sampling and log-probabilities of the sampled tokens (and, on request, of the n most probable
+// tokens and of the prompt's tokens).
 //
 // Each step() is ONE Model::forward_cached over every running sequence: a sequence still in its
 // prompt contributes its next chunk (at most `prefill_chunk` tokens, cut at multiples of
@@ -8,10 +9,13 @@
 // whole batch. A sequence's chunking, logits, samples (seeded per sequence, sampling.h) and
 // log-probabilities (logprob.h) depend only on that sequence: the results of a request are the
 // same alone or in any batch, with any thread count (docs/engine.md states where bitwise).
+// Asking for log-probabilities (top, prompt) changes no token and no logit: prompt log-probs
+// take every row of the prompt chunks (LogitRows::all), and the final norm and lm_head are
+// row-local in every policy, so the prompt's last row is the one a plain request samples from.
 //
 // Requests wait in FIFO order for one of `max_sequences` KV-cache slots; a finished sequence's
-// slot is reused. Generation ends at a stop token (kept as the last token), after max_tokens, or
-// when the sequence fills its context (prompt + generated = max_context).
+// slot is reused. Generation ends at a stop token (kept as the last token), after max_tokens,
+// when the sequence fills its context (prompt + generated = max_context), or by cancel().
 #pragma once
 
 #include <cstdint>
@@ -19,10 +23,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
+#include "concord/serve/logprob.h"
 #include "concord/serve/sampling.h"
 
 namespace concord::serve {
@@ -33,22 +39,61 @@ struct EngineOptions {
   int64_t max_context = 0;      // prompt + generated tokens per sequence; 0: max_position_embeddings
 };
 
+inline constexpr int32_t kMaxTopLogprobs = 20;  // OpenAI's limit for top_logprobs
+
 struct Request {
   std::vector<int32_t> prompt;       // at least one token
   SamplingParams sampling;
   int64_t max_tokens = 256;          // tokens to generate at most (0: none)
   std::vector<int32_t> stop_tokens;  // e.g. the model's eos ids
   bool full_logprobs = false;        // also return logp of every vocabulary entry per step
+  // Per generated token (and per prompt token with prompt_logprobs), the n most probable
+  // entries (logprob descending, token id ascending on ties); 0..kMaxTopLogprobs, capped at the
+  // vocabulary size.
+  int32_t top_logprobs = 0;
+  // logp(prompt[i] | prompt[<i]) for i >= 1 (OpenAI's echo), with the request's temperature.
+  // With max_tokens = 0 the prompt is still run (scoring a text without generating). Costs the
+  // lm_head over every prompt row and a (chunk, V) block of the step's logits buffer.
+  bool prompt_logprobs = false;
 };
 
-enum class FinishReason { stop, length, context };
-const char* finish_reason_name(FinishReason r);
+enum class FinishReason { stop, length, context, cancelled };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "context", "cancelled"
+
+// One entry of a top-n list: a token and its logp (logprob.h).
+struct TopLogprob {
+  int32_t token = 0;
+  double logprob = 0;
+  bool operator==(const TopLogprob&) const = default;
+};
 
 struct Completion {
   std::vector<int32_t> tokens;    // generated tokens (a stop token included)
   std::vector<double> logprobs;   // logp of each generated token (logprob.h)
   std::vector<std::vector<float>> full_logprobs;  // per generated token, (V), when asked for
+  std::vector<std::vector<TopLogprob>> top_logprobs;  // per generated token, when asked for
+  std::vector<double> prompt_logprobs;  // prompt.size() - 1 values, when asked for (fewer when
+                                        // cancelled during the prompt)
+  // Per prompt token i >= 1, with both prompt_logprobs and top_logprobs.
+  std::vector<std::vector<TopLogprob>> prompt_top_logprobs;
   FinishReason finish = FinishReason::length;
+};
+
+// The n most probable entries of logits under `stats` (softmax_stats of the same logits), in
+// (logp descending, token id ascending) order, into `out` (resized to min(n, V)). One pass over
+// the logits with a heap of n entries: no per-vocabulary allocation. logp values are exactly
+// stats.logprob(logit), i.e. token_logprob's.
+void top_logprobs(std::span<const float> logits, const SoftmaxStats& stats, int32_t n,
+                  std::vector<TopLogprob>& out);
+
+// What the streaming callback gets for every sampled token.
+struct TokenEvent {
+  int64_t id = 0;
+  int32_t token = 0;
+  double logprob = 0;
+  std::span<const TopLogprob> top;  // the request's top_logprobs entries; valid during the call
+  bool finished = false;            // this token ended the sequence ...
+  FinishReason finish = FinishReason::length;  // ... for this reason (meaningful when finished)
 };
 
 // Throughput counters. A step that processes prompt tokens counts as prefill time; a step with
@@ -70,7 +115,9 @@ class Engine {
   ~Engine();
 
   // Queues a request (validated here: InputError for an empty or out-of-vocabulary prompt, a
-  // prompt that does not fit max_context, bad sampling parameters); returns its id.
+  // prompt that does not fit max_context, bad sampling parameters, top_logprobs outside
+  // 0..kMaxTopLogprobs); returns its id. A request with nothing to compute (max_tokens = 0 and
+  // no prompt log-probs to score) is finished at once.
   int64_t submit(Request request);
   // One forward pass over the running sequences (admitting waiting ones first), then sampling.
   // Returns false when there was nothing to run.
@@ -82,9 +129,21 @@ class Engine {
   Completion take(int64_t id);
   // Submits the requests, runs them to completion, returns their completions in order.
   std::vector<Completion> generate(std::vector<Request> requests);
+  // Ends a waiting or running request now: it leaves the queue, or its KV-cache slot is freed
+  // (reused from the next step on); its completion (the tokens so far, finish = cancelled) is
+  // available to take(). False for an id that is unknown, finished or taken. May be called from
+  // the token callback (for the event's own request too: the event's token is then the last of
+  // the completion).
+  bool cancel(int64_t id);
+  int64_t waiting() const;  // requests queued for a slot
+  int64_t running() const;  // sequences holding a slot
 
-  // Called for every sampled token as it is sampled (streaming).
-  using TokenCallback = std::function<void(int64_t id, int32_t token)>;
+  // Called for every sampled token as it is sampled (streaming), on the thread that runs
+  // step(), in each sequence's token order; `finished` is set on a sequence's last event, whose
+  // completion is then already available to take(). Requests that end without sampling a token
+  // (max_tokens = 0, cancel()) get no event: see finished(). The callback may call submit(),
+  // cancel() and take(); it must not call step() or throw.
+  using TokenCallback = std::function<void(const TokenEvent&)>;
   void set_token_callback(TokenCallback callback) { on_token_ = std::move(callback); }
 
   const EngineStats& stats() const { return stats_; }
@@ -95,6 +154,9 @@ class Engine {
   struct Sequence;
   void admit();
   bool finish_if_done(Sequence& s, int32_t token);
+  void record_prompt_logprobs(Sequence& s, std::span<const float> logits, int64_t first_row,
+                              int64_t rows);
+  void finish(Sequence& s, FinishReason reason);
 
   model::Model& model_;
   EngineOptions options_;
@@ -104,6 +166,17 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;  // by slot (null: free)
   std::map<int64_t, Completion> done_;
   std::vector<float> logits_;
+  // One step's draw per input row (sampled token, its log-prob, its top entries); reused.
+  struct Draw {
+    int32_t token = 0;
+    double logprob = 0;
+    std::vector<TopLogprob> top;
+  };
+  std::vector<Draw> draws_;
+  bool in_step_ = false;
+  // Sequences finished or cancelled during the current step's sampling loop, kept alive until
+  // the loop is over (it holds pointers to them).
+  std::vector<std::unique_ptr<Sequence>> retired_;
   TokenCallback on_token_;
   EngineStats stats_;
 };

@@ -1,0 +1,170 @@
+// `concord serve`: load a model and serve it over the OpenAI HTTP API (docs/serve.md) until
+// SIGTERM / SIGINT, which drain the running requests before exiting 0.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
+#include "concord/model/files.h"
+#include "concord/numerics/check.h"
+#include "concord/serve/server.h"
+
+namespace concord::cli {
+namespace {
+
+// The signal handler only writes to this pipe (async-signal-safe); a watcher thread reads it and
+// starts the drain. A second signal exits at once.
+int g_signal_pipe[2] = {-1, -1};
+volatile std::sig_atomic_t g_signals = 0;
+
+void on_signal(int) {
+  g_signals = g_signals + 1;
+  if (g_signals > 1) ::_exit(1);
+  const char byte = 1;
+  const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+  static_cast<void>(n);
+}
+
+void install_signal_handlers() {
+  if (::pipe(g_signal_pipe) != 0) throw InputError("[serve] cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+std::string default_model_name(const std::filesystem::path& path) {
+  std::filesystem::path p = path;
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  return std::filesystem::is_directory(p) ? p.filename().string() : p.stem().string();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  struct Args {
+    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, draft;
+    int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
+            max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0;
+    double request_timeout = 600, receive_timeout = 30;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "Serve a model folder or GGUF file over the OpenAI HTTP API (/v1/completions, "
+      "/v1/chat/completions with streaming, /v1/models, /health, /metrics) with continuous "
+      "batching; SIGTERM/SIGINT drain running requests, then exit 0 (docs/serve.md).");
+  cmd->add_option("--model", a->model, "model folder or .gguf file")->required();
+  cmd->add_option(
+      "--model-name", a->model_name,
+      "model id clients send and /v1/models lists (default: the file's stem or folder name)");
+  cmd->add_option("--host", a->host, "address to bind (default 127.0.0.1: loopback only)");
+  add_integer_flag(cmd, "--port", a->port, between(0, 65535),
+                   "TCP port (0: any free port; default 8000)");
+  cmd->add_option("--policy", a->policy,
+                  "native (default: a GGUF's Q4_0/Q4_1/Q8_0 weights served as stored), a precision "
+                  "preset (fp32, bf16, mxfp8, fp8-tensor, nvfp4, mxfp4), or a policy JSON");
+  add_integer_flag(cmd, "--max-sequences", a->max_sequences, between(1, 4096),
+                   "KV-cache slots: sequences decoded together (default 8)");
+  add_integer_flag(cmd, "--prefill-chunk", a->prefill_chunk, at_least(1),
+                   "prompt tokens of one sequence per forward pass (default 512)");
+  add_integer_flag(
+      cmd, "--max-context", a->max_context, at_least(0),
+      "prompt + generated tokens per sequence (default 0: the model's max_position_embeddings)");
+  add_integer_flag(cmd, "--max-queue", a->max_queue, between(1, 1'000'000),
+                   "choices waiting for a slot; more: 429 with Retry-After (default 256)");
+  add_integer_flag(cmd, "--max-body-bytes", a->max_body_bytes, between(1, int64_t{1} << 32),
+                   "largest request body; larger: 413 (default 1048576)");
+  add_real_flag(cmd, "--request-timeout", a->request_timeout, non_negative(),
+                "seconds from arrival to the end of a request; then it is cancelled (504) "
+                "(0: no limit; default 600)");
+  add_integer_flag(cmd, "--read-timeout", a->read_timeout, between(1, 3600),
+                   "seconds a client may stay silent while sending a request (default 10)");
+  add_real_flag(cmd, "--receive-timeout", a->receive_timeout, positive(),
+                "seconds within which a request's headers, and then its body, must arrive, however "
+                "slowly they trickle (default 30)");
+  add_integer_flag(cmd, "--write-timeout", a->write_timeout, between(1, 3600),
+                   "seconds a write may block on a client that does not read (default 10)");
+  add_integer_flag(cmd, "--http-threads", a->http_threads, between(0, 65536),
+                   "HTTP worker threads (default 0: max-sequences + max-queue + 64)");
+  cmd->add_option(
+      "--api-key", a->api_key,
+      "require 'Authorization: Bearer KEY' on /v1/* (default: $CONCORD_API_KEY, else none)");
+  cmd->add_option("--draft", a->draft,
+                  "speculative decoding with a draft model: not implemented yet (rejected)");
+  cmd->callback([a]() {
+    if (!a->draft.empty())
+      throw InputError(
+          "[serve] --draft: speculative decoding is not implemented yet (a later "
+          "issue); serve without --draft");
+    serve::ServerOptions options;
+    options.host = a->host;
+    options.port = static_cast<int>(a->port);
+    options.policy_name = a->policy;
+    options.engine.max_sequences = a->max_sequences;
+    options.engine.prefill_chunk = a->prefill_chunk;
+    options.engine.max_context = a->max_context;
+    options.max_queue = a->max_queue;
+    options.max_body_bytes = a->max_body_bytes;
+    options.request_timeout_seconds = a->request_timeout;
+    options.read_timeout_seconds = static_cast<int>(a->read_timeout);
+    options.write_timeout_seconds = static_cast<int>(a->write_timeout);
+    options.receive_timeout_seconds = a->receive_timeout;
+    options.http_threads = a->http_threads;
+    options.api_key = a->api_key;
+    if (options.api_key.empty())
+      if (const char* env = std::getenv("CONCORD_API_KEY")) options.api_key = env;
+    options.model_name = a->model_name.empty() ? default_model_name(a->model) : a->model_name;
+
+    // Load and prepare every weight before listening (as generate does).
+    model::LoadedModel loaded = model::load_model(a->model, a->policy);
+    loaded.model.prepare_weights();
+    if (!loaded.source.tokenizer)
+      throw InputError(fmt::format("[serve] {}: the model has no tokenizer", a->model));
+    const int64_t max_position = loaded.model.config().max_position_embeddings;
+    if (options.engine.max_context > max_position)
+      throw InputError(
+          fmt::format("[serve] --max-context {} exceeds the model's max_position_embeddings ({})",
+                      options.engine.max_context, max_position));
+    options.policy_name = loaded.model.policy().name;
+
+    serve::Server server({loaded.model, *loaded.source.tokenizer, loaded.source.chat_template,
+                          loaded.source.stop_token_ids},
+                         options);
+    install_signal_handlers();
+    const int port = server.start();
+    std::fprintf(stderr,
+                 "[serve] listening on http://%s:%d (model %s, policy %s, max-sequences %lld)\n",
+                 options.host.c_str(), port, options.model_name.c_str(),
+                 options.policy_name.c_str(), static_cast<long long>(options.engine.max_sequences));
+    std::fflush(stderr);
+
+    std::thread watcher([&server] {
+      char byte = 0;
+      while (::read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      std::fprintf(stderr, "[serve] draining: finishing running and queued requests\n");
+      server.shutdown();
+    });
+    // Every response is written once wait() returns; idle keep-alive connections need not be
+    // waited for (up to the keep-alive timeout): exit without them.
+    const bool clean = server.wait(0.5);
+    std::fprintf(stderr, "[serve] stopped\n");
+    std::fflush(stderr);
+    if (!clean) std::_Exit(0);  // a connection thread still trickles: do not destroy the server
+    watcher.join();
+  });
+}
+
+}  // namespace concord::cli

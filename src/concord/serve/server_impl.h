@@ -1,0 +1,233 @@
+// Server internals shared by server.cpp (the public API, metrics, the connection watchdog),
+// server_scheduler.cpp (the thread that owns the engine) and server_http.cpp (request handlers,
+// streaming, routes). Private to concord_server.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "concord/io/utf8.h"
+#include "concord/numerics/check.h"
+#include "concord/serve/openai.h"
+#include "concord/serve/server.h"
+#include "concord/serve/text.h"
+
+namespace concord::serve {
+
+using nlohmann::json;
+using openai::ApiError;
+using Clock = std::chrono::steady_clock;
+
+namespace server_detail {
+
+// cpp-httplib's listening socket is protected; the backlog it listens with is compiled into the
+// Debian library (5), far too small for 128 clients connecting at once, so the server listens
+// again with a larger one (Linux updates the backlog of a listening socket).
+class HttpServer : public httplib::Server {
+ public:
+  void enlarge_backlog(int backlog) {
+    const auto sock = svr_sock_.load();
+    if (sock != INVALID_SOCKET) ::listen(sock, backlog);
+  }
+};
+
+double seconds_between(Clock::time_point a, Clock::time_point b);
+// The two ends of a connected TCP socket: the peer's address and port, and the local port.
+bool socket_ends(int fd, std::string& peer_ip, int& peer_port, int& local_port);
+// The connected socket of a request, found by its peer address (httplib does not hand it to
+// handlers): a non-streaming handler watches it to cancel the request when the client leaves.
+int find_connection_socket(const httplib::Request& req, int server_port);
+// The peer closed its end (EOF on a peek); data waiting or nothing yet means it is still there.
+bool peer_closed(int fd);
+std::string random_hex(std::mt19937_64& rng);
+
+}  // namespace server_detail
+
+using server_detail::HttpServer;
+
+// One choice of a job: an engine sequence and the text made of its tokens.
+struct Choice {
+  int64_t engine_id = -1;
+  Utf8Stream utf8;
+  std::optional<StopStrings> stops;
+  std::string text;                         // emitted so far (stop strings removed)
+  int64_t text_points = 0;                  // code points of `text`
+  std::vector<openai::LoggedToken> tokens;  // with logprobs
+  std::vector<double> prompt_logprobs;      // echo + logprobs
+  std::vector<std::vector<TopLogprob>> prompt_top;
+  int64_t generated = 0;
+  bool stop_hit = false;
+  bool done = false;
+  std::string finish_reason;
+  Clock::time_point last_token;
+};
+
+// One HTTP request in flight. The scheduler owns `choices` until `finished`; the HTTP thread
+// reads them after seeing `finished` under `mutex`.
+struct Job {
+  openai::Endpoint endpoint = openai::Endpoint::completions;
+  std::string endpoint_path;
+  bool stream = false, logprobs = false, echo = false, include_usage = false, tokens_as_ids = false;
+  int32_t top_logprobs = 0;
+  std::vector<Request> requests;  // one per choice (seed s + i)
+  std::vector<int32_t> prompt;
+  std::string echo_text;
+  openai::ResponseMeta meta;
+  Clock::time_point arrival, deadline;
+  bool has_deadline = false;
+  bool first_token_seen = false;
+
+  std::vector<Choice> choices;
+  int64_t choices_left = 0;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<openai::ChunkPiece> pieces;  // streaming
+  bool finished = false;
+  std::optional<ApiError> error;  // timeout
+  openai::Usage usage;
+  std::atomic<bool> cancel_requested{false};
+};
+
+struct Server::Impl {
+  ServedModel served;
+  ServerOptions options;
+  int64_t context = 0;
+  Engine engine;
+  Metrics metrics;
+  Gauge& queue_gauge;
+  Gauge& running_gauge;
+  Counter& prompt_tokens;
+  Counter& generated_tokens;
+  Histogram& ttft;
+  Histogram& itl;
+  Histogram& duration;
+
+  std::unique_ptr<HttpServer> http;
+  int bound_port = -1;
+  std::thread scheduler, listener, watchdog;
+  bool started = false, waited = false;
+  int64_t started_unix = 0;  // /v1/models "created"
+
+  std::mutex mu;                       // guards everything below
+  std::condition_variable work_cv;     // the scheduler waits on it
+  std::condition_variable drained_cv;  // wait() waits on it
+  std::deque<std::shared_ptr<Job>> inbox;
+  int64_t inbox_choices = 0;
+  int64_t engine_waiting = 0;  // snapshot after each admission / step
+  int64_t active_jobs = 0;     // inbox + admitted, not finished
+  int64_t open_responses = 0;  // generation responses not yet written out
+  bool stop_scheduler = false;
+  bool listener_done = false;
+  bool stop_watchdog = false;
+
+  // Connections to this server by peer "ip:port", for the receive deadline (watchdog below).
+  struct Connection {
+    int fd = -1;
+    Clock::time_point deadline;
+    bool busy = false;  // a request on it is being handled (its headers arrived)
+  };
+  std::mutex connections_mu;
+  std::condition_variable watchdog_cv;
+  std::map<std::string, Connection> connections;
+  std::atomic<bool> draining{false};
+  std::mt19937_64 rng{std::random_device{}()};
+
+  // Scheduler-only.
+  std::vector<std::shared_ptr<Job>> active;
+  std::map<int64_t, std::pair<Job*, size_t>> by_engine_id;
+
+  Impl(ServedModel s, ServerOptions o)
+      : served(std::move(s)),
+        options(std::move(o)),
+        engine(served.model, options.engine),
+        queue_gauge(metrics.gauge("concord_queue_length", "Choices waiting for a KV-cache slot.")),
+        running_gauge(
+            metrics.gauge("concord_running_sequences", "Sequences holding a KV-cache slot.")),
+        prompt_tokens(metrics.counter("concord_prompt_tokens_total",
+                                      "Prompt tokens of admitted requests (once per request).")),
+        generated_tokens(
+            metrics.counter("concord_generated_tokens_total", "Tokens generated (all choices).")),
+        ttft(metrics.histogram("concord_time_to_first_token_seconds",
+                               "Arrival to the first generated token of a request.",
+                               kLatencyBuckets)),
+        itl(metrics.histogram("concord_inter_token_latency_seconds",
+                              "Time between consecutive tokens of one choice.", kLatencyBuckets)),
+        duration(metrics.histogram("concord_request_duration_seconds",
+                                   "Arrival to the end of a generation request.",
+                                   kLatencyBuckets)) {
+    context = options.engine.max_context > 0 ? options.engine.max_context
+                                             : served.model.config().max_position_embeddings;
+  }
+
+  // ---- metrics, connections (server.cpp)
+  void count(const std::string& endpoint, int status);
+  Clock::duration receive_timeout() const;
+  static std::string peer_key(const std::string& ip, int port) {
+    return fmt::format("{}:{}", ip, port);
+  }
+  // A request's headers arrived: its connection is busy until the response is written.
+  void connection_busy(const std::string& key);
+  // The response went out (or is about to, bounded by the write timeout): the next request's
+  // headers get a new deadline.
+  void connection_idle(const std::string& key, Clock::duration extra = {});
+  // cpp-httplib 0.11 bounds only the silence between reads: a client trickling a header byte now
+  // and then holds its thread forever. The watchdog gives every connection's headers
+  // --receive-timeout seconds (from when it is first seen, or from the previous response) and
+  // shuts down the socket of one that is not done by then and that a thread is reading (nothing
+  // left unread in its socket buffer), which ends that read at once.
+  void run_watchdog();
+
+  // ---- the scheduler thread (server_scheduler.cpp)
+  void push_piece(Job& job, openai::ChunkPiece piece);
+  void on_token(const TokenEvent& ev);
+  // A choice whose engine request finished (stop token, length, context, or cancelled by its
+  // stop string): flush its text, set its finish reason.
+  void finalize(Job& job, size_t index, Completion completion);
+  void finish_job(Job& job, std::optional<ApiError> error);
+  // Ends every unfinished choice of a job now (client gone, deadline passed).
+  void abort_job(Job& job, std::optional<ApiError> error);
+  void admit(const std::shared_ptr<Job>& job);
+  void run_scheduler();
+
+  // ---- HTTP threads (server_http.cpp)
+  static void send_error(httplib::Response& res, const ApiError& e);
+  // The tokenized prompt of a validated request, checked against the vocabulary and context.
+  std::vector<int32_t> prompt_of(const openai::GenerationRequest& r, std::string& echo_text) const;
+  std::shared_ptr<Job> make_job(const openai::GenerationRequest& r, const std::string& path);
+  // Queue a job, or 429 when its choices do not fit the queue.
+  void enqueue(const std::shared_ptr<Job>& job);
+  void request_cancel(Job& job);
+  void response_done();
+  openai::TokenText names(const Job& job) const;
+  // The non-streaming body of a finished job.
+  json final_response(const Job& job) const;
+  void handle_generation(openai::Endpoint endpoint, const std::string& path,
+                         const httplib::Request& req, httplib::Response& res,
+                         const httplib::ContentReader& reader);
+  void stream_response(const std::shared_ptr<Job>& job, const std::string& connection,
+                       httplib::Response& res);
+  bool authorized(const httplib::Request& req) const;
+  static std::string endpoint_label(const std::string& path);
+  void setup_routes();
+};
+
+}  // namespace concord::serve

@@ -1,0 +1,224 @@
+// concord serve: the scheduler thread, which owns the engine: admission, steps, tokens to text,
+// stop strings, cancellation (server_impl.h).
+#include "concord/serve/server_impl.h"
+
+namespace concord::serve {
+
+using namespace server_detail;
+
+void Server::Impl::push_piece(Job& job, openai::ChunkPiece piece) {
+  if (!job.stream) return;
+  std::lock_guard lk(job.mutex);
+  job.pieces.push_back(std::move(piece));
+  job.cv.notify_all();
+}
+
+void Server::Impl::on_token(const TokenEvent& ev) {
+  const auto it = by_engine_id.find(ev.id);
+  if (it == by_engine_id.end()) return;
+  Job& job = *it->second.first;
+  const size_t index = it->second.second;
+  Choice& c = job.choices[index];
+  if (c.done || c.stop_hit) return;
+  const auto now = Clock::now();
+  generated_tokens.inc();
+  if (!job.first_token_seen) {
+    job.first_token_seen = true;
+    ttft.observe(seconds_between(job.arrival, now));
+  }
+  if (c.generated > 0) itl.observe(seconds_between(c.last_token, now));
+  c.last_token = now;
+  ++c.generated;
+  std::string piece_text;
+  if (!served.tokenizer.is_special(ev.token)) {  // stop tokens and other control tokens: no text
+    const std::string ready = c.utf8.push(served.tokenizer.token_bytes(ev.token));
+    if (c.stops) {
+      piece_text = c.stops->push(ready);
+      if (c.stops->stopped()) {
+        c.stop_hit = true;
+        engine.cancel(ev.id);  // frees the slot now; this token is the completion's last
+      }
+    } else {
+      piece_text = ready;
+    }
+  }
+  openai::ChunkPiece piece;
+  piece.index = static_cast<int64_t>(index);
+  if (job.logprobs) {
+    openai::LoggedToken t;
+    t.token = ev.token;
+    t.logprob = ev.logprob;
+    std::vector<openai::Alternative> top;
+    top.reserve(ev.top.size());
+    for (const TopLogprob& a : ev.top) top.push_back({a.token, a.logprob});
+    t.top = std::move(top);
+    t.text_offset = c.text_points;
+    c.tokens.push_back(t);
+    piece.tokens.push_back(std::move(t));
+  }
+  c.text += piece_text;
+  c.text_points += openai::code_points(piece_text);
+  if (job.logprobs || !piece_text.empty()) {
+    piece.text = std::move(piece_text);
+    push_piece(job, std::move(piece));
+  }
+}
+
+// A choice whose engine request finished (stop token, length, context, or cancelled by its
+// stop string): flush its text, set its finish reason.
+void Server::Impl::finalize(Job& job, size_t index, Completion completion) {
+  Choice& c = job.choices[index];
+  std::string rest;
+  if (!c.stop_hit) {
+    const std::string tail = c.utf8.flush();
+    if (c.stops) {
+      rest = c.stops->push(tail);
+      if (c.stops->stopped())
+        c.stop_hit = true;
+      else
+        rest += c.stops->flush();
+    } else {
+      rest = tail;
+    }
+  }
+  c.text += rest;
+  c.text_points += openai::code_points(rest);
+  c.finish_reason = c.stop_hit || completion.finish == FinishReason::stop ? "stop" : "length";
+  c.prompt_logprobs = std::move(completion.prompt_logprobs);
+  c.prompt_top = std::move(completion.prompt_top_logprobs);
+  c.generated = static_cast<int64_t>(completion.tokens.size());
+  c.done = true;
+  by_engine_id.erase(c.engine_id);
+  openai::ChunkPiece piece;
+  piece.index = static_cast<int64_t>(index);
+  piece.text = std::move(rest);
+  piece.finish_reason = c.finish_reason;
+  push_piece(job, std::move(piece));
+  --job.choices_left;
+}
+
+void Server::Impl::finish_job(Job& job, std::optional<ApiError> error) {
+  openai::Usage usage;
+  usage.prompt_tokens = static_cast<int64_t>(job.prompt.size());
+  for (const Choice& c : job.choices) usage.completion_tokens += c.generated;
+  duration.observe(seconds_between(job.arrival, Clock::now()));
+  {
+    std::lock_guard lk(job.mutex);
+    job.usage = usage;
+    job.error = std::move(error);
+    job.finished = true;
+    job.cv.notify_all();
+  }
+  std::lock_guard lk(mu);
+  --active_jobs;
+  drained_cv.notify_all();
+}
+
+// Ends every unfinished choice of a job now (client gone, deadline passed).
+void Server::Impl::abort_job(Job& job, std::optional<ApiError> error) {
+  for (Choice& c : job.choices) {
+    if (c.done) continue;
+    if (c.engine_id >= 0) {
+      engine.cancel(c.engine_id);
+      if (engine.finished(c.engine_id)) {
+        const Completion done = engine.take(c.engine_id);
+        c.generated = static_cast<int64_t>(done.tokens.size());
+      }
+      by_engine_id.erase(c.engine_id);
+    }
+    c.done = true;
+    c.finish_reason = "length";
+  }
+  job.choices_left = 0;
+  finish_job(job, std::move(error));
+}
+
+void Server::Impl::admit(const std::shared_ptr<Job>& job) {
+  prompt_tokens.inc(static_cast<double>(job->prompt.size()));
+  for (size_t i = 0; i < job->requests.size(); ++i) {
+    Choice& c = job->choices[i];
+    try {
+      c.engine_id = engine.submit(std::move(job->requests[i]));
+    } catch (const InputError& e) {  // validated before; a bug if it happens
+      abort_job(*job, ApiError(500, "server_error", "internal_error", e.what()));
+      return;
+    }
+    by_engine_id[c.engine_id] = {job.get(), i};
+  }
+  active.push_back(job);
+}
+
+void Server::Impl::run_scheduler() {
+  engine.set_token_callback([this](const TokenEvent& ev) { on_token(ev); });
+  while (true) {
+    std::deque<std::shared_ptr<Job>> fresh;
+    int64_t fresh_choices = 0;
+    {
+      std::unique_lock lk(mu);
+      if (active.empty()) {
+        // Wake up for new jobs, or now and then to notice cancellations of queued jobs.
+        work_cv.wait_for(lk, std::chrono::milliseconds(200),
+                         [&] { return !inbox.empty() || stop_scheduler; });
+      }
+      if (stop_scheduler && inbox.empty() && active.empty()) break;
+      fresh.swap(inbox);
+    }
+    for (const auto& job : fresh) {
+      fresh_choices += static_cast<int64_t>(job->requests.size());
+      admit(job);
+    }
+    {
+      std::lock_guard lk(mu);
+      inbox_choices -= fresh_choices;
+      engine_waiting = engine.waiting();
+    }
+    // Cancellations and deadlines, between steps.
+    const auto now = Clock::now();
+    for (const auto& job : active) {
+      if (job->finished) continue;
+      if (job->cancel_requested.load()) {
+        abort_job(*job, std::nullopt);
+      } else if (job->has_deadline && now > job->deadline) {
+        abort_job(*job, ApiError(504, "timeout_error", "request_timeout",
+                                 fmt::format("the request did not finish within --request-timeout "
+                                             "({} s); it was cancelled",
+                                             options.request_timeout_seconds)));
+      }
+    }
+    if (engine.waiting() + engine.running() > 0) {
+      try {
+        engine.step();
+      } catch (const std::exception& e) {
+        // A bug (the requests were validated): fail what runs, keep serving.
+        for (const auto& job : active)
+          if (!job->finished)
+            abort_job(*job, ApiError(500, "server_error", "internal_error",
+                                     fmt::format("the engine failed: {}", e.what())));
+      }
+    } else if (!active.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // only finished-at-once choices
+    }
+    // The gauges before any response of this step goes out (finished slots are free already).
+    {
+      std::lock_guard lk(mu);
+      engine_waiting = engine.waiting();
+      queue_gauge.set(static_cast<double>(engine_waiting + inbox_choices));
+      running_gauge.set(static_cast<double>(engine.running()));
+    }
+    // Finished choices (a finishing token's event, a cancel by stop string, max_tokens = 0).
+    for (const auto& job : active) {
+      if (job->finished) continue;
+      for (size_t i = 0; i < job->choices.size(); ++i) {
+        Choice& c = job->choices[i];
+        if (!c.done && engine.finished(c.engine_id)) finalize(*job, i, engine.take(c.engine_id));
+      }
+      if (job->choices_left == 0) finish_job(*job, std::nullopt);
+    }
+    std::erase_if(active, [](const std::shared_ptr<Job>& j) {
+      std::lock_guard lk(j->mutex);
+      return j->finished;
+    });
+  }
+}
+
+}  // namespace concord::serve

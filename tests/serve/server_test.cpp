@@ -1,0 +1,636 @@
+// The HTTP server in-process on a tiny random model with a byte-level tokenizer, driven with
+// httplib::Client and raw sockets: results equal the engine's, streaming equals non-streaming,
+// concurrent requests equal the same requests alone, stop strings, errors (400/401/404/405/413/
+// 429/504), a client that disconnects frees its slot, shutdown drains.
+#include "concord/serve/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "concord/io/tokenizer.h"
+#include "concord/model/model.h"
+#include "concord/serve/engine.h"
+#include "concord/serve/text.h"
+
+namespace concord::serve {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kChatMl =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+    "}}{% endif %}";
+constexpr int32_t kImEnd = 257;
+
+model::ModelConfig tiny_config() {
+  model::ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";
+  c.vocab_size = 259;  // 256 bytes + 3 special tokens
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 16;
+  c.max_position_embeddings = 1024;
+  return c;
+}
+
+// A TCP connection to the server on loopback.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// What the server sends until it closes, `limit` bytes, `until` appears, or 5 s of silence.
+std::string receive_all(int fd, size_t limit = 1 << 20, const std::string& until = "") {
+  std::string got;
+  char buf[4096];
+  while (got.size() < limit && (until.empty() || got.find(until) == std::string::npos)) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new model::Model(tiny_config());
+    model_->init_random(5, 0.3f);  // logits spread wide: varied samples
+    tokenizer_ = new io::Tokenizer(
+        io::Tokenizer::byte_level({"<|im_start|>", "<|im_end|>", "<|endoftext|>"}));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tokenizer_;
+  }
+
+  ServerOptions options() const {
+    ServerOptions o;
+    o.port = 0;
+    o.model_name = "tiny";
+    o.engine.max_sequences = 4;
+    o.max_queue = 64;
+    o.read_timeout_seconds = 2;
+    o.write_timeout_seconds = 2;
+    return o;
+  }
+  std::unique_ptr<Server> start(ServerOptions o) {
+    auto s = std::make_unique<Server>(ServedModel{*model_, *tokenizer_, kChatMl, {kImEnd}}, o);
+    port_ = s->start();
+    return s;
+  }
+  httplib::Result post(const std::string& path, const json& body,
+                       const httplib::Headers& headers = {}) {
+    httplib::Client cli("127.0.0.1", port_);
+    cli.set_read_timeout(30, 0);
+    return cli.Post(path.c_str(), headers, body.dump(), "application/json");
+  }
+  json post_ok(const std::string& path, const json& body) {
+    auto res = post(path, body);
+    EXPECT_TRUE(res) << "no response";
+    if (!res) return json();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body);
+  }
+  static std::vector<json> sse_events(const std::string& body, bool* done) {
+    std::vector<json> events;
+    *done = false;
+    size_t pos = 0;
+    while ((pos = body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = body.find("\n\n", pos);
+      const std::string data = body.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (data == "[DONE]") {
+        *done = true;
+        EXPECT_EQ(end + 2, body.size()) << "[DONE] must be the last event";
+        break;
+      }
+      events.push_back(json::parse(data));
+    }
+    return events;
+  }
+  static std::vector<int32_t> ids_of(const json& logprobs_tokens) {
+    std::vector<int32_t> ids;
+    for (const auto& t : logprobs_tokens) ids.push_back(std::stoi(t.get<std::string>().substr(9)));
+    return ids;
+  }
+
+  static model::Model* model_;
+  static io::Tokenizer* tokenizer_;
+  int port_ = 0;
+};
+model::Model* ServerTest::model_ = nullptr;
+io::Tokenizer* ServerTest::tokenizer_ = nullptr;
+
+// The server's tokens and log-probs are the engine's, run directly with the same settings
+// (choice i with seed s + i), and its text is their decoded bytes.
+TEST_F(ServerTest, CompletionEqualsEngine) {
+  const std::string prompt = "hello there";
+  std::vector<Completion> expected;
+  {
+    Engine engine(*model_, {.max_sequences = 1});
+    for (uint64_t i = 0; i < 2; ++i) {
+      Request r;
+      r.prompt = tokenizer_->encode_for_model(prompt);
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_k = 50;
+      r.sampling.seed = 11 + i;
+      r.max_tokens = 12;
+      r.stop_tokens = {kImEnd};
+      r.top_logprobs = 3;
+      expected.push_back(engine.generate({r})[0]);
+    }
+  }
+  auto server = start(options());
+  const json j = post_ok("/v1/completions", {{"prompt", prompt},
+                                             {"max_tokens", 12},
+                                             {"temperature", 0.9},
+                                             {"top_k", 50},
+                                             {"seed", 11},
+                                             {"n", 2},
+                                             {"logprobs", 3},
+                                             {"return_tokens_as_token_ids", true},
+                                             {"model", "tiny"}});
+  ASSERT_EQ(j["choices"].size(), 2u);
+  int64_t completion_tokens = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const json& c = j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    const auto ids = ids_of(c["logprobs"]["tokens"]);
+    EXPECT_EQ(ids, expected[i].tokens) << "choice " << i;
+    for (size_t t = 0; t < ids.size() && t < expected[i].logprobs.size(); ++t) {
+      EXPECT_EQ(c["logprobs"]["token_logprobs"][t].get<double>(), expected[i].logprobs[t]);
+      EXPECT_EQ(c["logprobs"]["top_logprobs"][t].size(), 3u);
+    }
+    std::string bytes;
+    for (const int32_t t : expected[i].tokens)
+      if (!tokenizer_->is_special(t)) bytes += tokenizer_->token_bytes(t);
+    Utf8Stream u;
+    EXPECT_EQ(c["text"], u.push(bytes) + u.flush());
+    EXPECT_EQ(c["finish_reason"], expected[i].finish == FinishReason::stop ? "stop" : "length");
+    completion_tokens += static_cast<int64_t>(expected[i].tokens.size());
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tokenizer_->encode_for_model(prompt).size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny");
+}
+
+// A stream carries the same text and tokens as the non-streaming response, in OpenAI's chunk
+// format, ending with the usage chunk and [DONE]; chat streams start with the role.
+TEST_F(ServerTest, StreamEqualsNonStream) {
+  auto server = start(options());
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    const bool chat = path == "/v1/chat/completions";
+    json body = {{"max_tokens", 20},
+                 {"seed", 3},
+                 {"temperature", 1.0},
+                 {"n", 2},
+                 {"return_tokens_as_token_ids", true}};
+    if (chat) {
+      body["messages"] = {{{"role", "user"}, {"content", "hi"}}};
+      body["logprobs"] = true;
+    } else {
+      body["prompt"] = "abc";
+      body["logprobs"] = 0;
+    }
+    const json whole = post_ok(path, body);
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    auto res = post(path, body);
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200);
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+    bool done = false;
+    const auto events = sse_events(res->body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_FALSE(events.empty());
+    std::vector<std::string> text(2);
+    std::vector<std::vector<int32_t>> tokens(2);
+    std::vector<std::string> finish(2);
+    std::vector<bool> role_seen(2, false);
+    for (size_t e = 0; e + 1 < events.size(); ++e) {
+      const json& ev = events[e];
+      EXPECT_EQ(ev["object"], chat ? "chat.completion.chunk" : "text_completion");
+      EXPECT_TRUE(ev["usage"].is_null());
+      const json& c = ev["choices"][0];
+      const size_t i = c["index"].get<size_t>();
+      EXPECT_TRUE(finish[i].empty()) << "a chunk after the finish";
+      if (chat) {
+        if (!role_seen[i]) {
+          EXPECT_EQ(c["delta"]["role"], "assistant");
+        }
+        role_seen[i] = true;
+        if (c["delta"].contains("content")) text[i] += c["delta"]["content"].get<std::string>();
+        if (!c["logprobs"].is_null())
+          for (const auto& t : c["logprobs"]["content"])
+            tokens[i].push_back(std::stoi(t["token"].get<std::string>().substr(9)));
+      } else {
+        text[i] += c["text"].get<std::string>();
+        if (!c["logprobs"].is_null())
+          for (const int32_t t : ids_of(c["logprobs"]["tokens"])) tokens[i].push_back(t);
+      }
+      if (!c["finish_reason"].is_null()) finish[i] = c["finish_reason"];
+    }
+    EXPECT_EQ(events.back()["choices"], json::array());
+    EXPECT_EQ(events.back()["usage"], whole["usage"]);
+    for (size_t i = 0; i < 2; ++i) {
+      const json& w = whole["choices"][i];
+      EXPECT_EQ(text[i], chat ? w["message"]["content"] : w["text"]) << path << " choice " << i;
+      EXPECT_EQ(finish[i], w["finish_reason"]);
+      std::vector<int32_t> want;
+      if (chat) {
+        for (const auto& t : w["logprobs"]["content"])
+          want.push_back(std::stoi(t["token"].get<std::string>().substr(9)));
+      } else {
+        want = ids_of(w["logprobs"]["tokens"]);
+      }
+      EXPECT_EQ(tokens[i], want) << path;
+    }
+  }
+}
+
+// Requests sent together (continuous batching: more than the 4 slots, joining while others
+// decode) give exactly what each gives alone.
+TEST_F(ServerTest, ConcurrentEqualsAlone) {
+  auto server = start(options());
+  auto body = [](int i) {
+    return json{{"prompt", std::string(static_cast<size_t>(1 + i % 5), static_cast<char>('a' + i))},
+                {"max_tokens", 8 + 3 * (i % 4)},
+                {"seed", 100 + i},
+                {"temperature", 1.0},
+                {"logprobs", 1},
+                {"return_tokens_as_token_ids", true}};
+  };
+  constexpr int kRequests = 10;
+  std::vector<json> alone;
+  for (int i = 0; i < kRequests; ++i)
+    alone.push_back(post_ok("/v1/completions", body(i))["choices"]);
+  std::vector<std::future<json>> together;
+  for (int i = 0; i < kRequests; ++i)
+    together.push_back(std::async(
+        std::launch::async, [&, i] { return post_ok("/v1/completions", body(i))["choices"]; }));
+  for (int i = 0; i < kRequests; ++i)
+    EXPECT_EQ(together[static_cast<size_t>(i)].get(), alone[static_cast<size_t>(i)]) << i;
+}
+
+// A stop string ends the text right before it, finish_reason "stop"; the tokens run through the
+// one that completed it.
+TEST_F(ServerTest, StopStrings) {
+  auto server = start(options());
+  json body = {{"prompt", "xyz"},
+               {"max_tokens", 40},
+               {"seed", 9},
+               {"logprobs", 0},
+               {"return_tokens_as_token_ids", true}};
+  const json free_run = post_ok("/v1/completions", body)["choices"][0];
+  const std::string text = free_run["text"];
+  ASSERT_GE(text.size(), 12u) << "the test needs a longer free run";
+  // A stop string of ASCII bytes from the middle of the text (or the first such pair).
+  std::string stop;
+  for (size_t i = 4; i + 1 < text.size() && stop.empty(); ++i)
+    if (static_cast<unsigned char>(text[i]) < 0x80 &&
+        static_cast<unsigned char>(text[i + 1]) < 0x80)
+      stop = text.substr(i, 2);
+  ASSERT_FALSE(stop.empty());
+  body["stop"] = json::array({stop, "never-appears-zzzz"});
+  const json stopped = post_ok("/v1/completions", body)["choices"][0];
+  const size_t at = text.find(stop);
+  EXPECT_EQ(stopped["text"], text.substr(0, at));
+  EXPECT_EQ(stopped["finish_reason"], "stop");
+  const auto all = ids_of(free_run["logprobs"]["tokens"]);
+  const auto some = ids_of(stopped["logprobs"]["tokens"]);
+  ASSERT_LT(some.size(), all.size());
+  EXPECT_TRUE(std::equal(some.begin(), some.end(), all.begin()));
+  std::string bytes;  // the kept tokens' bytes contain the stop string; one token fewer do not
+  for (const int32_t t : some) bytes += tokenizer_->token_bytes(t);
+  EXPECT_NE(bytes.find(stop), std::string::npos);
+  EXPECT_EQ(bytes.substr(0, bytes.size() - tokenizer_->token_bytes(some.back()).size()).find(stop),
+            std::string::npos);
+}
+
+TEST_F(ServerTest, EchoScoresThePrompt) {
+  auto server = start(options());
+  const json c = post_ok("/v1/completions", {{"prompt", "abcd"},
+                                             {"max_tokens", 0},
+                                             {"echo", true},
+                                             {"logprobs", 2},
+                                             {"temperature", 0}})["choices"][0];
+  EXPECT_EQ(c["text"], "abcd");
+  EXPECT_EQ(c["logprobs"]["tokens"], (json{"a", "b", "c", "d"}));
+  EXPECT_TRUE(c["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_TRUE(c["logprobs"]["top_logprobs"][0].is_null());
+  EXPECT_EQ(c["logprobs"]["text_offset"], (json{0, 1, 2, 3}));
+  // The engine's definition: logp(prompt[i] | prompt[<i]) at T = 1 for greedy.
+  Request r;
+  r.prompt = tokenizer_->encode_for_model("abcd");
+  r.sampling.temperature = 0;
+  r.max_tokens = 0;
+  r.prompt_logprobs = true;
+  server.reset();  // the engine below must not run beside the server's on the same model
+  Engine engine(*model_, {.max_sequences = 1});
+  const Completion want = engine.generate({r})[0];
+  ASSERT_EQ(want.prompt_logprobs.size(), 3u);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(c["logprobs"]["token_logprobs"][i].get<double>(), want.prompt_logprobs[i - 1]);
+    EXPECT_EQ(c["logprobs"]["top_logprobs"][i].size(), 2u);
+  }
+}
+
+TEST_F(ServerTest, ChatModelsHealthMetrics) {
+  auto server = start(options());
+  const json chat = post_ok(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "system"}, {"content", "s"}}, {{"role", "user"}, {"content", "u"}}}},
+       {"max_tokens", 5}});
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  // The ChatML rendering, each special marker one token.
+  EXPECT_EQ(
+      chat["usage"]["prompt_tokens"],
+      tokenizer_
+          ->encode_for_model("<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n"
+                             "<|im_start|>assistant\n")
+          .size());
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], 31);
+  httplib::Client cli("127.0.0.1", port_);
+  auto models = cli.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+  auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body)["status"], "ok");
+  auto metrics = cli.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* name :
+       {"concord_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
+        "concord_queue_length 0", "concord_running_sequences 0", "concord_prompt_tokens_total",
+        "concord_generated_tokens_total", "concord_time_to_first_token_seconds_bucket",
+        "concord_inter_token_latency_seconds_count", "concord_request_duration_seconds_sum"})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
+}
+
+TEST_F(ServerTest, Errors) {
+  ServerOptions o = options();
+  o.max_body_bytes = 4096;
+  auto server = start(o);
+  httplib::Client cli("127.0.0.1", port_);
+  auto expect_error = [](const httplib::Result& res, int status, const std::string& code) {
+    ASSERT_TRUE(res) << "no response where " << status << " " << code
+                     << " was expected: " << res.error();
+    EXPECT_EQ(res->status, status) << res->body;
+    const json e = json::parse(res->body)["error"];
+    EXPECT_EQ(e["code"], code) << res->body;
+    EXPECT_TRUE(e.contains("message") && e.contains("type") && e.contains("param"));
+  };
+  expect_error(cli.Post("/v1/completions", "{\"prompt\": ", "application/json"), 400,
+               "invalid_json");
+  expect_error(cli.Post("/v1/completions", "{\"prompt\": \"\xff\"}", "application/json"), 400,
+               "invalid_utf8");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}), 400,
+               "invalid_type");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1024}}), 400,
+               "context_length_exceeded");
+  expect_error(post("/v1/completions", {{"prompt", std::string(1024, 'a')}}), 400,
+               "context_length_exceeded");
+  expect_error(post("/v1/completions", {{"prompt", {1, 259}}}), 400, "invalid_value");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"model", "gpt-4"}}), 404,
+               "model_not_found");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"n", 65}}), 400, "invalid_value");
+  expect_error(cli.Get("/v1/nothing"), 404, "not_found");
+  expect_error(cli.Get("/v1/completions"), 405, "method_not_allowed");
+  expect_error(cli.Post("/v1/completions", std::string(5000, ' '), "application/json"), 413,
+               "payload_too_large");
+  {
+    // A chunked body is bounded too (raw socket: the server answers before it has read
+    // everything, which httplib's client reports as a write error).
+    const int fd = connect_to(port_);
+    std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (int i = 0; i < 10; ++i) request += "3e8\r\n" + std::string(1000, ' ') + "\r\n";
+    request += "0\r\n\r\n";
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    const std::string response = receive_all(fd, 1 << 20, "}}");  // the end of the error JSON
+    ::close(fd);
+    EXPECT_EQ(response.rfind("HTTP/1.1 413", 0), 0u) << response;
+    EXPECT_NE(response.find("payload_too_large"), std::string::npos) << response;
+  }
+  // The server still serves.
+  EXPECT_EQ(post_ok("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}})["choices"].size(), 1u);
+}
+
+TEST_F(ServerTest, ApiKey) {
+  ServerOptions o = options();
+  o.api_key = "secret";
+  auto server = start(o);
+  auto res = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "authentication_error");
+  res = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}},
+             {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  res = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}},
+             {{"Authorization", "Bearer secret"}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  httplib::Client cli("127.0.0.1", port_);
+  auto health = cli.Get("/health");  // no key needed
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+// One slot, a queue of two: of many requests sent at once, some get 429 with Retry-After, the
+// rest complete.
+TEST_F(ServerTest, QueueFullIs429) {
+  ServerOptions o = options();
+  o.engine.max_sequences = 1;
+  o.max_queue = 2;
+  auto server = start(o);
+  std::vector<std::future<int>> statuses;
+  for (int i = 0; i < 12; ++i)
+    statuses.push_back(std::async(std::launch::async, [&] {
+      auto res = post("/v1/completions", {{"prompt", "queue"}, {"max_tokens", 200}});
+      if (!res) return -1;
+      if (res->status == 429) {
+        EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+        EXPECT_EQ(json::parse(res->body)["error"]["code"], "queue_full");
+      }
+      return res->status;
+    }));
+  int ok = 0, full = 0;
+  for (auto& s : statuses) {
+    const int status = s.get();
+    ok += status == 200;
+    full += status == 429;
+  }
+  EXPECT_EQ(ok + full, 12);
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(full, 1);
+}
+
+// Sends a request on a raw socket, reads a little of the response, closes the connection.
+void send_and_leave(int port, const std::string& body, size_t read_bytes) {
+  const int fd = connect_to(port);
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  if (read_bytes > 0) receive_all(fd, read_bytes);
+  ::close(fd);
+}
+
+double metric(Server& server, const std::string& line_start) {
+  const std::string text = server.metrics().render();
+  const size_t at = text.find("\n" + line_start + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + line_start.size() + 2));
+}
+
+// A client that leaves mid-stream (or while waiting for a non-streaming answer) is cancelled:
+// its sequence stops long before max_tokens and the slot is free. A wider model without stop
+// tokens, so that each request would run its full 1000 tokens (about a second) if not cancelled.
+TEST_F(ServerTest, DisconnectFreesSlot) {
+  model::ModelConfig wide = tiny_config();
+  wide.hidden_size = 256;
+  wide.intermediate_size = 1024;
+  wide.num_hidden_layers = 4;
+  wide.num_attention_heads = 4;
+  wide.num_key_value_heads = 2;
+  wide.head_dim = 64;
+  model::Model m(wide);
+  m.init_random(6, 0.05f);
+  Server server(ServedModel{m, *tokenizer_, kChatMl, {}}, options());
+  port_ = server.start();
+  const int64_t max_tokens = 1000;
+  const auto t0 = std::chrono::steady_clock::now();
+  send_and_leave(port_, json{{"prompt", "go"}, {"max_tokens", max_tokens}, {"stream", true}}.dump(),
+                 300);
+  send_and_leave(port_, json{{"prompt", "go"}, {"max_tokens", max_tokens}}.dump(), 0);
+  for (int i = 0; i < 500 && metric(server, "concord_running_sequences") != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(metric(server, "concord_running_sequences"), 0);
+  const double generated = metric(server, "concord_generated_tokens_total");
+  EXPECT_LT(generated, static_cast<double>(max_tokens)) << "in " << seconds << " s";
+  // The slots serve the next request.
+  auto res = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  server.shutdown();
+  EXPECT_TRUE(server.wait());
+}
+
+// Slowloris: more connections than HTTP threads trickle a request one byte at a time (never
+// silent long enough for the read timeout). The receive deadline shuts them down, and a normal
+// request is served within about the deadline rather than when the tricklers give up (3 s).
+TEST_F(ServerTest, TricklingClientsAreCutOff) {
+  ServerOptions o = options();
+  o.http_threads = 6;
+  o.receive_timeout_seconds = 0.5;
+  auto server = start(o);
+  std::vector<int> socks;
+  for (int i = 0; i < 10; ++i) socks.push_back(connect_to(port_));
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    for (size_t b = 0; b < 15 && !stop; ++b) {  // 3 s at most
+      for (const int fd : socks) ::send(fd, request.data() + b % request.size(), 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the tricklers hold the threads
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_LT(waited, 2.0);
+  // The tricklers' connections were closed by the server.
+  int closed = 0;
+  for (const int fd : socks) {
+    char c;
+    closed += ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+  }
+  EXPECT_GE(closed, 1);
+  stop = true;
+  trickle.join();
+  for (const int fd : socks) ::close(fd);
+}
+
+TEST_F(ServerTest, RequestTimeout) {
+  ServerOptions o = options();
+  o.request_timeout_seconds = 1e-4;  // passes before the first step
+  auto server = start(o);
+  auto res = post("/v1/completions", {{"prompt", "slow"}, {"max_tokens", 1000}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 504);
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], "request_timeout");
+  res = post("/v1/completions", {{"prompt", "slow"}, {"max_tokens", 1000}, {"stream", true}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  bool done = false;
+  const auto events = sse_events(res->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["error"]["code"], "request_timeout");
+}
+
+// shutdown(): new requests get 503, the running stream completes, wait() returns.
+TEST_F(ServerTest, ShutdownDrains) {
+  auto server = start(options());
+  auto stream = std::async(std::launch::async, [&] {
+    return post("/v1/completions", {{"prompt", "drain"}, {"max_tokens", 900}, {"stream", true}});
+  });
+  for (int i = 0; i < 200 && metric(*server, "concord_running_sequences") < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  server->shutdown();
+  auto late = post("/v1/completions", {{"prompt", "x"}});
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late->status, 503);
+  EXPECT_EQ(json::parse(late->body)["error"]["code"], "draining");
+  httplib::Client cli("127.0.0.1", port_);
+  auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  auto res = stream.get();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  bool done = false;
+  const auto events = sse_events(res->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(server->wait());
+}
+
+}  // namespace
+}  // namespace concord::serve
