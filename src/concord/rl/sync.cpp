@@ -181,12 +181,14 @@ std::span<const uint8_t> operand_codes(const tensor::PreparedOperand& op) {
     return {reinterpret_cast<const uint8_t*>(op.data), sizeof(float) * static_cast<size_t>(op.rows * op.cols)};
   return op.quantized.codes;
 }
+uint64_t scales_hash(std::span<const uint8_t> scales, float tensor_scale, uint64_t codes_hash) {
+  const uint64_t h = XXH3_64bits_withSeed(scales.data(), scales.size(), codes_hash);
+  const uint32_t scale_bits = std::bit_cast<uint32_t>(tensor_scale);
+  return XXH3_64bits_withSeed(&scale_bits, sizeof scale_bits, h);
+}
 uint64_t content_hash(const tensor::PreparedOperand& op, uint64_t codes_hash) {
   if (!op.desc) return codes_hash;
-  const numerics::QuantizedTensor& q = op.quantized;
-  const uint64_t h = XXH3_64bits_withSeed(q.scales.data(), q.scales.size(), codes_hash);
-  const uint32_t scale_bits = std::bit_cast<uint32_t>(q.tensor_scale);
-  return XXH3_64bits_withSeed(&scale_bits, sizeof scale_bits, h);
+  return scales_hash(op.quantized.scales, op.quantized.tensor_scale, codes_hash);
 }
 uint64_t hash_operand(const tensor::PreparedOperand& op) {
   const std::span<const uint8_t> codes = operand_codes(op);
@@ -237,32 +239,7 @@ bool high_precision(const std::optional<QuantDesc>& d) {
   return !d || (!d->has_scale && numerics::traits(d->element).bits >= 16);
 }
 
-struct PlanWeight {
-  std::string name, a, b;
-  bool high = false;
-};
-struct Plan {
-  std::string norms = "f32", embedding;
-  int last_layers = 0;
-  std::vector<PlanWeight> weights;
-
-  json to_json() const {
-    json w = json::array();
-    for (const PlanWeight& p : weights) w.push_back({{"name", p.name}, {"a", p.a}, {"b", p.b}, {"high", p.high}});
-    return {{"norms", norms}, {"embedding_lookup", embedding},
-            {"high_precision_last_layers", last_layers}, {"weights", std::move(w)}};
-  }
-  static Plan from_json(const json& j) {
-    Plan p;
-    p.norms = j.at("norms").get<std::string>();
-    p.embedding = j.at("embedding_lookup").get<std::string>();
-    p.last_layers = j.at("high_precision_last_layers").get<int>();
-    for (const json& w : j.at("weights"))
-      p.weights.push_back({w.at("name").get<std::string>(), w.at("a").get<std::string>(),
-                           w.at("b").get<std::string>(), w.at("high").get<bool>()});
-    return p;
-  }
-};
+using Plan = PrecisionPlan;
 
 // What a policy does to every GEMM weight's forward operands under config c.
 Plan make_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy) {
@@ -405,35 +382,9 @@ std::string block_scale_problem(const numerics::QuantizedTensor& q, uint8_t& lar
 // Check 6 for one weight: "" when its scales are sane, else the problem. amax: max |x| of the
 // staged values the copy was built from (taken when they were installed; check 5 has proved
 // the copy was built from them).
-std::string scale_problem(const tensor::PreparedOperand& op, float amax) {
+std::string operand_scale_problem(const tensor::PreparedOperand& op, float amax) {
   if (!op.desc || !op.desc->has_scale) return "";
-  const numerics::QuantizedTensor& q = op.quantized;
-  const QuantDesc& d = q.desc;
-  float largest = 0;  // NVFP4: the largest decoded block scale
-  if (d.is_mx() || d.is_nvfp4()) {
-    uint8_t largest_code = 0;
-    if (std::string problem = block_scale_problem(q, largest_code); !problem.empty()) return problem;
-    if (!d.is_nvfp4()) return "";
-    largest = numerics::decode_ref(Format::ue4m3, largest_code);
-  }
-  if (!std::isfinite(q.tensor_scale) || !(q.tensor_scale > 0))
-    return fmt::format("tensor scale {} is not a positive finite number", q.tensor_scale);
-  float expected;
-  if (d.is_nvfp4()) {
-    const float encode = numerics::nvfp4_global_encode_scale(amax);
-    expected = 1.0f / encode;
-    const float top = numerics::decode_ref(Format::ue4m3, numerics::nvfp4_block_scale_code(amax, encode));
-    if (q.tensor_scale == expected && std::isfinite(amax) && largest != top)
-      return fmt::format("largest block scale {} does not match the tensor scale 1/S_enc = {:.9g} "
-                         "(amax {:.9g} gives {})", largest, q.tensor_scale, amax, top);
-  } else {  // per-tensor FP8
-    const auto max_elem = static_cast<float>(numerics::traits(d.element).max_finite);
-    expected = 1.0f / ((amax > 0.0f && std::isfinite(amax)) ? max_elem / amax : 1.0f);
-  }
-  if (q.tensor_scale != expected)
-    return fmt::format("tensor scale {:.9g} != {:.9g}, the one the staged values' amax {:.9g} gives",
-                       q.tensor_scale, expected, amax);
-  return "";
+  return scale_problem(op.quantized, amax);
 }
 
 // A copy of `policy` whose weight quantizers round toward zero (Fault::wrong_rounding).
@@ -546,6 +497,170 @@ bool learner_side(Fault f) {
   return false;
 }
 
+
+// ---- the checks' comparisons (sync.h): shared by WeightReceiver and the Python package -------
+
+std::string sync_check_message(SyncCheck check, std::string_view problem) {
+  return fmt::format("[sync] check {} {}: {}", static_cast<int>(check), sync_check_name(check), problem);
+}
+
+std::string manifest_problem(std::span<const ManifestEntry> learner, std::span<const ManifestEntry> sampler,
+                             const ManifestEntryCheck& entry_check) {
+  std::unordered_map<std::string_view, const ManifestEntry*> in_sampler;
+  for (const ManifestEntry& s : sampler) in_sampler.emplace(s.name, &s);
+  std::set<std::string> listed;
+  for (const ManifestEntry& entry : learner) {
+    const std::string& name = entry.name;
+    if (!listed.insert(name).second) return fmt::format("{} is listed twice", name);
+    const auto it = in_sampler.find(name);
+    const ManifestEntry* spec = it == in_sampler.end() ? nullptr : it->second;
+    if (entry_check) {
+      if (std::optional<std::string> problem = entry_check(entry, spec)) {
+        if (problem->empty()) continue;
+        return *problem;
+      }
+    }
+    if (!spec) return fmt::format("{}: the sampler has no tensor of that name", name);
+    if (spec->shape != entry.shape)
+      return fmt::format("{}: learner shape {} != sampler shape {}", name, io::shape_text(entry.shape),
+                         io::shape_text(spec->shape));
+    if (entry.dtype != spec->dtype)
+      return fmt::format("{}: learner dtype {} != the sampler's served dtype {}", name, entry.dtype,
+                         spec->dtype);
+  }
+  for (const ManifestEntry& s : sampler)
+    if (!listed.count(s.name)) return fmt::format("{}: the sampler's tensor has no learner tensor", s.name);
+  return "";
+}
+
+json PrecisionPlan::to_json() const {
+  json w = json::array();
+  for (const PlanWeight& p : weights) w.push_back({{"name", p.name}, {"a", p.a}, {"b", p.b}, {"high", p.high}});
+  return {{"norms", norms}, {"embedding_lookup", embedding},
+          {"high_precision_last_layers", last_layers}, {"weights", std::move(w)}};
+}
+
+PrecisionPlan PrecisionPlan::from_json(const json& j) {
+  PrecisionPlan p;
+  p.norms = j.at("norms").get<std::string>();
+  p.embedding = j.at("embedding_lookup").get<std::string>();
+  p.last_layers = j.at("high_precision_last_layers").get<int>();
+  for (const json& w : j.at("weights"))
+    p.weights.push_back({w.at("name").get<std::string>(), w.at("a").get<std::string>(),
+                         w.at("b").get<std::string>(), w.at("high").get<bool>()});
+  return p;
+}
+
+PrecisionPlan make_precision_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy) {
+  return make_plan(c, policy);
+}
+
+std::string precision_plan_problem(const PrecisionPlan& learner, const PrecisionPlan& sampler) {
+  if (learner.norms != sampler.norms)
+    return fmt::format("norms: learner {}, sampler {}", learner.norms, sampler.norms);
+  if (learner.embedding != sampler.embedding)
+    return fmt::format("embedding lookup: learner {}, sampler {}", learner.embedding, sampler.embedding);
+  std::map<std::string, const PlanWeight*> by_name;
+  for (const PlanWeight& w : sampler.weights) by_name[w.name] = &w;
+  for (const PlanWeight& l : learner.weights) {
+    const auto it = by_name.find(l.name);
+    if (it == by_name.end()) return fmt::format("{}: planned by the learner, not a sampler GEMM weight", l.name);
+    const PlanWeight& s = *it->second;
+    if (l.high != s.high)
+      return fmt::format("{}: the learner keeps it in {} precision (a {}, b {}), the sampler "
+                         "in {} (a {}, b {})", l.name, l.high ? "high" : "low", l.a, l.b,
+                         s.high ? "high" : "low", s.a, s.b);
+    if (l.a != s.a || l.b != s.b)
+      return fmt::format("{}: forward formats differ: learner a {}, b {}; sampler a {}, b {}",
+                         l.name, l.a, l.b, s.a, s.b);
+    by_name.erase(it);
+  }
+  if (!by_name.empty())
+    return fmt::format("{}: a sampler GEMM weight the learner's plan does not cover", by_name.begin()->first);
+  if (learner.last_layers != sampler.last_layers)
+    return fmt::format("high-precision last layers: learner {}, sampler {}", learner.last_layers,
+                       sampler.last_layers);
+  return "";
+}
+
+std::vector<std::pair<std::string, uint64_t>> sync_content_hashes(model::Model& m) {
+  std::vector<std::pair<std::string, uint64_t>> hashes;
+  m.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
+    hashes.emplace_back(std::string(w.name), hash_operand(*w.forward));
+  });
+  return hashes;
+}
+
+uint64_t sync_content_hash(const numerics::QuantizedTensor& q) {
+  return sync_content_hash(q.codes, q.scales, q.tensor_scale);
+}
+
+uint64_t sync_content_hash(std::span<const uint8_t> codes, std::span<const uint8_t> scales, float tensor_scale) {
+  return scales_hash(scales, tensor_scale, XXH3_64bits(codes.data(), codes.size()));
+}
+
+uint64_t sync_content_hash(std::span<const float> values) {
+  return XXH3_64bits(values.data(), values.size_bytes());
+}
+
+uint64_t sync_content_hash(std::span<const float> values, int64_t rows, int64_t cols,
+                           const std::optional<numerics::QuantDesc>& desc) {
+  if (rows < 0 || cols < 0 || static_cast<int64_t>(values.size()) != rows * cols)
+    throw InputError(fmt::format("[sync] content hash: {} values are not a ({}, {}) weight",
+                                 values.size(), rows, cols));
+  if (!desc) return sync_content_hash(values);
+  tensor::PreparedOperand op;  // as Model::Impl::weight prepares a forward weight
+  tensor::prepare_operand(op, desc, tensor::Operand::b, tensor::Trans::yes, values.data(), rows, cols);
+  return hash_operand(op);
+}
+
+std::string content_problem(std::span<const ContentHash> sampler, const LearnerHashLookup& learner,
+                            size_t learner_count) {
+  for (const ContentHash& w : sampler) {
+    const std::optional<std::string> theirs = learner(w.name);
+    if (!theirs) return fmt::format("{}: the learner sent no hash for it", w.name);
+    if (hex64(w.hash) != *theirs)
+      return fmt::format("{} {} hash {} != learner {}", w.name, w.quantized ? "codes/scales" : "values",
+                         hex64(w.hash), *theirs);
+  }
+  if (sampler.size() != learner_count)
+    return fmt::format("the learner hashed {} weights, the sampler's kernels read {}", learner_count,
+                       sampler.size());
+  return "";
+}
+
+std::string scale_problem(const numerics::QuantizedTensor& q, std::optional<float> known_amax) {
+  const QuantDesc& d = q.desc;
+  if (!d.has_scale) return "";
+  float largest = 0;  // NVFP4: the largest decoded block scale
+  if (d.is_mx() || d.is_nvfp4()) {
+    uint8_t largest_code = 0;
+    if (std::string problem = block_scale_problem(q, largest_code); !problem.empty()) return problem;
+    if (!d.is_nvfp4()) return "";
+    largest = numerics::decode_ref(Format::ue4m3, largest_code);
+  }
+  if (!std::isfinite(q.tensor_scale) || !(q.tensor_scale > 0))
+    return fmt::format("tensor scale {} is not a positive finite number", q.tensor_scale);
+  if (!known_amax) return "";
+  const float amax = *known_amax;
+  float expected;
+  if (d.is_nvfp4()) {
+    const float encode = numerics::nvfp4_global_encode_scale(amax);
+    expected = 1.0f / encode;
+    const float top = numerics::decode_ref(Format::ue4m3, numerics::nvfp4_block_scale_code(amax, encode));
+    if (q.tensor_scale == expected && std::isfinite(amax) && largest != top)
+      return fmt::format("largest block scale {} does not match the tensor scale 1/S_enc = {:.9g} "
+                         "(amax {:.9g} gives {})", largest, q.tensor_scale, amax, top);
+  } else {  // per-tensor FP8
+    const auto max_elem = static_cast<float>(numerics::traits(d.element).max_finite);
+    expected = 1.0f / ((amax > 0.0f && std::isfinite(amax)) ? max_elem / amax : 1.0f);
+  }
+  if (q.tensor_scale != expected)
+    return fmt::format("tensor scale {:.9g} != {:.9g}, the one the staged values' amax {:.9g} gives",
+                       q.tensor_scale, expected, amax);
+  return "";
+}
+
 std::optional<CheckOutcome> SyncReport::failure() const {
   for (const CheckOutcome& c : checks)
     if (!c.pass) return c;
@@ -609,10 +724,8 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   seconds_encode = seconds_since(t0);
 
   t0 = Clock::now();
-  std::vector<std::pair<std::string_view, uint64_t>> content;
-  mirror_.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
-    content.emplace_back(w.name, hash_operand(*w.forward));
-  });
+  const std::vector<std::pair<std::string, uint64_t>> hashes = sync_content_hashes(mirror_);
+  std::vector<std::pair<std::string_view, uint64_t>> content(hashes.begin(), hashes.end());
   seconds_hash = seconds_since(t0);
   // stale_weights: the hashes above are the stale values' own; the probe reference is the
   // current weights' (the mirror takes them now).
@@ -734,8 +847,7 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
     }
     CheckOutcome out{check, problem.empty(), "", seconds_since(t0)};
     if (!problem.empty())
-      out.message = fmt::format("[sync] check {} {}: {}", static_cast<int>(check),
-                                sync_check_name(check), problem);
+      out.message = sync_check_message(check, problem);
     report.seconds_checks += out.seconds;
     report.checks.push_back(std::move(out));
     return report.checks.back().pass;
@@ -806,49 +918,48 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
           }
           if (same) return "";
         }
-        std::unordered_map<std::string_view, const model::ParamSpec*> in_stage;
-        for (const model::ParamSpec& s : stage.params()) in_stage.emplace(s.name, &s);
+        // The learner's entries as sent, the sampler's as it serves them (payload_dtype).
+        std::vector<ManifestEntry> learner, sampler;
         const json manifest = metadata_json(*file, kManifestKey).at("tensors");
-        std::set<std::string> listed;
         for (const json& entry : manifest) {
-          const std::string name = entry.at("name").get<std::string>();
-          const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-          const std::string dtype = entry.at("dtype").get<std::string>();
-          if (!listed.insert(name).second) return fmt::format("{} is listed twice", name);
-          const auto in_stage_it = in_stage.find(name);
-          const model::ParamSpec* spec = in_stage_it == in_stage.end() ? nullptr : in_stage_it->second;
-          if (entry.contains("tied_to")) {
-            const std::string target = entry.at("tied_to").get<std::string>();
+          ManifestEntry e{entry.at("name").get<std::string>(), entry.at("shape").get<std::vector<int64_t>>(),
+                          entry.at("dtype").get<std::string>(), std::nullopt};
+          if (entry.contains("tied_to")) e.tied_to = entry.at("tied_to").get<std::string>();
+          learner.push_back(std::move(e));
+        }
+        for (const model::ParamSpec& spec : stage.params())
+          sampler.push_back({spec.name, spec.shape, std::string(io::dtype_name(payload_dtype(served, spec))),
+                             std::nullopt});
+        // What only a payload has: ties (a tied entry carries no bytes) and the bytes sent, which
+        // must be as the manifest lists them.
+        auto payload_entry = [&](const ManifestEntry& entry,
+                                 const ManifestEntry* spec) -> std::optional<std::string> {
+          const std::string& name = entry.name;
+          if (entry.tied_to) {
+            const std::string& target = *entry.tied_to;
             if (spec)
               return fmt::format("{}: the learner ties it to {}, the sampler holds a separate copy "
                                  "(untied)", name, target);
             if (name != kLmHeadName || target != kEmbedName || !stage.config().tie_word_embeddings)
               return fmt::format("{}: tied to {}, a tie the sampler does not have", name, target);
-            continue;
+            return "";
           }
           const auto in_payload_it = in_payload.find(name);
           const io::TensorInfo* sent = in_payload_it == in_payload.end() ? nullptr : in_payload_it->second;
           if (!sent) return fmt::format("{} is in the manifest but missing from the payload", name);
-          if (io::dtype_name(sent->dtype) != dtype || sent->shape != shape)
+          if (io::dtype_name(sent->dtype) != entry.dtype || sent->shape != entry.shape)
             return fmt::format("{}: the payload holds {} {}, the manifest says {} {}", name,
-                               io::dtype_name(sent->dtype), io::shape_text(sent->shape), dtype,
-                               io::shape_text(shape));
-          if (!spec) {
-            if (name == kLmHeadName && stage.config().tie_word_embeddings)
-              return fmt::format("{}: the learner sends its own lm_head, the sampler ties it to {}",
-                                 name, kEmbedName);
-            return fmt::format("{}: the sampler has no tensor of that name", name);
-          }
-          if (spec->shape != shape)
-            return fmt::format("{}: learner shape {} != sampler shape {}", name,
-                               io::shape_text(shape), io::shape_text(spec->shape));
-          const std::string_view want = io::dtype_name(payload_dtype(served, *spec));
-          if (dtype != want)
-            return fmt::format("{}: learner dtype {} != the sampler's served dtype {}", name, dtype, want);
-        }
-        for (const model::ParamSpec& s : stage.params())
-          if (!listed.count(s.name))
-            return fmt::format("{}: the sampler's tensor has no learner tensor", s.name);
+                               io::dtype_name(sent->dtype), io::shape_text(sent->shape), entry.dtype,
+                               io::shape_text(entry.shape));
+          if (!spec && name == kLmHeadName && stage.config().tie_word_embeddings)
+            return fmt::format("{}: the learner sends its own lm_head, the sampler ties it to {}",
+                               name, kEmbedName);
+          return std::nullopt;
+        };
+        if (std::string problem = manifest_problem(learner, sampler, payload_entry); !problem.empty())
+          return problem;
+        std::set<std::string_view> listed;
+        for (const ManifestEntry& e : learner) listed.insert(e.name);
         for (const io::TensorInfo& t : file->tensors())
           if (t.name != kProbeTensor && !listed.count(t.name))
             return fmt::format("{} is in the payload but not in the manifest", t.name);
@@ -861,33 +972,8 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   if (!run(SyncCheck::precision_plan, [&]() -> std::string {
         const auto sent_plan = file->metadata().find(kPlanKey);
         if (sent_plan != file->metadata().end() && sent_plan->second == expected_plan_) return "";
-        const Plan learner = Plan::from_json(metadata_json(*file, kPlanKey));
-        const Plan sampler = make_plan(serving_.config(), serving_.policy());
-        if (learner.norms != sampler.norms)
-          return fmt::format("norms: learner {}, sampler {}", learner.norms, sampler.norms);
-        if (learner.embedding != sampler.embedding)
-          return fmt::format("embedding lookup: learner {}, sampler {}", learner.embedding, sampler.embedding);
-        std::map<std::string, const PlanWeight*> by_name;
-        for (const PlanWeight& w : sampler.weights) by_name[w.name] = &w;
-        for (const PlanWeight& l : learner.weights) {
-          const auto it = by_name.find(l.name);
-          if (it == by_name.end()) return fmt::format("{}: planned by the learner, not a sampler GEMM weight", l.name);
-          const PlanWeight& s = *it->second;
-          if (l.high != s.high)
-            return fmt::format("{}: the learner keeps it in {} precision (a {}, b {}), the sampler "
-                               "in {} (a {}, b {})", l.name, l.high ? "high" : "low", l.a, l.b,
-                               s.high ? "high" : "low", s.a, s.b);
-          if (l.a != s.a || l.b != s.b)
-            return fmt::format("{}: forward formats differ: learner a {}, b {}; sampler a {}, b {}",
-                               l.name, l.a, l.b, s.a, s.b);
-          by_name.erase(it);
-        }
-        if (!by_name.empty())
-          return fmt::format("{}: a sampler GEMM weight the learner's plan does not cover", by_name.begin()->first);
-        if (learner.last_layers != sampler.last_layers)
-          return fmt::format("high-precision last layers: learner {}, sampler {}", learner.last_layers,
-                             sampler.last_layers);
-        return "";
+        return precision_plan_problem(Plan::from_json(metadata_json(*file, kPlanKey)),
+                                      make_plan(serving_.config(), serving_.policy()));
       }))
     return report;
 
@@ -947,7 +1033,7 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   // 6 scale sanity
   if (!run(SyncCheck::scale_sanity, [&]() -> std::string {
         for (const Derived& w : derived) {
-          const std::string problem = scale_problem(*w.forward, installed_of(w).amax);
+          const std::string problem = operand_scale_problem(*w.forward, installed_of(w).amax);
           if (!problem.empty()) return fmt::format("{} ({}): {}", w.name, w.forward->desc->to_string(), problem);
         }
         return "";
@@ -957,6 +1043,7 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
   // 4 content: the codes' hash from the build, re-sampled; scales and tensor scale re-hashed.
   if (!run(SyncCheck::content, [&]() -> std::string {
         std::vector<std::pair<std::string_view, uint64_t>> mine;
+        std::vector<ContentHash> hashes;
         for (const Derived& w : derived) {
           const uint64_t sample = sample_hash(operand_codes(*w.forward));
           if (sample != w.codes_sample)
@@ -964,22 +1051,19 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
                                "built)", w.name, w.forward->desc ? "codes" : "values", hex64(sample),
                                hex64(w.codes_sample));
           mine.emplace_back(w.name, content_hash(*w.forward, w.codes_hash));
+          hashes.push_back({w.name, mine.back().second, w.forward->desc.has_value()});
         }
         const auto sent = file->metadata().find(kContentKey);
         if (sent != file->metadata().end() && sent->second == content_text(mine)) return "";
         const json learner = metadata_json(*file, kContentKey);
-        for (size_t i = 0; i < derived.size(); ++i) {
-          const Derived& w = derived[i];
-          if (!learner.contains(w.name)) return fmt::format("{}: the learner sent no hash for it", w.name);
-          const std::string theirs = learner.at(w.name).get<std::string>();
-          if (hex64(mine[i].second) != theirs)
-            return fmt::format("{} {} hash {} != learner {}", w.name,
-                               w.forward->desc ? "codes/scales" : "values", hex64(mine[i].second), theirs);
-        }
-        if (derived.size() != learner.size())
-          return fmt::format("the learner hashed {} weights, the sampler's kernels read {}",
-                             learner.size(), derived.size());
-        return "";
+        return content_problem(
+            hashes,
+            [&](std::string_view name) -> std::optional<std::string> {
+              const std::string key(name);
+              if (!learner.contains(key)) return std::nullopt;
+              return learner.at(key).get<std::string>();
+            },
+            learner.size());
       }))
     return report;
 

@@ -77,10 +77,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -88,6 +90,7 @@
 #include "concord/audit/contract.h"
 #include "concord/model/model.h"
 #include "concord/model/policy.h"
+#include "concord/numerics/block.h"
 
 namespace concord::rl {
 
@@ -221,5 +224,81 @@ class WeightReceiver {
 
 // Whether the fault happens on the learner's side (publish) or the sampler's (apply).
 bool learner_side(Fault f);
+
+// ---- The checks' comparisons, on tensors rather than on a payload ---------------------------
+// WeightReceiver runs checks 2, 3, 4 and 6 through these functions, and so does the Python
+// package on a pair of state dicts (python/src/bind_sync.cpp): both give the same verdict and
+// the same text. Each returns "" when the check passes, else the problem; sync_check_message
+// turns a problem into the message a failed check reports.
+
+// "[sync] check N NAME: PROBLEM".
+std::string sync_check_message(SyncCheck check, std::string_view problem);
+
+// One tensor of a manifest (concord.sync.manifest): name, shape and safetensors dtype name
+// ("F32", "BF16", ...); a tied tensor names the tensor it is tied to and carries no bytes.
+struct ManifestEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  std::optional<std::string> tied_to;
+};
+// Check 2's entry-by-entry comparison, in the learner's order: an entry listed twice; then,
+// when given, `entry_check` on the entry and the sampler's entry of that name (nullptr: none)
+// — nullopt: compare as below, "": the entry is settled, text: that problem; then a name the
+// sampler lacks, a shape, a dtype; last, a sampler tensor no learner entry lists.
+using ManifestEntryCheck =
+    std::function<std::optional<std::string>(const ManifestEntry& learner, const ManifestEntry* sampler)>;
+std::string manifest_problem(std::span<const ManifestEntry> learner, std::span<const ManifestEntry> sampler,
+                             const ManifestEntryCheck& entry_check = {});
+
+// concord.sync.plan: the sampler-side precision of every GEMM weight's forward operands (a, b:
+// QuantDesc::to_string() names or "f32"; high: both at 16 bits or more, unscaled), the norms,
+// the embedding lookup and the high-precision last layers of a policy.
+struct PlanWeight {
+  std::string name, a, b;
+  bool high = false;
+};
+struct PrecisionPlan {
+  std::string norms = "f32", embedding;
+  int last_layers = 0;
+  std::vector<PlanWeight> weights;
+  nlohmann::json to_json() const;
+  static PrecisionPlan from_json(const nlohmann::json& j);  // json::exception when malformed
+};
+// What `policy` does to every GEMM weight of config `c` (the plan the learner publishes).
+PrecisionPlan make_precision_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy);
+// Check 3: the learner's plan against the sampler's.
+std::string precision_plan_problem(const PrecisionPlan& learner, const PrecisionPlan& sampler);
+
+// Check 4's content hash of what a forward GEMM reads of a weight: XXH3-64 over the codes,
+// continued (as seed) over the block scales, then over the tensor scale's 4 bytes (its float
+// bits, little-endian) — or, for an unquantized weight, XXH3-64 of its fp32 values.
+uint64_t sync_content_hash(const numerics::QuantizedTensor& q);
+uint64_t sync_content_hash(std::span<const uint8_t> codes, std::span<const uint8_t> scales, float tensor_scale);
+uint64_t sync_content_hash(std::span<const float> values);
+// The hash of a weight W (rows, cols) as concord's forward GEMMs read it: prepared with `desc`
+// as operand b of Y = X·Wᵀ (a 1-D block runs along cols), nullopt: the fp32 values as they are.
+uint64_t sync_content_hash(std::span<const float> values, int64_t rows, int64_t cols,
+                           const std::optional<numerics::QuantDesc>& desc);
+// The content hash of every GEMM weight of `m` as its forward GEMMs read it (preparing stale
+// copies first), in params() order: what a learner publishes as concord.sync.content.
+std::vector<std::pair<std::string, uint64_t>> sync_content_hashes(model::Model& m);
+// One weight's hash on the sampler's side; quantized: its kernels read codes and scales.
+struct ContentHash {
+  std::string_view name;
+  uint64_t hash = 0;
+  bool quantized = false;
+};
+// The learner's hash text ("0x<16 hex>") of a weight, nullopt when it sent none.
+using LearnerHashLookup = std::function<std::optional<std::string>(std::string_view name)>;
+// Check 4's comparison: each sampler weight's hash against the learner's, then the counts.
+std::string content_problem(std::span<const ContentHash> sampler, const LearnerHashLookup& learner,
+                            size_t learner_count);
+
+// Check 6 for one quantized weight: no NaN/Inf block scale, no zero or placeholder scale on a
+// block with nonzero elements, a positive finite tensor scale, and — given amax, the max |x| of
+// the values it was quantized from — the NVFP4 / per-tensor FP8 tensor scale (and NVFP4's
+// largest block scale) that amax gives. nullopt amax: the checks against it are skipped.
+std::string scale_problem(const numerics::QuantizedTensor& q, std::optional<float> amax);
 
 }  // namespace concord::rl
