@@ -17,7 +17,7 @@ cd "$root"
 build="${1:-build}"
 bin="$build/bin/real_model_bench" concord="$build/bin/concord" lpy="tools/.llamacpp-venv/bin/python"
 for f in "$bin" "$concord"; do
-  [[ -x "$f" ]] || { echo "bench/smollm2_run.sh: $f not found (build it: /work/bin/cbuild --target $(basename "$f"))" >&2; exit 2; }
+  [[ -x "$f" ]] || { echo "bench/smollm2_run.sh: $f not found (build it: cmake --build build --target $(basename "$f"))" >&2; exit 2; }
 done
 [[ -x "$lpy" ]] || { echo "bench/smollm2_run.sh: $lpy not found (build llama.cpp once: tools/llamacpp_env.sh)" >&2; exit 2; }
 model="$(scripts/smollm2-path)"

@@ -22,7 +22,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build="${1:-build}"
 concord="$build/bin/concord"
-[[ -x "$concord" ]] || { echo "tools/smollm2_contract.sh: $concord not found (build it: /work/bin/cbuild --target concord)" >&2; exit 2; }
+[[ -x "$concord" ]] || { echo "tools/smollm2_contract.sh: $concord not found (build it: cmake --build build --target concord)" >&2; exit 2; }
 model="$(scripts/smollm2-path)"
 [[ -f "$model" ]] || { echo "tools/smollm2_contract.sh: $model: no model file (run scripts/setup)" >&2; exit 2; }
 lpy="tools/.llamacpp-venv/bin/python"

@@ -29,7 +29,7 @@ def concord_bin():
     """$CONCORD_BIN (ctest sets it), else build/bin/concord of this checkout."""
     path = os.environ.get("CONCORD_BIN") or str(ROOT / "build/bin/concord")
     if not os.access(path, os.X_OK):
-        raise RuntimeError(f"{path}: no concord binary (build it: /work/bin/cbuild --target concord, "
+        raise RuntimeError(f"{path}: no concord binary (build it: cmake --build build --target concord, "
                            "or set CONCORD_BIN)")
     return path
 
