@@ -474,7 +474,7 @@ TEST_F(ServerTest, QueueFullIs429) {
   std::vector<std::future<int>> statuses;
   for (int i = 0; i < 12; ++i)
     statuses.push_back(std::async(std::launch::async, [&] {
-      auto res = post("/v1/completions", {{"prompt", "queue"}, {"max_tokens", 200}});
+      auto res = post("/v1/completions", {{"prompt", "queue"}, {"max_tokens", 200}, {"temperature", 0}});
       if (!res) return -1;
       if (res->status == 429) {
         EXPECT_EQ(res->get_header_value("Retry-After"), "1");
@@ -530,9 +530,9 @@ TEST_F(ServerTest, DisconnectFreesSlot) {
   port_ = server.start();
   const int64_t max_tokens = 1000;
   const auto t0 = std::chrono::steady_clock::now();
-  send_and_leave(port_, json{{"prompt", "go"}, {"max_tokens", max_tokens}, {"stream", true}}.dump(),
+  send_and_leave(port_, json{{"prompt", "go"}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true}}.dump(),
                  300);
-  send_and_leave(port_, json{{"prompt", "go"}, {"max_tokens", max_tokens}}.dump(), 0);
+  send_and_leave(port_, json{{"prompt", "go"}, {"max_tokens", max_tokens}, {"temperature", 0}}.dump(), 0);
   for (int i = 0; i < 500 && metric(server, "concord_running_sequences") != 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   const double seconds =
@@ -590,11 +590,14 @@ TEST_F(ServerTest, RequestTimeout) {
   ServerOptions o = options();
   o.request_timeout_seconds = 1e-4;  // passes before the first step
   auto server = start(o);
-  auto res = post("/v1/completions", {{"prompt", "slow"}, {"max_tokens", 1000}});
+  // Greedy: a seed drawn by the server could sample the stop token at the first step, and a
+  // request that finishes inside that step is answered (200) before its deadline is checked.
+  auto res = post("/v1/completions", {{"prompt", "slow"}, {"max_tokens", 1000}, {"temperature", 0}});
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 504);
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "request_timeout");
-  res = post("/v1/completions", {{"prompt", "slow"}, {"max_tokens", 1000}, {"stream", true}});
+  res = post("/v1/completions",
+             {{"prompt", "slow"}, {"max_tokens", 1000}, {"temperature", 0}, {"stream", true}});
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
   bool done = false;
@@ -608,7 +611,7 @@ TEST_F(ServerTest, RequestTimeout) {
 TEST_F(ServerTest, ShutdownDrains) {
   auto server = start(options());
   auto stream = std::async(std::launch::async, [&] {
-    return post("/v1/completions", {{"prompt", "drain"}, {"max_tokens", 900}, {"stream", true}});
+    return post("/v1/completions", {{"prompt", "drain"}, {"max_tokens", 900}, {"temperature", 0}, {"stream", true}});
   });
   for (int i = 0; i < 200 && metric(*server, "concord_running_sequences") < 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
