@@ -230,24 +230,25 @@ bool Engine::step() {
   // Draws first, for every sampled row at once: each depends only on its own logits row,
   // parameters and position (sampling.h), so running the rows on several threads changes no
   // bit; at batch 8 the V-wide exp passes of sampling and log-probs are a fifth of a decode step.
-  std::vector<int64_t> first_row(inputs.size());
+  std::vector<int64_t> first_row(inputs.size()), rows_of(inputs.size());  // per input's logits
   for (size_t i = 0, row = 0; i < inputs.size(); ++i) {
     first_row[i] = static_cast<int64_t>(row);
-    row += static_cast<size_t>(model::logit_rows({&inputs[i], 1}));
+    rows_of[i] = model::logit_rows({&inputs[i], 1});
+    row += static_cast<size_t>(rows_of[i]);
   }
   draws_.resize(inputs.size());
   const auto n_inputs = static_cast<int64_t>(inputs.size());
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1) if (n_inputs > 1)
   for (int64_t i = 0; i < n_inputs; ++i) {
-    if (!samples[static_cast<size_t>(i)]) continue;
+    const auto k = static_cast<size_t>(i);
+    if (!samples[k]) continue;
     try {
-      const Sequence& s = *owners[static_cast<size_t>(i)];
-      const int64_t rows = model::logit_rows({&inputs[static_cast<size_t>(i)], 1});
-      const std::span<const float> logits(
-          logits_.data() + (first_row[static_cast<size_t>(i)] + rows - 1) * V, static_cast<size_t>(V));
+      const Sequence& s = *owners[k];
+      const std::span<const float> logits(logits_.data() + (first_row[k] + rows_of[k] - 1) * V,
+                                          static_cast<size_t>(V));
       const SamplingParams& p = s.request.sampling;
-      Draw& d = draws_[static_cast<size_t>(i)];
+      Draw& d = draws_[k];
       d.token = sample_token(logits, p, s.completion.tokens.size());
       // stats.logprob(logits[token]) is token_logprob(logits, token, T), computed once per row.
       const SoftmaxStats stats = softmax_stats(logits, p.temperature);
@@ -262,7 +263,7 @@ bool Engine::step() {
   if (error) std::rethrow_exception(error);
 
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const int64_t rows = model::logit_rows({&inputs[i], 1});
+    const int64_t rows = rows_of[i];
     const std::span<const float> block(logits_.data() + first_row[i] * V,
                                        static_cast<size_t>(rows * V));
     Sequence& s = *owners[i];
