@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build demo test test-fast asan bench fuzz clean
+.PHONY: setup build demo test check asan bench fuzz clean
 
 setup:
 	bash scripts/setup
@@ -26,6 +26,17 @@ demo: setup $(BUILD)/build.ninja
 # Sets up, builds and runs every test (C++ and the Python reference comparisons) with ctest.
 test: setup build
 	OMP_WAIT_POLICY=passive ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The inner loop (docs/development.md): build only what one layer's tests need and run them,
+# without setup or the rest of the build. LAYER is numerics, tensor, io, model, train, serve, rl,
+# audit, cli or python; SLOW=1 adds the tests labelled slow. Example: make check LAYER=model
+LAYERS := numerics tensor io model train serve rl audit cli python
+check: $(BUILD)/build.ninja
+	@case " $(LAYERS) " in *" $(LAYER) "*) ;; *) \
+	  echo "make check: LAYER must be one of: $(LAYERS) (got '$(LAYER)')"; exit 2;; esac
+	cmake --build $(BUILD) -j $(JOBS) --target tests_$(LAYER)
+	OMP_WAIT_POLICY=passive ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) \
+	  -L '^$(LAYER)$$' $(if $(SLOW),,-LE slow)
 
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, warnings as errors.
 asan: setup

@@ -403,7 +403,7 @@ NpyLayout parse_npy(std::span<const uint8_t> image) {
     throw_problem(fmt::format("dtype {} is not supported for logits (save them as '<f4' or "
                               "'<f8', e.g. numpy.float32)",
                               descr.kind == PyValue::Kind::string
-                                  ? "'" + io::printable(descr.text) + "'"
+                                  ? fmt::format("'{}'", io::printable(descr.text))
                                   : io::printable(descr.text)));
   }
   const PyValue& order = dict.at("fortran_order");

@@ -187,7 +187,8 @@ void run_quantize(const CodecOptions& o) {
     out += fmt::format("0x{:02X}", q.scales.at(0));
     const int bits = numerics::traits(desc.element).bits;
     for (int64_t i = 0; i < q.numel(); ++i) {
-      out += " " + code_text(numerics::get_code(desc.element, q.codes, i), bits);
+      out += ' ';
+      out += code_text(numerics::get_code(desc.element, q.codes, i), bits);
     }
     std::cout << out << '\n';
   }
@@ -227,7 +228,10 @@ void run_dequantize(const CodecOptions& o) {
     std::vector<float> out(static_cast<size_t>(n));
     numerics::dequantize_ref(q, out.data());
     std::string text;
-    for (int i = 0; i < n; ++i) text += (i ? " " : "") + value_text(out[static_cast<size_t>(i)]);
+    for (int i = 0; i < n; ++i) {
+      if (i) text += ' ';
+      text += value_text(out[static_cast<size_t>(i)]);
+    }
     std::cout << text << '\n';
   }
 }

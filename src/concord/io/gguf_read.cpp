@@ -183,7 +183,7 @@ GgufValue read_value(Cursor& in, const std::string& who) {
   return v;
 }
 
-std::string quote_name(std::string_view name) { return "'" + printable(name) + "'"; }
+std::string quote_name(std::string_view name) { return fmt::format("'{}'", printable(name)); }
 
 }  // namespace
 

@@ -287,7 +287,7 @@ std::string StopStrings::push(std::string_view text) {
     }
   }
   held_.assign(buffer, buffer.size() - hold, hold);
-  buffer.resize(buffer.size() - hold);
+  buffer.erase(buffer.size() - hold);  // hold <= buffer.size(): k never exceeds it
   return buffer;
 }
 
