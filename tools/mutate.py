@@ -43,6 +43,22 @@ EXPORT_TESTS = [("train_test", "FairCast.*:Checkpoint.*Export*:Trainer.*:ExportR
 # mutation before; the new tests must kill them on their own.
 NUMERICS_NO_SIMD = [("numerics_test", "-*Simd*")]
 
+# Issue 40: serving limits and sampling thresholds, the chat template, the W4A8 kernel, the GGUF
+# quant decoders and the pre-tokenizers. Every one must be killed by tests in the default ctest
+# (no `slow` label, not the Python ones).
+SERVER_HTTP = "src/concord/serve/server_http.cpp"
+SERVER = "src/concord/serve/server.cpp"
+SAMPLING = "src/concord/serve/sampling.cpp"
+OPENAI_H = "src/concord/serve/openai.h"
+TEXT = "src/concord/serve/text.cpp"
+QUANT_GEMM = "src/concord/tensor/quant_gemm.cpp"
+GGUF_QUANT = "src/concord/io/gguf_quant.cpp"
+SPLIT = "src/concord/io/tokenizer_split.cpp"
+SERVE_TESTS = [("serve_test", "*")]
+QUANT_GEMM_TESTS = [("tensor_test", "*Quant*")]
+GGUF_TESTS = [("io_test", "*")]
+TOKENIZER_TESTS = [("tokenizer_test", "*")]
+
 # id, area, file, original, replacement, tests, description
 MUTATIONS = [
     # ---- check 1 version
@@ -178,6 +194,82 @@ MUTATIONS = [
      "RCEIL: descale exactly 2^-127 rounded up to 2^-126"),
     ("even-half-down", "numerics", BLOCK_REF, "(uint64_t{1} << (22 - t.mantissa_bits))",
      "((uint64_t{1} << (22 - t.mantissa_bits)) - 1)", NUMERICS_NO_SIMD, "EVEN: ties rounded down"),
+    # ---- serving limits (issue 40)
+    ("s-context-exact-fit", "serve limits", SERVER_HTTP, "if (r.max_tokens && p + *r.max_tokens > context)",
+     "if (r.max_tokens && p + *r.max_tokens >= context)", SERVE_TESTS,
+     "prompt + max_tokens filling the context exactly is rejected"),
+    ("s-context-prompt", "serve limits", SERVER_HTTP, "  if (p >= context)\n", "  if (p > context)\n",
+     SERVE_TESTS, "a prompt that fills the whole context is admitted"),
+    ("s-queue-n", "serve limits", SERVER_HTTP, "  if (n > options.max_queue)\n", "  if (n >= options.max_queue)\n",
+     SERVE_TESTS, "n == --max-queue is refused"),
+    ("s-queue-bound", "serve limits", SERVER_HTTP, "if (inbox_choices + engine_waiting + n > options.max_queue)",
+     "if (inbox_choices + engine_waiting + n >= options.max_queue)", SERVE_TESTS,
+     "the queue admits one choice fewer than --max-queue"),
+    ("s-body-chunked", "serve limits", SERVER_HTTP,
+     "if (body.size() + size > static_cast<size_t>(options.max_body_bytes))",
+     "if (body.size() + size >= static_cast<size_t>(options.max_body_bytes))", SERVE_TESTS,
+     "a chunked body of exactly --max-body-bytes is refused"),
+    ("s-body-length", "serve limits", SERVER,
+     "set_payload_max_length(static_cast<size_t>(m.options.max_body_bytes));",
+     "set_payload_max_length(static_cast<size_t>(m.options.max_body_bytes) - 1);", SERVE_TESTS,
+     "a Content-Length body of exactly --max-body-bytes is refused"),
+    ("s-top-logprobs", "serve limits", OPENAI_H, "kMaxTopLogprobs = 20;", "kMaxTopLogprobs = 19;",
+     SERVE_TESTS, "top_logprobs / logprobs capped at 19, not 20"),
+    ("s-max-choices", "serve limits", OPENAI_H, "kMaxChoices = 128;", "kMaxChoices = 127;", SERVE_TESTS,
+     "n capped at 127, not 128"),
+    ("s-stop-flush", "serve limits", TEXT, "  std::string rest = std::move(held_);",
+     "  std::string rest;", SERVE_TESTS, "a held-back suffix is dropped at the end of the output"),
+    # ---- sampling thresholds (issue 40)
+    ("p-min-p-equal", "sampling", SAMPLING, "return p[i] < threshold && i != top;",
+     "return p[i] <= threshold && i != top;", SERVE_TESTS,
+     "min-p drops a token whose p equals min_p * p_max (the rule keeps it)"),
+    ("p-top-p-reach", "sampling", SAMPLING, "if (running >= target) break;", "if (running > target) break;",
+     SERVE_TESTS, "top-p needs more than the target mass, not just to reach it"),
+    ("p-top-k-vocab", "sampling", SAMPLING, "if (params.top_k > 0 && params.top_k < V)",
+     "if (params.top_k > 0 && params.top_k < V - 1)", SERVE_TESTS, "top_k = V - 1 keeps the whole vocabulary"),
+    ("p-top-p-range", "sampling", SAMPLING, "if (!(top_p > 0.0f && top_p <= 1.0f))",
+     "if (!(top_p > 0.0f && top_p < 1.0f))", SERVE_TESTS, "top_p = 1 (off) refused"),
+    ("p-min-p-range", "sampling", SAMPLING, "if (!(min_p >= 0.0f && min_p <= 1.0f))",
+     "if (!(min_p >= 0.0f && min_p < 1.0f))", SERVE_TESTS, "min_p = 1 refused"),
+    # ---- chat template (issue 40)
+    ("t-escape-newline", "chat template", TEXT, "            case 'n': unescaped = \"\\n\"; break;\n", "",
+     SERVE_TESTS, "the default system literal's \\n escapes stay as written"),
+    ("t-escape-tab", "chat template", TEXT, "            case 't': unescaped = \"\\t\"; break;\n", "",
+     SERVE_TESTS, "the default system literal's \\t escapes stay as written"),
+    ("t-escape-backslash", "chat template", TEXT, "            case '\\\\': unescaped = \"\\\\\"; break;\n", "",
+     SERVE_TESTS, "an escaped backslash stays doubled"),
+    # ---- the W4A8 kernel's activation quantization (issue 40)
+    ("q-inv-scale", "quant_gemm", QUANT_GEMM, "const float inv = 127.0f / amax;",
+     "const float inv = 1.0f / d32;", QUANT_GEMM_TESTS, "codes from 1/d instead of ggml's 127/amax"),
+    ("q-round-away", "quant_gemm", QUANT_GEMM, "const float r = std::nearbyint(xb[i] * inv);",
+     "const float r = std::round(xb[i] * inv);", QUANT_GEMM_TESTS, "activation codes round ties away from zero"),
+    ("q-sum-scale-fp32", "quant_gemm", QUANT_GEMM,
+     "s[b] = f16_to_f32(f32_to_f16(d32 * static_cast<float>(total)));",
+     "s[b] = d32 * static_cast<float>(total);", QUANT_GEMM_TESTS, "the q4_1 block sum kept in fp32, not fp16"),
+    # ---- GGUF quant decoders (issue 40)
+    ("g-q4_0-offset", "gguf decoders", GGUF_QUANT, "y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;",
+     "y[j] = static_cast<float>((qs[j] & 0x0F) - 7) * d;", GGUF_TESTS, "q4_0 low nibbles offset by 7"),
+    ("g-q4_1-high", "gguf decoders", GGUF_QUANT, "y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;",
+     "y[j + 16] = static_cast<float>((qs[j] >> 4) & 7) * d + m;", GGUF_TESTS, "q4_1 high nibbles lose their top bit"),
+    ("g-q5_0-high-bit", "gguf decoders", GGUF_QUANT, "(((qh >> (j + 16)) & 1u) << 4)) - 16;",
+     "(((qh >> j) & 1u) << 4)) - 16;", GGUF_TESTS, "q5_0 high half reads the low half's fifth bits"),
+    ("g-q3_k-scale", "gguf decoders", GGUF_QUANT, "const int low = s < 8 ? (sc[s] & 0x0F) : (sc[s - 8] >> 4);",
+     "const int low = s < 8 ? (sc[s] & 0x0F) : (sc[s - 8] & 0x0F);", GGUF_TESTS,
+     "q3_K scales 8..15 from the low nibbles"),
+    # ---- pre-tokenizers (issue 40)
+    ("k-digits-stretch", "pre-tokenizer", SPLIT, "const Text stretch{t.cp, t.flags, stop};",
+     "const Text stretch{t.cp, t.flags, t.n};", TOKENIZER_TESTS,
+     "Digits+ByteLevel: the GPT-2 regex sees past the digit that ends its stretch"),
+    ("k-digits-grouped", "pre-tokenizer", SPLIT,
+     "        pieces.emplace_back(scratch.offsets[i], scratch.offsets[i + 1]);\n        ++i;",
+     "        size_t j = i + 1;\n        while (j < t.n && (t.flags[j] & kNumber)) ++j;\n"
+     "        pieces.emplace_back(scratch.offsets[i], scratch.offsets[j]);\n        i = j;", TOKENIZER_TESTS,
+     "Digits+ByteLevel: a run of digits is one piece"),
+    ("k-llama3-digits", "pre-tokenizer", SPLIT, "case SplitPattern::kLlama3: e = match_qwen2(t, i, 3);",
+     "case SplitPattern::kLlama3: e = match_qwen2(t, i, 2);", TOKENIZER_TESTS, "Llama 3 numbers in pieces of 2 digits"),
+    ("k-qwen2-max-digits", "pre-tokenizer", SPLIT, "while (e < i + max_digits && t.has(e, kNumber)) ++e;",
+     "while (e <= i + max_digits && t.has(e, kNumber)) ++e;", TOKENIZER_TESTS,
+     "Qwen2/Llama 3 numbers one digit longer than allowed"),
 ]
 
 

@@ -218,3 +218,31 @@ def test_bad_conversations_are_errors(render_messages, smollm2):
     assert "first" in render_messages.error(template, conversation(("user", "x"), ("system", "S")))
     assert "no messages" in render_messages.error(template, [])
     assert "role, content" in render_messages.error(template, [{"role": "user"}])
+
+
+# A ChatML template whose default system literal holds escapes (\n, \t, \r, \\ and a backslash
+# before another character), which Jinja reads as Python string escapes. tests/serve/text_test.cpp
+# (ChatTemplate.DefaultSystemWithEscapedCharacters) holds the same template and the rendering
+# written out by hand; this checks that rendering against transformers'.
+ESCAPED_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\\nYou are a bot.\\nRules:\\n\\t1. Be brief.\\r\\n\\t2. A \\\\n is "
+    "not a newline; \\d stays.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + "
+    "'\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("system", [None, "Custom system."])
+def test_escaped_default_system_matches_transformers(render, system):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
+    tokenizer.chat_template = ESCAPED_SYSTEM_TEMPLATE
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": "Hi"}]
+    expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if system is None:
+        assert expected.startswith("<|im_start|>system\nYou are a bot.\nRules:\n\t1. Be brief."
+                                   "\r\n\t2. A \\n is not a newline; \\d stays.<|im_end|>\n")
+    assert render(ESCAPED_SYSTEM_TEMPLATE, "Hi", system) == expected

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -219,6 +220,93 @@ TEST(Sampling, RejectsBadParameters) {
   EXPECT_THROW(sample_token(logits, p, 0), InputError);
   p = {};
   EXPECT_THROW(sample_token(std::vector<float>{0, NAN}, p, 0), InputError);
+}
+
+// Every threshold of sampling.h at its value, just below and just above, with logits whose
+// probabilities compare exactly: tied logits give bit-identical p, a -Inf logit gives p = 0, so
+// sums like q + q and products like 0.5 · 2q are exact in double. The expected kept sets are
+// read off the documented rule, not the code.
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::vector<int32_t> kept(const std::vector<float>& logits, float top_p, float min_p,
+                          int32_t top_k = 0) {
+  SamplingParams p;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.top_k = top_k;
+  return sampling_candidates(logits, p).tokens;
+}
+
+TEST(SamplingBoundaries, TopPAtTheExactMass) {
+  // Tokens 1 and 3 tie (p = q each), the rest have p = 0: P = 2q, and top_p = 1/2 asks for a
+  // mass of exactly q, which the first of the two (index 1, the lower) reaches: "reaches" is >=.
+  const std::vector<float> logits{kNegInf, 0.0f, kNegInf, 0.0f};
+  EXPECT_EQ(kept(logits, 0.5f, 0.0f), (std::vector<int32_t>{1}));
+  EXPECT_EQ(kept(logits, std::nextafter(0.5f, 0.0f), 0.0f), (std::vector<int32_t>{1}));
+  EXPECT_EQ(kept(logits, std::nextafter(0.5f, 1.0f), 0.0f), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f), (std::vector<int32_t>{0, 1, 2, 3}));  // 1: off
+  // Four ties: P = 4q, top_p = 1/4 is exactly one token's mass, 3/4 exactly three.
+  const std::vector<float> four{2.0f, 2.0f, 2.0f, 2.0f, kNegInf};
+  EXPECT_EQ(kept(four, 0.25f, 0.0f), (std::vector<int32_t>{0}));
+  EXPECT_EQ(kept(four, std::nextafter(0.25f, 1.0f), 0.0f), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(kept(four, 0.5f, 0.0f), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(kept(four, std::nextafter(0.5f, 1.0f), 0.0f), (std::vector<int32_t>{0, 1, 2}));
+}
+
+TEST(SamplingBoundaries, MinPKeepsTheTokenAtTheThreshold) {
+  // min_p = 1: the threshold is p_max itself, and a token tied with the top has p == threshold:
+  // kept ("p_i >= min_p · max p"). A token one float step below the top is not.
+  const float below = std::nextafter(1.0f, 0.0f);
+  const std::vector<float> logits{1.0f, below, 1.0f, 0.0f};
+  EXPECT_EQ(kept(logits, 1.0f, 1.0f), (std::vector<int32_t>{0, 2}));
+  // min_p one float step below 1 (1 - 2^-24) keeps token 1, whose ratio to the top is
+  // exp(-2^-24) = 1 - 2^-24 + 2^-49 (a margin 10x the rounding of the two exps), not token 3.
+  EXPECT_EQ(kept(logits, 1.0f, below), (std::vector<int32_t>{0, 1, 2}));
+  // Token 3's ratio is exp(-1); the floats on either side of it keep and drop it.
+  const auto ratio = static_cast<float>(std::exp(-1.0));
+  EXPECT_EQ(kept(logits, 1.0f, std::nextafter(ratio, 0.0f)), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(kept(logits, 1.0f, std::nextafter(ratio, 1.0f)), (std::vector<int32_t>{0, 1, 2}));
+  // The top token is always kept, and min_p = 0 is off.
+  EXPECT_EQ(kept(std::vector<float>{5.0f}, 1.0f, 1.0f), (std::vector<int32_t>{0}));
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f), (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(SamplingBoundaries, TopKAtTheVocabularySize) {
+  const std::vector<float> logits{0.5f, 3.0f, 1.0f, 3.0f, -2.0f};  // order: 1, 3, 2, 0, 4
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));  // k = V
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f, 6), (std::vector<int32_t>{0, 1, 2, 3, 4}));  // k > V
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f, 4), (std::vector<int32_t>{0, 1, 2, 3}));     // k = V - 1
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f, 2), (std::vector<int32_t>{1, 3}));          // the tie
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f, 1), (std::vector<int32_t>{1}));  // the lower index of it
+  EXPECT_EQ(kept(logits, 1.0f, 0.0f, 0), (std::vector<int32_t>{0, 1, 2, 3, 4}));  // 0: off
+}
+
+TEST(SamplingBoundaries, ParameterRangesAtTheirEnds) {
+  const std::vector<float> logits{0.0f, 1.0f};
+  auto valid = [&](float T, int32_t k, float top_p, float min_p) {
+    SamplingParams p;
+    p.temperature = T;
+    p.top_k = k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    try {
+      sample_token(logits, p, 0);
+      return true;
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  EXPECT_TRUE(valid(0.0f, 0, 1.0f, 0.0f));   // T = 0: greedy
+  EXPECT_FALSE(valid(-0.0f - std::numeric_limits<float>::denorm_min(), 0, 1.0f, 0.0f));
+  EXPECT_TRUE(valid(1.0f, 0, 1.0f, 0.0f));   // k = 0 off
+  EXPECT_FALSE(valid(1.0f, -1, 1.0f, 0.0f));
+  EXPECT_TRUE(valid(1.0f, 0, 1.0f, 0.0f));   // top_p = 1 is in (0, 1]
+  EXPECT_FALSE(valid(1.0f, 0, std::nextafter(1.0f, 2.0f), 0.0f));
+  EXPECT_TRUE(valid(1.0f, 0, std::numeric_limits<float>::denorm_min(), 0.0f));
+  EXPECT_FALSE(valid(1.0f, 0, 0.0f, 0.0f));  // top_p = 0 is not
+  EXPECT_TRUE(valid(1.0f, 0, 1.0f, 1.0f));   // min_p in [0, 1]
+  EXPECT_FALSE(valid(1.0f, 0, 1.0f, std::nextafter(1.0f, 2.0f)));
+  EXPECT_FALSE(valid(1.0f, 0, 1.0f, -std::numeric_limits<float>::denorm_min()));
 }
 
 TEST(Logprob, MatchesLongDoubleReference) {

@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <future>
+#include <optional>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -633,6 +635,239 @@ TEST_F(ServerTest, ShutdownDrains) {
   ASSERT_GE(events.size(), 2u);
   EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(server->wait());
+}
+
+// ---- Every limit at its value, one below and one above (issue 40). The expected outcome is
+// the documented rule (docs/serve.md), not what the code happens to do.
+
+std::vector<int> ids(int count) {
+  std::vector<int> v;
+  for (int i = 0; i < count; ++i) v.push_back(65 + i % 26);  // byte tokens 'A'..'Z'
+  return v;
+}
+
+// prompt + max_tokens may fill the context exactly; one more token is a 400. A prompt alone may
+// take all but one position.
+TEST_F(ServerTest, ContextLimitAtTheExactFit) {
+  ServerOptions o = options();
+  o.engine.max_context = 16;
+  auto server = start(o);
+  auto status = [&](int prompt_tokens, std::optional<int> max_tokens) {
+    json body = {{"prompt", ids(prompt_tokens)}, {"temperature", 0}};
+    if (max_tokens) body["max_tokens"] = *max_tokens;
+    auto res = post("/v1/completions", body);
+    EXPECT_TRUE(res);
+    if (res && res->status == 400) {
+      EXPECT_EQ(json::parse(res->body)["error"]["code"], "context_length_exceeded") << res->body;
+    }
+    return res ? res->status : -1;
+  };
+  EXPECT_EQ(status(4, 11), 200);
+  EXPECT_EQ(status(4, 12), 200);  // 4 + 12 = 16: the exact fit
+  EXPECT_EQ(status(4, 13), 400);
+  EXPECT_EQ(status(15, 1), 200);
+  EXPECT_EQ(status(15, 2), 400);
+  EXPECT_EQ(status(15, std::nullopt), 200);  // no max_tokens: runs until the context is full
+  EXPECT_EQ(status(16, std::nullopt), 400);  // a prompt that leaves no room
+  EXPECT_EQ(status(16, 0), 400);
+  // The exact fit really generates up to the last position: a greedy run of 12 tokens either
+  // fills it ("length") or ends on a stop token ("stop").
+  const json full = post_ok("/v1/completions",
+                            {{"prompt", ids(4)}, {"max_tokens", 12}, {"temperature", 0}});
+  const int64_t generated = full["usage"]["completion_tokens"];
+  const std::string reason = full["choices"][0]["finish_reason"];
+  EXPECT_TRUE((generated == 12 && reason == "length") || (generated < 12 && reason == "stop"))
+      << full.dump();
+  EXPECT_EQ(full["usage"]["prompt_tokens"], 4);
+}
+
+// max_tokens: completions take 0 (scoring only) and not -1; chat takes 1 and not 0.
+TEST_F(ServerTest, MaxTokensAtItsLowerBounds) {
+  auto server = start(options());
+  const json zero = post_ok("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 0}});
+  EXPECT_EQ(zero["choices"][0]["text"], "");
+  EXPECT_EQ(zero["usage"]["completion_tokens"], 0);
+  auto res = post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", -1}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const json one = post_ok("/v1/chat/completions",
+                           {{"messages", messages}, {"max_tokens", 1}, {"temperature", 0}});
+  EXPECT_EQ(one["usage"]["completion_tokens"], 1);
+  res = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 0}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+}
+
+// n: at most --max-queue (checked when the request is queued, so an idle server admits exactly
+// max_queue choices) and at most 128.
+TEST_F(ServerTest, ChoicesAtTheQueueBound) {
+  ServerOptions o = options();
+  o.engine.max_sequences = 1;
+  o.max_queue = 3;
+  auto server = start(o);
+  auto run = [&](int n) {
+    return post("/v1/completions", {{"prompt", "q"}, {"max_tokens", 1}, {"n", n}});
+  };
+  auto res = run(2);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  res = run(3);  // n == max_queue on an idle server: admitted
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"].size(), 3u);
+  res = run(4);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(json::parse(res->body)["error"]["param"], "n");
+}
+
+TEST_F(ServerTest, ChoicesAtTheirMaximum) {
+  ServerOptions o = options();
+  o.max_queue = 128;
+  auto server = start(o);
+  const json many =
+      post_ok("/v1/completions", {{"prompt", "q"}, {"max_tokens", 1}, {"n", 128}, {"seed", 1}});
+  ASSERT_EQ(many["choices"].size(), 128u);
+  for (size_t i = 0; i < 128; ++i) EXPECT_EQ(many["choices"][i]["index"], i);
+  for (int n : {0, 129}) {
+    auto res = post("/v1/completions", {{"prompt", "q"}, {"max_tokens", 1}, {"n", n}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << "n = " << n;
+  }
+}
+
+// logprobs / top_logprobs: 0..20 entries per token.
+TEST_F(ServerTest, TopLogprobsAtTheirBounds) {
+  auto server = start(options());
+  const json c = post_ok("/v1/completions",
+                         {{"prompt", "ab"}, {"max_tokens", 2}, {"logprobs", 20}, {"seed", 3}});
+  // The legacy form keys alternatives by token text: byte tokens >= 0x80 all read U+FFFD and
+  // collapse into one entry, so a byte-level model shows fewer than 20 (the chat form below
+  // lists all 20).
+  for (const auto& top : c["choices"][0]["logprobs"]["top_logprobs"]) {
+    EXPECT_LE(top.size(), 20u);
+    EXPECT_GE(top.size(), 10u);
+  }
+  const json none = post_ok("/v1/completions",
+                            {{"prompt", "ab"}, {"max_tokens", 2}, {"logprobs", 0}, {"seed", 3}});
+  for (const auto& top : none["choices"][0]["logprobs"]["top_logprobs"]) EXPECT_TRUE(top.empty() || top.is_null());
+  auto res = post("/v1/completions", {{"prompt", "ab"}, {"max_tokens", 2}, {"logprobs", 21}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const json chat = post_ok("/v1/chat/completions", {{"messages", messages},
+                                                     {"max_tokens", 2},
+                                                     {"logprobs", true},
+                                                     {"top_logprobs", 20},
+                                                     {"seed", 3}});
+  for (const auto& t : chat["choices"][0]["logprobs"]["content"])
+    EXPECT_EQ(t["top_logprobs"].size(), 20u);
+  for (const json& bad : {json{{"logprobs", true}, {"top_logprobs", 21}},
+                          json{{"logprobs", true}, {"top_logprobs", -1}},
+                          json{{"top_logprobs", 1}}}) {
+    json body = {{"messages", messages}, {"max_tokens", 2}};
+    body.update(bad);
+    res = post("/v1/chat/completions", body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << body.dump();
+  }
+}
+
+// A body of exactly --max-body-bytes is read; one byte more is a 413, with a Content-Length and
+// chunked alike.
+TEST_F(ServerTest, BodyLimitAtTheExactSize) {
+  ServerOptions o = options();
+  o.max_body_bytes = 4096;
+  auto server = start(o);
+  auto body_of = [](size_t size) {
+    std::string b = json{{"prompt", "x"}, {"max_tokens", 1}}.dump();
+    b.append(size - b.size(), ' ');  // JSON allows trailing whitespace
+    return b;
+  };
+  httplib::Client cli("127.0.0.1", port_);
+  for (size_t size : {4095u, 4096u}) {
+    auto res = cli.Post("/v1/completions", body_of(size), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << size << " bytes: " << res->body;
+  }
+  auto res = cli.Post("/v1/completions", body_of(4097), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  auto chunked = [&](size_t size) {
+    const std::string body = body_of(size);
+    std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    for (size_t at = 0; at < body.size(); at += 1000) {
+      const std::string part = body.substr(at, 1000);
+      request += fmt::format("{:x}\r\n", part.size()) + part + "\r\n";
+    }
+    request += "0\r\n\r\n";
+    const int fd = connect_to(port_);
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    const std::string response = receive_all(fd);
+    ::close(fd);
+    return response.substr(0, 12);
+  };
+  EXPECT_EQ(chunked(4096), "HTTP/1.1 200");
+  EXPECT_EQ(chunked(4097), "HTTP/1.1 413");
+}
+
+// A stop string completed by the last token max_tokens allows: the text ends before it and the
+// reason is "stop". A stop string that would need one token more: the whole text, held-back
+// suffix included, and "length".
+TEST_F(ServerTest, StopStringAtTheVeryEnd) {
+  auto server = start(options());
+  const int kTokens = 20;
+  // A seed whose free run of kTokens + 1 tokens (one byte a token) ends in three printable ASCII
+  // tokens: its text then ends in those three bytes, whatever came before (a byte-level model's
+  // earlier bytes may decode to U+FFFD). The last two bytes within kTokens must occur nowhere
+  // earlier, and the last byte with the one after it not within the first kTokens.
+  std::string run, shown;
+  int seed = -1;
+  for (int s = 0; s < 400 && seed < 0; ++s) {
+    const json c =
+        post_ok("/v1/completions", {{"prompt", "stop"}, {"max_tokens", kTokens + 1}, {"seed", s},
+                                    {"top_k", 60}, {"logprobs", 0}})["choices"][0];
+    const json& tokens = c["logprobs"]["tokens"];
+    if (c["finish_reason"] != "length" || tokens.size() != kTokens + 1u) continue;
+    bool printable = true;
+    for (int i = kTokens - 2; i <= kTokens; ++i) {
+      const std::string t = tokens[static_cast<size_t>(i)];
+      printable = printable && t.size() == 1 && t[0] >= 0x20 && t[0] < 0x7f;
+    }
+    if (!printable) continue;
+    const std::string text = c["text"];
+    const std::string head = text.substr(0, text.size() - 1);
+    if (head.find(head.substr(head.size() - 2)) == head.size() - 2 &&
+        head.find(text.substr(text.size() - 2)) == std::string::npos) {
+      run = text;
+      shown = head;
+      seed = s;
+    }
+  }
+  ASSERT_GE(seed, 0) << "no seed gave a run that ends in printable ASCII";
+  json body = {{"prompt", "stop"}, {"max_tokens", kTokens}, {"seed", seed}, {"top_k", 60}};
+  body["stop"] = shown.substr(shown.size() - 2);  // completed by the last token
+  json c = post_ok("/v1/completions", body)["choices"][0];
+  EXPECT_EQ(c["text"], shown.substr(0, shown.size() - 2));
+  EXPECT_EQ(c["finish_reason"], "stop");
+  {
+    body["stop"] = run.substr(run.size() - 2);  // would need token kTokens + 1
+    c = post_ok("/v1/completions", body)["choices"][0];
+    EXPECT_EQ(c["text"], shown);
+    EXPECT_EQ(c["finish_reason"], "length");
+    body["stream"] = true;  // streamed: the held-back last byte is sent before [DONE]
+    auto res = post("/v1/completions", body);
+    ASSERT_TRUE(res);
+    bool done = false;
+    std::string streamed;
+    for (const json& e : sse_events(res->body, &done))
+      if (!e["choices"].empty()) streamed += e["choices"][0]["text"].get<std::string>();
+    EXPECT_TRUE(done);
+    EXPECT_EQ(streamed, shown);
+  }
 }
 
 }  // namespace

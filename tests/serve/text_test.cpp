@@ -57,6 +57,24 @@ constexpr std::string_view kSmolLM2 =
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|im_start|>assistant\n' }}{% endif %}";
 
+// A default system literal with escapes inside its text: Jinja reads the string literal as
+// Python does, so \n is a newline, \t a tab, \\ one backslash; a backslash before any other
+// character stays. The expected text is Jinja's reading, written out by hand (HF's
+// apply_chat_template gives the same: tests/python/test_chat_template.py).
+constexpr std::string_view kEscapedSystem =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\\nYou are a bot.\\nRules:\\n\\t1. Be brief.\\r\\n\\t2. A \\\\n is "
+    "not a newline; \\d stays.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + "
+    "'\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+TEST(ChatTemplate, DefaultSystemWithEscapedCharacters) {
+  EXPECT_EQ(render_chat(kEscapedSystem, "Hi"),
+            "<|im_start|>system\nYou are a bot.\nRules:\n\t1. Be brief.\r\n\t2. A \\n is not a "
+            "newline; \\d stays.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+}
+
 TEST(ChatTemplate, SmolLM2DefaultSystemWithRealNewlines) {
   EXPECT_EQ(render_chat(kSmolLM2, "Hi"),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "

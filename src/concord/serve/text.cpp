@@ -54,7 +54,7 @@ std::string trim(std::string_view s) {
 // The default system turn a Qwen2-style template writes as a literal:
 // '<|im_start|>system\nTEXT<|im_end|>\n' with no expression inside. The newline is the escape
 // "\n" in Qwen2's tokenizer_config.json and a real newline in SmolLM2's GGUF
-// tokenizer.chat_template; Jinja reads both as a newline.
+// tokenizer.chat_template; Jinja reads both as a newline, and TEXT's escapes as Python does.
 std::optional<std::string> chatml_default_system(std::string_view tpl) {
   for (const std::string_view open : {std::string_view("<|im_start|>system\\n"),
                                       std::string_view("<|im_start|>system\n")}) {
@@ -66,10 +66,23 @@ std::optional<std::string> chatml_default_system(std::string_view tpl) {
       if (text.empty() || contains(text, "'") || contains(text, "\"") || contains(text, "{") ||
           contains(text, "+"))
         continue;
-      std::string out;  // undo the string literal's \n escapes
+      // Undo the string literal's escapes as Jinja (Python) reads them: \n \t \r \\ (and
+      // \' \", which the check above already keeps out); any other backslash stays as written.
+      std::string out;
       for (size_t i = 0; i < text.size(); ++i) {
-        if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
-          out += '\n';
+        const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+        const char* unescaped = nullptr;
+        if (text[i] == '\\') {
+          switch (next) {
+            case 'n': unescaped = "\n"; break;
+            case 't': unescaped = "\t"; break;
+            case 'r': unescaped = "\r"; break;
+            case '\\': unescaped = "\\"; break;
+            default: break;
+          }
+        }
+        if (unescaped) {
+          out += unescaped;
           ++i;
         } else {
           out += text[i];

@@ -6,7 +6,8 @@
 //   ChatML ("<|im_start|>"), Qwen2 / Qwen2.5 / SmolLM2: turns "<|im_start|>ROLE\nCONTENT
 //     <|im_end|>\n"; when the first message is not a system one, the template's default system
 //     turn if it has one ("You are Qwen, created by Alibaba Cloud. ...", "You are a helpful AI
-//     assistant named SmolLM, trained by Hugging Face"), taken from the template's text;
+//     assistant named SmolLM, trained by Hugging Face"), taken from the template's text with
+//     its string literal's escapes read as Jinja reads them (\n, \t, \r, \\);
 //   ChatML with "enable_thinking" (Qwen3): no default system; an assistant turn loses its
 //     "<think>...</think>" reasoning, except after the last user query, where the reasoning is
 //     kept in a "<think>\nR\n</think>\n\n" block (always for the final message, else when R is
