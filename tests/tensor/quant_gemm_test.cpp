@@ -452,6 +452,24 @@ TEST(QuantGemm, ActivationScalesAreGgmlFp16) {
   }
 }
 
+// The activation codes come from ggml's id = 127 / amax, not from 1 / d (d = amax / 127): the two
+// fp32 reciprocals differ in the last bit for amax = 0.3 (423.3333 vs 423.33334), and
+// x = 0x3b6836d4 (0.003543307) lands on 1.4999999 with ggml's (code 1), on 1.5 with 1 / d
+// (code 2). Found by tools/mutate.py (issue 40): no other test put a value that close to a tie.
+TEST(QuantGemm, ActivationCodesUseGgmlsReciprocalOfAmax) {
+  constexpr uint16_t kOne = 0x3c00;
+  const QuantWeight w = pack_quant_weight(BlockQuant::q8_0, 1, 32, one_block(BlockQuant::q8_0, kOne, 0, 1, 0));
+  std::vector<float> x(32, std::bit_cast<float>(0x3b6836d4u));
+  x[0] = 0.3f;  // amax; its weight code is 0
+  // y = fp16(0.3 / 127) · 31 codes of 1 = 0.0023612976 · 31 (exact in fp32).
+  const float want = std::bit_cast<float>(0x3d95ea00u);
+  for (QuantIsa isa : supported_isas()) {
+    const float y = run(w, x, 1, 32, 1, isa)[0];
+    EXPECT_EQ(std::bit_cast<uint32_t>(y), std::bit_cast<uint32_t>(want))
+        << quant_isa_name(isa) << ": " << y << ", want " << want;
+  }
+}
+
 TEST(QuantGemm, RowsIndependentOfBatchAndThreads) {
   const int64_t N = 301, K = 576, M = 13;
   for (BlockQuant t : kTypes) {
