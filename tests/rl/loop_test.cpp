@@ -18,6 +18,7 @@
 #include "concord/rl/channel.h"
 #include "concord/rl/loop.h"
 #include "concord/train/checkpoint.h"
+#include "train_state_fixture.h"
 
 namespace concord::rl {
 namespace {
@@ -429,6 +430,34 @@ TEST(RlLoop, AStoppedRunResumesFromItsLastCheckpointBitIdentically) {
   const RlResult again = run_rl(s, *channel3, resume);
   EXPECT_EQ(again.start_step, 5);
   EXPECT_EQ(read_jsonl(out / "split" / "metrics.jsonl"), b);
+  fs::remove_all(out);
+}
+
+// Issue 35: the same killed-and-resumed run (ef, a reference policy, two PPO epochs; an nvfp4
+// sampler beside a bf16 learner) ends on the bits recorded before the training state was
+// restructured (tests/golden/train_state_fingerprints.json, tests/train_state_fixture.h): the
+// warm-up, the learner's optimizer and export rule, and the checkpoint round trip together.
+TEST(RlLoop, KilledAndResumedRunEndsOnTheRecordedBits) {
+  const fs::path out = temp_dir("fixture");
+  RlConfig c = tiny_config(out, "nvfp4", "bf16");
+  c.steps = 5;
+  c.export_rule = "ef";
+  c.loss.kl_coef = 0.05;
+  c.ppo_epochs = 2;
+  c.checkpoint_every = 2;
+  auto channel = make_in_process_channel();
+  RlOptions stop;
+  stop.progress = false;
+  stop.stop_after = 3;
+  ASSERT_TRUE(run_rl(c, *channel, stop).stopped);
+  auto channel2 = make_in_process_channel();
+  RlOptions resume;
+  resume.progress = false;
+  const RlResult second = run_rl(c, *channel2, resume);
+  ASSERT_EQ(second.start_step, 2);
+  const train::LoadedCheckpoint last = train::load_checkpoint(*train::latest_checkpoint(out));
+  ASSERT_EQ(last.step, 5);
+  test::expect_fingerprint("rl_nvfp4_bf16_ef", test::fingerprint(last));
   fs::remove_all(out);
 }
 
