@@ -632,5 +632,28 @@ TEST(RlLoop, ConfigTypeErrorsNameTheFileAndKey) {
   fs::remove_all(dir);
 }
 
+// AdamW's betas are config keys of `concord rl`; today's values (0.9, 0.999) are the defaults and
+// are not written, so the config JSON (and with it a run's identity) of older runs is unchanged.
+TEST(RlLoop, AdamWBetasAreConfigKeysWrittenOnlyWhenNotTheDefault) {
+  const RlConfig defaults = RlConfig::from_json(json::object(), "t");
+  EXPECT_EQ(defaults.beta1, 0.9);
+  EXPECT_EQ(defaults.beta2, 0.999);
+  EXPECT_FALSE(defaults.to_json().at("grpo").contains("beta1"));
+  EXPECT_FALSE(defaults.to_json().at("grpo").contains("beta2"));
+  const RlConfig set = RlConfig::from_json(json::parse(R"({"grpo": {"beta1": 0.8, "beta2": 0.99}})"), "t");
+  EXPECT_EQ(set.beta1, 0.8);
+  EXPECT_EQ(set.beta2, 0.99);
+  EXPECT_EQ(set.to_json().at("grpo").at("beta1"), 0.8);
+  EXPECT_EQ(RlConfig::from_json(set.to_json(), "t").to_json(), set.to_json());
+  for (const char* bad : {R"({"grpo": {"beta1": 1}})", R"({"grpo": {"beta2": -0.1}})"}) {
+    try {
+      RlConfig::from_json(json::parse(bad), "t");
+      ADD_FAILURE() << bad;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("must lie in [0, 1)"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace concord::rl

@@ -26,6 +26,7 @@
 #include "concord/serve/engine.h"
 #include "concord/serve/logprob.h"
 #include "concord/train/checkpoint.h"
+#include "concord/train/train_state.h"
 #include "concord/train/data.h"
 #include "concord/train/export.h"
 #include "concord/train/fair_cast.h"
@@ -308,14 +309,14 @@ class Learner {
         sampler_policy_(model::PrecisionPolicy::from_name_or_file(c.sampler)),
         learner_(mc, model::PrecisionPolicy::from_name_or_file(c.learner)),
         served_(mc, sampler_policy_),
-        master_(std::move(start)),
-        exporter_(train::make_export_rule(c.export_rule, sampler_policy_.served_weights, c.seed)),
-        optimizer_({c.lr, 0.9, 0.999, 1e-8, c.weight_decay, c.grad_clip}),
+        state_(mc, sampler_policy_, c.export_rule, c.seed,
+               {.name = "adamw", .adamw = {c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, c.grad_clip}},
+               std::move(start)),
         meter_(sampler_policy_.served_weights),
         publisher_(served_, sampler_policy_, c.probe) {
     if (c.loss.kl_coef > 0) {
       reference_ = std::make_unique<model::Model>(mc, model::PrecisionPolicy::from_name_or_file(c.learner));
-      set_model_weights(*reference_, master_);
+      set_model_weights(*reference_, state_.masters());
     }
   }
 
@@ -324,13 +325,10 @@ class Learner {
   std::vector<uint8_t> sync(int64_t step, json& fair_cast) {
     const auto t0 = steady::now();
     const auto& specs = served_.params();
-    for (size_t p = 0; p < specs.size(); ++p)
-      exporter_->apply(static_cast<int>(p), master_[p], served_.param(specs[p].name), rows_of(specs[p]),
-                       cols_of(specs[p]), static_cast<uint64_t>(step));
-    served_.weights_changed();
+    state_.export_to(served_, step);
     for (size_t p = 0; p < specs.size(); ++p) {
       auto src = c_.loss_on_served ? std::span<const float>(served_.param(specs[p].name))
-                                   : std::span<const float>(master_[p]);
+                                   : state_.master(p);
       auto dst = learner_.param(specs[p].name);
       std::copy(src.begin(), src.end(), dst.begin());
     }
@@ -338,7 +336,7 @@ class Learner {
     meter_.begin_step(static_cast<uint64_t>(step));
     int matrix = 0;
     for (size_t p = 0; p < specs.size(); ++p)
-      if (specs[p].is_matrix()) meter_.record(matrix++, master_[p], served_.param(specs[p].name));
+      if (specs[p].is_matrix()) meter_.record(matrix++, state_.master(p), served_.param(specs[p].name));
     const train::FairCastStep fc = meter_.end_step();
     fair_cast = fc.to_json();
     last_lag_ = fc.lag;
@@ -365,7 +363,6 @@ class Learner {
     const std::vector<double>& advantages = out.advantages;
     std::vector<std::vector<double>> ref;
     if (reference_) ref = score(*reference_, b);
-    const auto& specs = learner_.params();
     for (int64_t epoch = 0; epoch < c_.ppo_epochs; ++epoch) {
       auto loss_fn = [&](std::span<const double> logp, std::span<const double> entropy, std::span<double> coef) {
         std::vector<std::vector<double>> l(sz(b.B)), h(sz(b.B)), g(sz(b.B));
@@ -393,10 +390,7 @@ class Learner {
       };
       learner_.forward_backward_policy(b.inputs, b.targets, b.B, b.T, loss_fn,
                                        static_cast<uint64_t>(step * c_.ppo_epochs + epoch));
-      std::vector<train::ParamView> views;
-      for (size_t p = 0; p < specs.size(); ++p)
-        views.push_back({specs[p].name, master_[p], learner_.grad(specs[p].name), specs[p].is_matrix()});
-      const double norm = optimizer_.step(views, c_.lr);
+      const double norm = state_.step(learner_, c_.lr);
       if (epoch == 0) out.grad_norm = norm;
       if (epoch + 1 < c_.ppo_epochs) refresh_learner();
     }
@@ -406,53 +400,34 @@ class Learner {
   const train::LagSummary& lag() const { return last_lag_; }
 
   // ---- checkpoints ----
-  // The master weights (HF names) as checkpoint views.
-  std::vector<train::TensorView> master_views() const {
-    std::vector<train::TensorView> out;
-    const auto& specs = served_.params();
-    for (size_t p = 0; p < specs.size(); ++p) out.push_back({specs[p].name, specs[p].shape, master_[p]});
-    return out;
-  }
-  const train::AdamW& optimizer() const { return optimizer_; }
-  // Everything else a resumed learner needs, as the checkpoint's state tensors: the export
-  // rule's state ("export.<name>"), the Fair Cast meter ("fair_cast.<i>.*") and the reference
-  // policy ("reference.<name>", kl_coef > 0).
-  std::vector<train::NamedTensor> state_tensors() const {
-    std::vector<train::NamedTensor> out = meter_.state_tensors(kFairCastPrefix);
-    for (train::NamedTensor& t : train::export_state_tensors(*exporter_, master_views())) out.push_back(std::move(t));
+  // The checkpoint of `at_step`: the training state (master, optimizer, export rule's state) and
+  // what else a resumed learner needs as state tensors: the Fair Cast meter ("fair_cast.<i>.*")
+  // and the reference policy ("reference.<name>", kl_coef > 0). `state` is the caller's JSON.
+  void save(const fs::path& out, int64_t at_step, json state) const {
+    std::vector<train::NamedTensor> extra = meter_.state_tensors(kFairCastPrefix);
     if (reference_) {
       for (const model::ParamSpec& spec : served_.params()) {
         auto v = reference_->param(spec.name);
-        out.push_back({"reference." + spec.name, spec.shape, std::vector<float>(v.begin(), v.end())});
+        extra.push_back({"reference." + spec.name, spec.shape, std::vector<float>(v.begin(), v.end())});
       }
     }
-    return out;
-  }
-  json state_json() const {
-    return {{"optimizer_steps", optimizer_.steps_taken()}, {"fair_cast", meter_.state_json()}};
+    state["fair_cast"] = meter_.state_json();
+    state_.save(out, at_step, std::move(state), /*keep=*/2, extra);
   }
   void restore(const train::LoadedCheckpoint& ckpt) {
-    const fs::path file = ckpt.dir / "model.safetensors";
     const fs::path state_file = ckpt.dir / "state.safetensors";
-    const auto& specs = served_.params();
-    for (size_t p = 0; p < specs.size(); ++p) {
-      const train::NamedTensor* t = train::find_tensor(ckpt.model, specs[p].name);
-      if (t == nullptr || t->values.size() != master_[p].size())
-        throw InputError(fmt::format("[rl] {}: tensor '{}' is missing or has the wrong size", file.string(),
-                                     specs[p].name));
-      master_[p] = t->values;
-      if (reference_) {
-        const train::NamedTensor* r = train::find_tensor(ckpt.state_tensors, "reference." + specs[p].name);
-        if (r == nullptr || r->values.size() != master_[p].size())
+    state_.restore(ckpt, "rl");
+    if (reference_) {
+      for (const model::ParamSpec& spec : served_.params()) {
+        const train::NamedTensor* r = train::find_tensor(ckpt.state_tensors, "reference." + spec.name);
+        if (r == nullptr || static_cast<int64_t>(r->values.size()) != spec.numel())
           throw InputError(fmt::format("[rl] {}: tensor 'reference.{}' is missing or has the wrong size",
-                                       state_file.string(), specs[p].name));
-        std::copy(r->values.begin(), r->values.end(), reference_->param(specs[p].name).begin());
+                                       state_file.string(), spec.name));
+        std::copy(r->values.begin(), r->values.end(), reference_->param(spec.name).begin());
       }
+      reference_->weights_changed();
     }
-    if (reference_) reference_->weights_changed();
-    train::restore_export_state(*exporter_, ckpt.state_tensors, master_views(), state_file);
     try {
-      restore_adamw_state(optimizer_, ckpt.optimizer, ckpt.state.at("optimizer_steps").get<int64_t>());
       meter_.restore(ckpt.state_tensors, kFairCastPrefix, ckpt.state.at("fair_cast"));
     } catch (const json::exception& e) {
       throw InputError(fmt::format("[rl] {}: {}", (ckpt.dir / "state.json").string(), e.what()));
@@ -473,10 +448,10 @@ class Learner {
     auto rne = train::make_export_rule("rne", sampler_policy_.served_weights, c_.seed);
     for (size_t p = 0; p < specs.size(); ++p) {
       if (c_.loss_on_served)
-        rne->apply(static_cast<int>(p), master_[p], learner_.param(specs[p].name), rows_of(specs[p]),
+        rne->apply(static_cast<int>(p), state_.master(p), learner_.param(specs[p].name), rows_of(specs[p]),
                    cols_of(specs[p]), 0);
       else
-        std::copy(master_[p].begin(), master_[p].end(), learner_.param(specs[p].name).begin());
+        std::ranges::copy(state_.master(p), learner_.param(specs[p].name).begin());
     }
     learner_.weights_changed();
   }
@@ -501,9 +476,7 @@ class Learner {
   model::PrecisionPolicy sampler_policy_;
   model::Model learner_, served_;
   std::unique_ptr<model::Model> reference_;
-  std::vector<std::vector<float>> master_;
-  std::unique_ptr<train::ExportRule> exporter_;
-  train::AdamW optimizer_;
+  train::TrainState state_;
   train::FairCastMeter meter_;
   WeightPublisher publisher_;
   train::LagSummary last_lag_;
@@ -713,14 +686,9 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   if (in_process) local = std::make_unique<SamplerRole>(config, mc, 1, 1);
 
   auto save = [&](int64_t at_step) {
-    const std::vector<train::NamedTensor> extra = learner.state_tensors();
-    const std::vector<train::TensorView> model_views = learner.master_views();
-    const std::vector<train::TensorView> optimizer_views = train::adamw_state_views(learner.optimizer(), model_views);
-    std::vector<train::TensorView> state_views;
-    for (const train::NamedTensor& t : extra) state_views.push_back({t.name, t.shape, t.values});
     json lines = json::array();
     for (const RlStepMetrics& m : result.steps) lines.push_back(m.line);
-    json state = learner.state_json();
+    json state;
     state["step"] = at_step;
     state["seed"] = config.seed;
     state["metrics"] = std::move(lines);
@@ -730,7 +698,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
                        {"seconds_sync", result.seconds_sync}, {"sync_failures", result.sync_failures},
                        {"k3_sum", k3_sum}, {"rollouts", rollouts_log},
                        {"seconds_total", seconds_before + seconds_since(t_start)}};
-    train::save_checkpoint(out, at_step, model_views, optimizer_views, state, /*keep=*/2, state_views);
+    learner.save(out, at_step, std::move(state));
   };
 
   int64_t steps_here = 0;

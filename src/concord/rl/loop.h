@@ -82,6 +82,11 @@ struct RlConfig {
   double lr = 5e-4;
   double weight_decay = 0;
   double grad_clip = 1.0;
+  // AdamW's betas; to_json writes them only when they differ from these defaults, so that a
+  // run from before they were keys keeps its config identity (its checkpoints resume).
+  static constexpr double kDefaultBeta1 = 0.9, kDefaultBeta2 = 0.999;
+  double beta1 = kDefaultBeta1;
+  double beta2 = kDefaultBeta2;
   PolicyLossConfig loss;
   // sync
   ProbeOptions probe;
@@ -97,7 +102,7 @@ struct RlConfig {
   // JSON layout (docs/rl.md): {"name", "model", "init_from", "base", "sampler", "learner",
   // "export", "loss_on_served", "task": {"name", "difficulty"}, "warmup": {"steps", "lr",
   // "batch_size"}, "grpo": {"steps", "prompts_per_step", "group_size", "max_new_tokens",
-  // "temperature", "ppo_epochs", "lr", "weight_decay", "grad_clip"}, "loss": {"clip_low",
+  // "temperature", "ppo_epochs", "lr", "weight_decay", "grad_clip", "beta1", "beta2"}, "loss": {"clip_low",
   // "clip_high", "kl_coef", "is", "is_cap", "mask_lo", "mask_hi"}, "probe": {"sequences",
   // "length", "seed", "max_k3_kl", "osc_max"}, "faults": ["NAME@STEP", ...], "seed", "out",
   // "log_rollouts", "checkpoint_every"};

@@ -122,10 +122,12 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
         else if (k == "lr") c.lr = kr.number();
         else if (k == "weight_decay") c.weight_decay = kr.number();
         else if (k == "grad_clip") c.grad_clip = kr.number_at_least(0);  // 0: no clipping
+        else if (k == "beta1") c.beta1 = kr.number();
+        else if (k == "beta2") c.beta2 = kr.number();
         else
           config_error(source, fmt::format("unknown key '{}' (steps, prompts_per_step, group_size, "
                                            "max_new_tokens, temperature, ppo_epochs, lr, "
-                                           "weight_decay, grad_clip)", kr.key()));
+                                           "weight_decay, grad_clip, beta1, beta2)", kr.key()));
       });
     } else if (key == "loss") {
       each_key(r, [&](const std::string& k, const Reader& kr) {
@@ -207,6 +209,10 @@ void RlConfig::validate(const std::string& source) const {
     config_error(source, "grpo.temperature must be 1 (the learner scores tokens at T = 1, so "
                          "another sampling temperature would be a mismatch by construction)");
   if (ppo_epochs < 1) config_error(source, "grpo.ppo_epochs must be at least 1");
+  for (const auto& [key, beta] : {std::pair{"grpo.beta1", beta1}, std::pair{"grpo.beta2", beta2}})
+    if (!(beta >= 0 && beta < 1))
+      config_error(source, fmt::format("{} must lie in [0, 1) (AdamW's bias correction 1 - beta^t), got {}",
+                                       key, beta));
   if (!(lr >= 0) || !(warmup_lr >= 0) || !(weight_decay >= 0) || !(grad_clip >= 0))
     config_error(source, fmt::format("learning rates, weight decay and grad_clip must be >= 0 (grpo.lr {}, "
                                      "warmup.lr {}, grpo.weight_decay {}, grpo.grad_clip {})",
@@ -249,6 +255,13 @@ json RlConfig::to_json() const {
                      {"seed", probe.seed}, {"max_k3_kl", probe.max_k3_kl}};
   if (probe.contract.slices.size() == 1 && probe.contract.slices[0].slice == "all")
     probe_json["osc_max"] = probe.contract.slices[0].osc_max;
+  json grpo = {{"steps", steps}, {"prompts_per_step", prompts_per_step},
+               {"group_size", group_size}, {"max_new_tokens", max_new_tokens},
+               {"temperature", temperature}, {"ppo_epochs", ppo_epochs}, {"lr", lr},
+               {"weight_decay", weight_decay}, {"grad_clip", grad_clip}};
+  // Only when set: a config from before these keys keeps its identity (loop.h).
+  if (beta1 != kDefaultBeta1) grpo["beta1"] = beta1;
+  if (beta2 != kDefaultBeta2) grpo["beta2"] = beta2;
   return {{"name", name},
           {"model", model.to_json()},
           {"init_from", init_from},
@@ -259,10 +272,7 @@ json RlConfig::to_json() const {
           {"loss_on_served", loss_on_served},
           {"task", {{"name", task}, {"difficulty", difficulty}}},
           {"warmup", {{"steps", warmup_steps}, {"lr", warmup_lr}, {"batch_size", warmup_batch}}},
-          {"grpo", {{"steps", steps}, {"prompts_per_step", prompts_per_step},
-                    {"group_size", group_size}, {"max_new_tokens", max_new_tokens},
-                    {"temperature", temperature}, {"ppo_epochs", ppo_epochs}, {"lr", lr},
-                    {"weight_decay", weight_decay}, {"grad_clip", grad_clip}}},
+          {"grpo", std::move(grpo)},
           {"loss", {{"clip_low", loss.clip_low}, {"clip_high", loss.clip_high},
                     {"kl_coef", loss.kl_coef}, {"is", std::string(is_mode_name(loss.is))},
                     {"is_cap", loss.is_cap}, {"mask_lo", loss.mask_lo}, {"mask_hi", loss.mask_hi}}},

@@ -15,6 +15,7 @@
 #include "concord/numerics/check.h"
 #include "concord/train/data.h"
 #include "concord/train/optimizer.h"
+#include "concord/train/train_state.h"
 
 namespace concord::rl {
 namespace {
@@ -149,19 +150,18 @@ WarmupResult warm_up(const RlConfig& c, bool progress) {
     model::LoadedModel loaded = model::load_model(c.init_from);
     set_model_weights(m, model_weights(loaded.model));
   }
-  train::AdamW optimizer({c.warmup_lr, 0.9, 0.95, 1e-8, 0.0, 1.0});
+  // fp32 throughout: the master is the model's own values (copied back after each step), and
+  // the warm-up's AdamW has fixed settings (betas 0.9 / 0.95, no weight decay, clip at 1).
+  train::TrainState state(m, model::PrecisionPolicy::preset("fp32"), "rne", c.seed,
+                          {.name = "adamw", .adamw = {c.warmup_lr, 0.9, 0.95, 1e-8, 0.0, 1.0}});
   const train::LrSchedule schedule{c.warmup_lr, c.warmup_lr * 0.1, std::min<int64_t>(10, c.warmup_steps),
                                    std::max<int64_t>(c.warmup_steps, 1)};
-  const auto& specs = m.params();
   float loss = 0;
   for (int64_t s = 0; s < c.warmup_steps; ++s) {
     const SupervisedBatch b = warmup_batch(c, s);
     loss = m.forward_backward(b.inputs, b.targets, b.B, b.T, static_cast<uint64_t>(s));
-    std::vector<train::ParamView> views;
-    for (const model::ParamSpec& p : specs)
-      views.push_back({p.name, m.param(p.name), m.grad(p.name), p.is_matrix()});
-    optimizer.step(views, schedule.at(s));
-    m.weights_changed();
+    state.step(m, schedule.at(s));
+    state.copy_master_to(m);
     if (progress && ((s + 1) % std::max<int64_t>(1, c.warmup_steps / 5) == 0 || s + 1 == c.warmup_steps))
       std::fprintf(stderr, "%s: warm-up step %lld/%lld  loss %.4f\n", c.name.c_str(),
                    static_cast<long long>(s + 1), static_cast<long long>(c.warmup_steps), loss);

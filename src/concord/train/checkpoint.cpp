@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "concord/io/atomic_file.h"
 #include "concord/io/safetensors.h"
@@ -261,14 +262,19 @@ LoadedCheckpoint load_checkpoint(const fs::path& checkpoint_dir) {
   if (fs::exists(dir / kStateTensorsFile, ec)) out.state_tensors = read_tensors(dir / kStateTensorsFile, step);
   for (const NamedTensor& t : out.optimizer) {
     std::string_view base = t.name;
-    if (base.ends_with(".exp_avg")) {
-      base.remove_suffix(std::string_view(".exp_avg").size());
-    } else if (base.ends_with(".exp_avg_sq")) {
-      base.remove_suffix(std::string_view(".exp_avg_sq").size());
-    } else {
-      throw InputError(fmt::format("[checkpoint] {}: tensor '{}' is neither <param>.exp_avg nor "
-                                   "<param>.exp_avg_sq",
-                                   (dir / kOptimizerFile).string(), t.name));
+    bool known = false;
+    for (const std::string& key : optimizer_state_keys()) {
+      if (base.size() > key.size() + 1 && base.ends_with(key) && base[base.size() - key.size() - 1] == '.') {
+        base.remove_suffix(key.size() + 1);
+        known = true;
+        break;
+      }
+    }
+    if (!known) {
+      throw InputError(fmt::format("[checkpoint] {}: tensor '{}' is no optimizer state "
+                                   "<param>.<{}>",
+                                   (dir / kOptimizerFile).string(), t.name,
+                                   fmt::join(optimizer_state_keys(), "|")));
     }
     const NamedTensor* param = find_tensor(out.model, base);
     if (param == nullptr || param->shape != t.shape) {
@@ -289,41 +295,12 @@ const NamedTensor* find_tensor(std::span<const NamedTensor> tensors, std::string
 
 std::vector<TensorView> adamw_state_views(const AdamW& optimizer,
                                           std::span<const TensorView> model) {
-  std::vector<TensorView> views;
-  for (const TensorView& param : model) {
-    if (!optimizer.has_state(param.name)) continue;
-    views.push_back({param.name + ".exp_avg", param.shape, optimizer.exp_avg(param.name)});
-    views.push_back({param.name + ".exp_avg_sq", param.shape, optimizer.exp_avg_sq(param.name)});
-  }
-  return views;
+  return optimizer.state_views(model);
 }
 
 void restore_adamw_state(AdamW& optimizer, std::span<const NamedTensor> tensors,
                          int64_t steps_taken) {
-  std::map<std::string, std::pair<const NamedTensor*, const NamedTensor*>> pairs;
-  for (const NamedTensor& t : tensors) {
-    std::string_view name = t.name;
-    if (name.ends_with(".exp_avg")) {
-      name.remove_suffix(8);
-      pairs[std::string(name)].first = &t;
-    } else if (name.ends_with(".exp_avg_sq")) {
-      name.remove_suffix(11);
-      pairs[std::string(name)].second = &t;
-    } else {
-      throw InputError(fmt::format("[checkpoint] optimizer tensor '{}' is not an AdamW moment",
-                                   t.name));
-    }
-  }
-  optimizer.clear_state();
-  for (const auto& [name, pair] : pairs) {
-    if (pair.first == nullptr || pair.second == nullptr) {
-      throw InputError(fmt::format("[checkpoint] parameter '{}' has only one of exp_avg and "
-                                   "exp_avg_sq",
-                                   name));
-    }
-    optimizer.set_state(name, pair.first->values, pair.second->values);
-  }
-  optimizer.set_steps_taken(steps_taken);
+  optimizer.restore_state(tensors, {}, steps_taken);
 }
 
 namespace {

@@ -32,21 +32,9 @@
 
 #include "concord/train/export.h"
 #include "concord/train/optimizer.h"
+#include "concord/train/tensors.h"
 
 namespace concord::train {
-
-struct NamedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
-
-// A tensor to save, without copying its values (they must stay alive during the call).
-struct TensorView {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::span<const float> values;
-};
 
 // "step-00000120". Steps must lie in [0, 10^8) so that names sort as numbers.
 std::string checkpoint_dir_name(int64_t step);

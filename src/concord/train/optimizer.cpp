@@ -1,10 +1,12 @@
 // AdamW, the learning-rate schedule and the global gradient norm (see optimizer.h).
 #include "concord/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "concord/numerics/check.h"
 
@@ -181,5 +183,62 @@ void AdamW::clear_state() {
   state_.clear();
   steps_ = 0;
 }
+
+std::vector<TensorView> AdamW::state_views(std::span<const TensorView> params) const {
+  std::vector<TensorView> views;
+  for (const TensorView& param : params) {
+    if (!has_state(param.name)) continue;
+    views.push_back({param.name + ".exp_avg", param.shape, exp_avg(param.name)});
+    views.push_back({param.name + ".exp_avg_sq", param.shape, exp_avg_sq(param.name)});
+  }
+  return views;
+}
+
+void AdamW::restore_state(std::span<const NamedTensor> tensors, std::span<const TensorView> params,
+                          int64_t steps_taken) {
+  std::map<std::string, std::pair<const NamedTensor*, const NamedTensor*>> pairs;
+  for (const NamedTensor& t : tensors) {
+    std::string_view name = t.name;
+    if (name.ends_with(".exp_avg")) {
+      name.remove_suffix(8);
+      pairs[std::string(name)].first = &t;
+    } else if (name.ends_with(".exp_avg_sq")) {
+      name.remove_suffix(11);
+      pairs[std::string(name)].second = &t;
+    } else {
+      throw InputError(fmt::format("[checkpoint] optimizer tensor '{}' is not an AdamW moment",
+                                   t.name));
+    }
+  }
+  for (const auto& [name, pair] : pairs) {
+    if (pair.first == nullptr || pair.second == nullptr) {
+      throw InputError(fmt::format("[checkpoint] parameter '{}' has only one of exp_avg and "
+                                   "exp_avg_sq",
+                                   name));
+    }
+    if (params.empty()) continue;
+    const auto param = std::find_if(params.begin(), params.end(),
+                                    [&](const TensorView& v) { return v.name == name; });
+    if (param == params.end() || param->values.size() != pair.first->values.size())
+      throw InputError(fmt::format("[checkpoint] optimizer state of '{}' ({} values) matches no "
+                                   "parameter of that size",
+                                   name, pair.first->values.size()));
+  }
+  if (steps_taken < 0)
+    throw InputError(fmt::format("[checkpoint] optimizer step count {} is negative", steps_taken));
+  clear_state();
+  for (const auto& [name, pair] : pairs) set_state(name, pair.first->values, pair.second->values);
+  set_steps_taken(steps_taken);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
+  if (config.name == "adamw") return std::make_unique<AdamW>(config.adamw);
+  throw InputError(fmt::format("[optimizer] unknown optimizer '{}' (known: {})", config.name,
+                               fmt::join(optimizer_names(), ", ")));
+}
+
+std::vector<std::string> optimizer_names() { return {"adamw"}; }
+
+std::vector<std::string> optimizer_state_keys() { return {"exp_avg", "exp_avg_sq"}; }
 
 }  // namespace concord::train

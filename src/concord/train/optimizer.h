@@ -1,9 +1,12 @@
-// AdamW over fp32 master weights, the learning-rate schedule, and the global gradient norm.
+// The optimizer interface, AdamW over fp32 master weights (its first implementation), the
+// learning-rate schedule, and the global gradient norm.
 //
-// The optimizer works on named fp32 spans (ParamView), not on the Model class, so the same code
-// updates any set of parameters. Its update is bit-reproducible: the same inputs give the same
-// bits whatever the OpenMP thread count, because every element's update is computed on its own
-// and the one reduction (the gradient norm) sums fixed-size blocks in a fixed order.
+// An optimizer works on named fp32 spans (ParamView), not on the Model class, so the same code
+// updates any set of parameters. train::TrainState (train_state.h) owns the one optimizer of a
+// run (`concord train`, the RL learner, the RL warm-up) and hands it the parameters each step.
+// Its update is bit-reproducible: the same inputs give the same bits whatever the OpenMP thread
+// count, because every element's update is computed on its own and the one reduction (the
+// gradient norm) sums fixed-size blocks in a fixed order.
 //
 // Precision: values, gradients and the moment buffers are stored in fp32; each element's update
 // is computed in double and rounded to fp32 once per stored quantity (m, v, the parameter). The
@@ -21,10 +24,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "concord/train/tensors.h"
 
 namespace concord::train {
 
@@ -67,9 +73,58 @@ struct LrSchedule {
 inline constexpr int64_t kNormBlock = 1 << 14;
 double global_grad_norm(std::span<const ParamView> params);
 
-class AdamW {
+// What every optimizer does for a training loop. The loop calls step() with the registered
+// parameters in a fixed order (model::Model::params(): random init, SR streams and export rules
+// are keyed by that index) and saves/restores the state through state_views()/restore_state().
+//
+// Optimizers whose state is not an fp32 master (the binary-weight optimizers of DESIGN.md's
+// error-diffusion system: sign bits with a per-channel scale, a packed b-bit residual per weight,
+// Bop's gradient EMA) fit this interface as it is:
+//   - ParamView::value is "the weights this optimizer writes", not necessarily a master: such an
+//     optimizer writes the served values (±α) into it and keeps everything else — the residual,
+//     the EMA, the flip counters — as its own state, under its own names;
+//   - its state goes to checkpoints as state_views(): F32 tensors "<param>.<key>", shaped like
+//     the parameter (b-bit integers and signs are exact in fp32; the file spends 32 bits on each,
+//     which a later U8 dtype in optimizer.safetensors can cut without touching the interface),
+//     with each key listed in optimizer_state_keys() so that load_checkpoint validates them;
+//   - the export from TrainState then only copies: "rne" of a value already on the served grid
+//     is that value, so no export rule of an fp32 master is involved.
+// Only AdamW exists today; make_optimizer() is the one place that constructs an optimizer.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string_view name() const = 0;
+  // One step at learning rate `lr` (the schedule's value). Returns the pre-clip global gradient
+  // norm; a non-finite norm means the step changed nothing (see the file comment).
+  virtual double step(std::span<const ParamView> params, double lr) = 0;
+  // Steps taken (skipped non-finite steps are not counted).
+  virtual int64_t steps_taken() const = 0;
+  // The state tensors for a checkpoint ("<param>.<key>", shaped like the parameter in `params`,
+  // parameters in `params` order), as views valid until the next step or restore.
+  virtual std::vector<TensorView> state_views(std::span<const TensorView> params) const = 0;
+  // Replaces the whole state with `tensors` (as load_checkpoint returns them) and sets the step
+  // count. InputError naming the problem for a tensor this optimizer does not keep, a parameter
+  // with part of its state, or a size that differs from its parameter's in `params`.
+  virtual void restore_state(std::span<const NamedTensor> tensors, std::span<const TensorView> params,
+                             int64_t steps_taken) = 0;
+};
+
+// The optimizer of a run and its settings; today only "adamw".
+struct OptimizerConfig {
+  std::string name = "adamw";
+  AdamWConfig adamw;
+};
+// InputError naming the name for an unknown optimizer, and AdamW's for bad settings.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config);
+std::vector<std::string> optimizer_names();
+// Every "<key>" an optimizer may write as "<param>.<key>" (load_checkpoint's check).
+std::vector<std::string> optimizer_state_keys();
+
+class AdamW final : public Optimizer {
  public:
   explicit AdamW(AdamWConfig config);
+
+  std::string_view name() const override { return "adamw"; }
 
   const AdamWConfig& config() const { return config_; }
 
@@ -77,9 +132,13 @@ class AdamW {
   // callers without a schedule). Moments are created as zeros on a parameter's first step.
   // Returns the pre-clip global gradient norm. Throws InputError when a value and its gradient
   // differ in size, or a parameter's size differs from its stored moments.
-  double step(std::span<const ParamView> params, double lr);
+  double step(std::span<const ParamView> params, double lr) override;
   // Steps taken (t in the bias corrections); skipped non-finite steps are not counted.
-  int64_t steps_taken() const { return steps_; }
+  int64_t steps_taken() const override { return steps_; }
+  // "<param>.exp_avg" and "<param>.exp_avg_sq" for each parameter of `params` with moments.
+  std::vector<TensorView> state_views(std::span<const TensorView> params) const override;
+  void restore_state(std::span<const NamedTensor> tensors, std::span<const TensorView> params,
+                     int64_t steps_taken) override;
 
   // --- state, for checkpoints --------------------------------------------------------------
   // Names with moments, sorted.

@@ -1,4 +1,4 @@
-// The training loop: export master -> served copy, forward/backward, AdamW, validation,
+// The training loop: export master -> served copy, forward/backward, the optimizer, validation,
 // metrics, checkpoints, resume.
 #include "concord/train/trainer.h"
 
@@ -25,6 +25,7 @@
 #include "concord/train/export.h"
 #include "concord/train/optimizer.h"
 #include "concord/train/progress.h"
+#include "concord/train/train_state.h"
 
 namespace concord::train {
 namespace {
@@ -238,45 +239,24 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const BatchSampler sampler(split.train, B, T, config.seed);
   const std::vector<Batch> validation = validation_batches(split.validation, B, T, config.eval_batches);
 
-  // Master weights (fp32, what AdamW updates) and the model holding the served copy.
+  // The training state (master weights, export rule, optimizer) and the model holding the
+  // served copy the forward and backward passes use.
   model::Model m(config.model, config.policy);
   m.init_random(config.seed, static_cast<float>(config.init_std));
-  const std::vector<model::ParamSpec>& specs = m.params();
-  std::vector<std::vector<float>> master;
-  for (const model::ParamSpec& p : specs) {
-    auto v = m.param(p.name);
-    master.emplace_back(v.begin(), v.end());
-  }
-  std::unique_ptr<ExportRule> exporter = make_export_rule(config.export_rule, config.policy.served_weights, config.seed);
-  AdamW optimizer({config.lr, config.beta1, config.beta2, 1e-8, config.weight_decay, config.grad_clip});
+  TrainState state(m, config.policy, config.export_rule, config.seed,
+                   {.name = "adamw",
+                    .adamw = {config.lr, config.beta1, config.beta2, 1e-8, config.weight_decay, config.grad_clip}});
   const LrSchedule schedule{config.lr, config.min_lr, config.warmup_steps, std::max(config.steps, config.warmup_steps)};
 
   int64_t step = 0;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
-  auto master_views = [&] {
-    std::vector<TensorView> views;
-    for (size_t p = 0; p < specs.size(); ++p) views.push_back({specs[p].name, specs[p].shape, master[p]});
-    return views;
-  };
   if (checkpoint) {
     LoadedCheckpoint ckpt = load_checkpoint(*checkpoint);
     check_checkpoint_config(ckpt, identity, "train");
     if (ckpt.step > config.steps)
       throw InputError(fmt::format("[train] {}: step {} is beyond train.steps {}", ckpt.dir.string(), ckpt.step,
                                    config.steps));
-    for (size_t p = 0; p < specs.size(); ++p) {
-      const NamedTensor* t = find_tensor(ckpt.model, specs[p].name);
-      if (t == nullptr || t->values.size() != master[p].size())
-        throw InputError(fmt::format("[train] {}: tensor '{}' is missing or has the wrong size",
-                                     (ckpt.dir / "model.safetensors").string(), specs[p].name));
-      master[p] = t->values;
-    }
-    const json& optimizer_steps = ckpt.state.contains("optimizer_steps") ? ckpt.state.at("optimizer_steps") : json(ckpt.step);
-    if (!optimizer_steps.is_number_integer() || optimizer_steps.get<int64_t>() < 0)
-      throw InputError(fmt::format("[train] {}: 'optimizer_steps' must be an integer >= 0, got {}",
-                                   (ckpt.dir / "state.json").string(), optimizer_steps.dump()));
-    restore_adamw_state(optimizer, ckpt.optimizer, optimizer_steps.get<int64_t>());
-    restore_export_state(*exporter, ckpt.state_tensors, master_views(), ckpt.dir / "state.safetensors");
+    state.restore(ckpt, "train");
     step = ckpt.step;
     result.start_step = step;
     truncate_after_step(metrics_path, step);
@@ -295,26 +275,14 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   auto export_served = [&](int64_t at_step) {
     if (exported_step == at_step) return;
     exported_step = at_step;
-    if (saves_at(at_step)) export_state_before = export_state_tensors(*exporter, master_views());
-    for (size_t p = 0; p < specs.size(); ++p) {
-      const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
-      const int64_t cols = specs[p].is_matrix() ? specs[p].shape[1] : specs[p].shape[0];
-      exporter->apply(static_cast<int>(p), master[p], m.param(specs[p].name), rows, cols,
-                      static_cast<uint64_t>(at_step));
-    }
-    m.weights_changed();
+    if (saves_at(at_step)) export_state_before = state.export_state();
+    state.export_to(m, at_step);
   };
   auto save = [&](int64_t at_step) {
-    const std::vector<TensorView> model_views = master_views();
-    const std::vector<TensorView> optimizer_views = adamw_state_views(optimizer, model_views);
-    const std::vector<NamedTensor> export_state =
-        exported_step == at_step ? export_state_before : export_state_tensors(*exporter, model_views);
-    std::vector<TensorView> state_views;
-    for (const NamedTensor& t : export_state) state_views.push_back({t.name, t.shape, t.values});
-    json state = {{"step", at_step}, {"optimizer_steps", optimizer.steps_taken()},
-                  {"seed", config.seed}, {"tokens_seen", at_step * B * T},
-                  {"last_validation_loss", result.last_validation_loss}, {"config", identity}};
-    save_checkpoint(run_dir, at_step, model_views, optimizer_views, state, config.checkpoint_keep, state_views);
+    const json extra = {{"step", at_step}, {"seed", config.seed}, {"tokens_seen", at_step * B * T},
+                        {"last_validation_loss", result.last_validation_loss}, {"config", identity}};
+    state.save(run_dir, at_step, extra, config.checkpoint_keep, {},
+               exported_step == at_step ? &export_state_before : nullptr);
   };
 
   ProgressBar progress(stderr);
@@ -331,11 +299,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     export_served(step);
     const Batch batch = sampler.at(step);
     const float loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
-    std::vector<ParamView> views;
-    for (size_t p = 0; p < specs.size(); ++p)
-      views.push_back({specs[p].name, master[p], m.grad(specs[p].name), specs[p].is_matrix()});
     const double lr = schedule.at(step);
-    const double grad_norm = optimizer.step(views, lr);
+    const double grad_norm = state.step(m, lr);
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += dt;
     ++steps_here;
