@@ -70,7 +70,7 @@ double native_weight_bytes() {
   for (const auto& p : m.params()) {
     if (const auto* w = m.stored_weight(p.name)) {
       bytes += static_cast<double>(w->bytes());
-    } else if (p.name != "model.embed_tokens.weight" || m.config().tie_word_embeddings) {
+    } else if (p.kind != concord::model::ParamKind::embed || m.config().tie_word_embeddings) {
       bytes += 4.0 * static_cast<double>(p.numel());
     }
   }

@@ -15,6 +15,7 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/quant_checkpoint.h"
 #include "concord/io/safetensors.h"
+#include "concord/model/model.h"
 #include "concord/numerics/block.h"
 #include "concord/numerics/convert.h"
 #include "concord/numerics/error_feedback.h"
@@ -32,50 +33,42 @@ struct Tensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> values;
+  model::ParamClass cls;
   int64_t rows() const { return shape.size() == 1 ? 1 : shape[0]; }
   int64_t cols() const { return shape.back(); }
 };
 
-// Weights shaped like a small Qwen3 model: N(0, 0.02) with a few outlier input channels per
-// matrix (x8), the feature that makes per-tensor scaling lose to block scaling; RMSNorm
-// weights near 1.
+// Weights shaped like a small Qwen3 model (its registered parameters, in order): N(0, 0.02) with
+// a few outlier input channels per matrix (x8), the feature that makes per-tensor scaling lose
+// to block scaling; RMSNorm weights near 1.
 std::vector<Tensor> make_checkpoint(uint64_t seed, bool quick) {
-  const int64_t vocab = quick ? 1024 : 4096, d_model = quick ? 128 : 256;
-  const int64_t ffn = 3 * d_model, layers = quick ? 2 : 4, heads = 4, kv_heads = 2;
-  const int64_t head_dim = d_model / heads;
+  model::ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";  // q/k norms, no biases
+  c.vocab_size = quick ? 1024 : 4096;
+  c.hidden_size = quick ? 128 : 256;
+  c.intermediate_size = 3 * c.hidden_size;
+  c.num_hidden_layers = quick ? 2 : 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.tie_word_embeddings = true;
   std::mt19937_64 gen(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::vector<Tensor> out;
-  auto matrix = [&](std::string name, int64_t rows, int64_t cols) {
-    Tensor t{std::move(name), {rows, cols}, std::vector<float>(static_cast<size_t>(rows * cols))};
-    std::vector<float> channel_gain(static_cast<size_t>(cols), 1.0f);
-    for (int k = 0; k < 4; ++k) channel_gain[gen() % static_cast<uint64_t>(cols)] = 8.0f;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        t.values[static_cast<size_t>(r * cols + c)] = normal(gen) * channel_gain[static_cast<size_t>(c)];
+  for (const model::ParamSpec& spec : model::parameter_specs(c)) {
+    Tensor t{spec.name, spec.shape, std::vector<float>(static_cast<size_t>(spec.numel())), spec.cls()};
+    if (spec.is_matrix()) {
+      const int64_t rows = spec.shape[0], cols = spec.shape[1];
+      std::vector<float> channel_gain(static_cast<size_t>(cols), 1.0f);
+      for (int k = 0; k < 4; ++k) channel_gain[gen() % static_cast<uint64_t>(cols)] = 8.0f;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t col = 0; col < cols; ++col)
+          t.values[static_cast<size_t>(r * cols + col)] = normal(gen) * channel_gain[static_cast<size_t>(col)];
+    } else {
+      for (float& v : t.values) v = 1.0f + normal(gen);
+    }
     out.push_back(std::move(t));
-  };
-  auto norm = [&](std::string name, int64_t n) {
-    Tensor t{std::move(name), {n}, std::vector<float>(static_cast<size_t>(n))};
-    for (float& v : t.values) v = 1.0f + normal(gen);
-    out.push_back(std::move(t));
-  };
-  matrix("model.embed_tokens.weight", vocab, d_model);
-  for (int64_t l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    norm(p + "input_layernorm.weight", d_model);
-    matrix(p + "self_attn.q_proj.weight", heads * head_dim, d_model);
-    matrix(p + "self_attn.k_proj.weight", kv_heads * head_dim, d_model);
-    matrix(p + "self_attn.v_proj.weight", kv_heads * head_dim, d_model);
-    matrix(p + "self_attn.o_proj.weight", d_model, heads * head_dim);
-    norm(p + "self_attn.q_norm.weight", head_dim);
-    norm(p + "self_attn.k_norm.weight", head_dim);
-    norm(p + "post_attention_layernorm.weight", d_model);
-    matrix(p + "mlp.gate_proj.weight", ffn, d_model);
-    matrix(p + "mlp.up_proj.weight", ffn, d_model);
-    matrix(p + "mlp.down_proj.weight", d_model, ffn);
   }
-  norm("model.norm.weight", d_model);
   return out;
 }
 
@@ -95,14 +88,13 @@ struct Row {
   int64_t elements = 0;
 };
 
-// Every tensor whose name contains `skip` keeps fp32 (the norms).
-Row measure(const std::string& label, const QuantDesc& desc, const std::vector<Tensor>& tensors,
-            const std::string& skip) {
+// Every tensor but the norms (kept in fp32).
+Row measure(const std::string& label, const QuantDesc& desc, const std::vector<Tensor>& tensors) {
   Row row{label, {}, 0, 0};
   double weighted_bits = 0;
   std::vector<float> y;
   for (const Tensor& t : tensors) {
-    if (t.name.find(skip) != std::string::npos) continue;
+    if (t.cls == model::ParamClass::norm) continue;
     y.resize(t.values.size());
     const auto q = numerics::quantize(desc, t.values.data(), t.rows(), t.cols(),
                                       numerics::RandomStream{7, 0});
@@ -192,12 +184,11 @@ void run_numerics_showcase(const NumericsShowcaseOptions& o) {
   std::printf("Generated %s: %zu tensors, %.2fM parameters (N(0,0.02) with x8 outlier channels)\n\n",
               model.string().c_str(), tensors.size(), static_cast<double>(params) / 1e6);
 
-  const std::string skip = "norm";
   std::printf("Quantization error over every matrix (norms kept in fp32), scale rule floor, RNE:\n");
   std::vector<Row> rows;
   for (const char* name : {"bf16", "fp16", "fp8-tensor", "mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e2m3",
                            "mxfp6-e3m2", "mxfp4", "nvfp4", "nvfp4-2d"}) {
-    rows.push_back(measure(name, *QuantDesc::from_name(name), tensors, skip));
+    rows.push_back(measure(name, *QuantDesc::from_name(name), tensors));
   }
   print_rows(rows);
 
@@ -208,7 +199,7 @@ void run_numerics_showcase(const NumericsShowcaseOptions& o) {
                       numerics::ScaleRule::even, numerics::ScaleRule::rceil}) {
       QuantDesc d = *QuantDesc::from_name(name);
       d.scale_rule = rule;
-      rows.push_back(measure(fmt::format("{} {}", name, numerics::scale_rule_name(rule)), d, tensors, skip));
+      rows.push_back(measure(fmt::format("{} {}", name, numerics::scale_rule_name(rule)), d, tensors));
     }
   }
   print_rows(rows);

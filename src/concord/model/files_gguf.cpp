@@ -14,42 +14,6 @@ namespace {
 namespace fs = std::filesystem;
 using files_detail::fail;
 
-// HF suffix after "model.layers.{i}." <-> GGUF suffix after "blk.{i}.".
-constexpr std::array<std::pair<std::string_view, std::string_view>, 15> kLayerNames = {{
-    {"input_layernorm.weight", "attn_norm.weight"},
-    {"self_attn.q_proj.weight", "attn_q.weight"},
-    {"self_attn.q_proj.bias", "attn_q.bias"},
-    {"self_attn.k_proj.weight", "attn_k.weight"},
-    {"self_attn.k_proj.bias", "attn_k.bias"},
-    {"self_attn.v_proj.weight", "attn_v.weight"},
-    {"self_attn.v_proj.bias", "attn_v.bias"},
-    {"self_attn.o_proj.weight", "attn_output.weight"},
-    {"self_attn.o_proj.bias", "attn_output.bias"},
-    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-    {"mlp.up_proj.weight", "ffn_up.weight"},
-    {"mlp.down_proj.weight", "ffn_down.weight"},
-}};
-constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kGlobalNames = {{
-    {"model.embed_tokens.weight", "token_embd.weight"},
-    {"model.norm.weight", "output_norm.weight"},
-    {"lm_head.weight", "output.weight"},
-}};
-
-// "model.layers.12.rest" -> (12, "rest") for prefix "model.layers."; nullopt otherwise.
-std::optional<std::pair<std::string, std::string_view>> split_layer(std::string_view name,
-                                                                    std::string_view prefix) {
-  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
-  const std::string_view rest = name.substr(prefix.size());
-  const size_t dot = rest.find('.');
-  if (dot == 0 || dot == std::string_view::npos) return std::nullopt;
-  for (size_t i = 0; i < dot; ++i)
-    if (rest[i] < '0' || rest[i] > '9') return std::nullopt;
-  return std::make_pair(std::string(rest.substr(0, dot)), rest.substr(dot + 1));
-}
-
 // Rows of `cols` elements (floats, or the bytes of a row of quant blocks).
 template <typename T>
 std::vector<T> permute_rows(std::span<const T> w, int64_t heads, int64_t cols, bool forward) {
@@ -92,22 +56,15 @@ std::string architecture_key(const std::string& arch, std::string_view key) {
 }  // namespace
 
 std::optional<std::string> gguf_tensor_name(std::string_view hf_name) {
-  for (const auto& [hf, gguf] : kGlobalNames)
-    if (hf_name == hf) return std::string(gguf);
-  if (const auto layer = split_layer(hf_name, "model.layers."))
-    for (const auto& [hf, gguf] : kLayerNames)
-      if (layer->second == hf) return "blk." + layer->first + "." + std::string(gguf);
-  return std::nullopt;
+  const std::optional<ParamName> p = parse_hf_param_name(hf_name);
+  if (!p) return std::nullopt;
+  return gguf_param_name(p->kind, p->layer);
 }
 
 std::optional<std::string> hf_tensor_name(std::string_view gguf_name) {
-  for (const auto& [hf, gguf] : kGlobalNames)
-    if (gguf_name == gguf) return std::string(hf);
-  if (const auto layer = split_layer(gguf_name, "blk."))
-    for (const auto& [hf, gguf] : kLayerNames)
-      if (layer->second == gguf)
-        return "model.layers." + layer->first + "." + std::string(hf);
-  return std::nullopt;
+  const std::optional<ParamName> p = parse_gguf_param_name(gguf_name);
+  if (!p) return std::nullopt;
+  return hf_param_name(p->kind, p->layer);
 }
 
 std::string gguf_architecture(const ModelConfig& config) {
@@ -128,13 +85,10 @@ namespace files_detail {
 namespace {
 
 // The heads a llama q/k tensor is permuted over (q: Hq, k: Hkv), 0 for every other tensor.
-int64_t llama_permute_heads(const ModelConfig& c, std::string_view hf_name) {
+int64_t llama_permute_heads(const ModelConfig& c, const ParamSpec& spec) {
   if (c.architecture != "LlamaForCausalLM") return 0;
-  const auto ends_with = [&](std::string_view s) {
-    return hf_name.size() >= s.size() && hf_name.substr(hf_name.size() - s.size()) == s;
-  };
-  if (ends_with("self_attn.q_proj.weight") || ends_with("self_attn.q_proj.bias")) return c.num_attention_heads;
-  if (ends_with("self_attn.k_proj.weight") || ends_with("self_attn.k_proj.bias")) return c.num_key_value_heads;
+  if (spec.kind == ParamKind::q || spec.kind == ParamKind::q_bias) return c.num_attention_heads;
+  if (spec.kind == ParamKind::k || spec.kind == ParamKind::k_bias) return c.num_key_value_heads;
   return 0;
 }
 
@@ -201,11 +155,11 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
   c.rope_theta = f.find_value(key("rope.freq_base")) ? shortest_double(f.get_float(key("rope.freq_base")))
                                                       : 10000.0;
   c.max_position_embeddings = positive_int(f, key("context_length"));
-  c.tie_word_embeddings = f.find("output.weight") == nullptr;
-  c.attention_bias = arch == "llama" && f.find("blk.0.attn_q.bias") != nullptr;
+  c.tie_word_embeddings = f.find(gguf_param_name(ParamKind::lm_head)) == nullptr;
+  c.attention_bias = arch == "llama" && f.find(gguf_param_name(ParamKind::q_bias, 0)) != nullptr;
 
   s.tokenizer = io::tokenizer_from_gguf(f);
-  if (const io::GgufTensorInfo* embed = f.find("token_embd.weight"); embed && embed->dims.size() == 2) {
+  if (const io::GgufTensorInfo* embed = f.find(gguf_param_name(ParamKind::embed)); embed && embed->dims.size() == 2) {
     c.vocab_size = embed->dims[1];
   } else if (s.tokenizer) {
     c.vocab_size = s.tokenizer->vocab_size();
@@ -234,7 +188,7 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
   StoredWeights out;
   for (const ParamSpec& spec : parameter_specs(c)) {
     if (!spec.is_matrix()) continue;
-    const io::GgufTensorInfo* t = f.find(*gguf_tensor_name(spec.name));
+    const io::GgufTensorInfo* t = f.find(gguf_param_name(spec.kind, spec.layer));
     if (t == nullptr || t->dims != gguf_dims(spec)) continue;  // read_gguf_weights reports it
     std::optional<tensor::BlockQuant> kind;
     if (t->type == io::GgmlType::q4_0) kind = tensor::BlockQuant::q4_0;
@@ -244,7 +198,7 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
     const int64_t rows = spec.shape[0], cols = spec.shape[1];
     std::span<const uint8_t> bytes = t->bytes;
     std::vector<uint8_t> permuted;
-    if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0) {
+    if (const int64_t heads = llama_permute_heads(c, spec); heads > 0) {
       // llama.cpp's q/k row order, undone on whole rows of blocks.
       permuted = permute_rows(bytes, heads, static_cast<int64_t>(bytes.size()) / rows, false);
       bytes = permuted;
@@ -260,7 +214,7 @@ void read_gguf_weights(const io::GgufFile& f, Model& model) {
   const ModelConfig& c = model.config();
   std::set<std::string> used;
   for (const ParamSpec& spec : model.params()) {
-    const std::string name = *gguf_tensor_name(spec.name);
+    const std::string name = gguf_param_name(spec.kind, spec.layer);
     const io::GgufTensorInfo* t = f.find(name);
     if (t == nullptr)
       fail(f.path(), fmt::format("tensor '{}' ({}) is missing", name, spec.name));
@@ -276,7 +230,7 @@ void read_gguf_weights(const io::GgufFile& f, Model& model) {
     }
     std::vector<float> values = io::gguf_tensor_to_floats(*t);
     f.release_pages(t->bytes);
-    if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0)
+    if (const int64_t heads = llama_permute_heads(c, spec); heads > 0)
       values = llama_unpermute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
     std::copy(values.begin(), values.end(), model.param(spec.name).begin());
     used.insert(name);
@@ -377,11 +331,11 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   buffers.reserve(model.params().size());
   std::vector<io::GgufTensorToWrite> tensors;
   for (const ParamSpec& spec : model.params()) {
-    const std::string name = *gguf_tensor_name(spec.name);
+    const std::string name = gguf_param_name(spec.kind, spec.layer);
     const auto values = model.param(spec.name);
     std::vector<float> permuted;
     std::span<const float> data = values;
-    if (const int64_t heads = llama_permute_heads(c, spec.name); heads > 0) {
+    if (const int64_t heads = llama_permute_heads(c, spec); heads > 0) {
       permuted = llama_permute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
       data = permuted;
     }

@@ -232,11 +232,11 @@ void read_hf_weights(const fs::path& dir, Model& model) {
   for (const auto& [name, entry] : weights.tensors) {
     if (used.count(name) || is_ignored_hf_tensor(name)) continue;
     const auto& [tensor, file] = entry;
-    if (name == "lm_head.weight" && c.tie_word_embeddings) {
+    if (parse_hf_param_name(name) == ParamName{ParamKind::lm_head, -1} && c.tie_word_embeddings) {
       // Some tied checkpoints store the head anyway; it must be the embedding table.
-      const ParamSpec head{name, {c.vocab_size, c.hidden_size}};
+      const ParamSpec head{name, {c.vocab_size, c.hidden_size}, ParamKind::lm_head, -1};
       const std::vector<float> values = tensor_values(*tensor, head, file);
-      const auto embed = model.param("model.embed_tokens.weight");
+      const auto embed = model.param(model.params()[static_cast<size_t>(require_param(model.params(), ParamKind::embed))].name);
       if (std::memcmp(values.data(), embed.data(), values.size() * sizeof(float)) != 0)
         fail(file, "lm_head.weight differs from model.embed_tokens.weight, but config.json ties "
                    "them (set tie_word_embeddings to false)");

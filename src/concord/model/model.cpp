@@ -17,39 +17,35 @@ namespace concord::model {
 using tensor::Operand;
 using tensor::Trans;
 
-int64_t ParamSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
   const int64_t C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
   std::vector<ParamSpec> specs;
-  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, C}});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    specs.push_back({p + "input_layernorm.weight", {C}});
+  auto add = [&](ParamKind kind, int layer, std::vector<int64_t> shape) {
+    specs.push_back({hf_param_name(kind, layer), std::move(shape), kind, layer});
+  };
+  add(ParamKind::embed, -1, {c.vocab_size, C});
+  for (int i = 0; i < static_cast<int>(c.num_hidden_layers); ++i) {
+    add(ParamKind::input_norm, i, {C});
     const int64_t q_out = c.num_attention_heads * D, kv_out = c.num_key_value_heads * D;
-    specs.push_back({p + "self_attn.q_proj.weight", {q_out, C}});
-    if (c.qkv_bias()) specs.push_back({p + "self_attn.q_proj.bias", {q_out}});
-    specs.push_back({p + "self_attn.k_proj.weight", {kv_out, C}});
-    if (c.qkv_bias()) specs.push_back({p + "self_attn.k_proj.bias", {kv_out}});
-    specs.push_back({p + "self_attn.v_proj.weight", {kv_out, C}});
-    if (c.qkv_bias()) specs.push_back({p + "self_attn.v_proj.bias", {kv_out}});
-    specs.push_back({p + "self_attn.o_proj.weight", {C, q_out}});
-    if (c.output_bias()) specs.push_back({p + "self_attn.o_proj.bias", {C}});
+    add(ParamKind::q, i, {q_out, C});
+    if (c.qkv_bias()) add(ParamKind::q_bias, i, {q_out});
+    add(ParamKind::k, i, {kv_out, C});
+    if (c.qkv_bias()) add(ParamKind::k_bias, i, {kv_out});
+    add(ParamKind::v, i, {kv_out, C});
+    if (c.qkv_bias()) add(ParamKind::v_bias, i, {kv_out});
+    add(ParamKind::o, i, {C, q_out});
+    if (c.output_bias()) add(ParamKind::o_bias, i, {C});
     if (c.qk_norm()) {
-      specs.push_back({p + "self_attn.q_norm.weight", {D}});
-      specs.push_back({p + "self_attn.k_norm.weight", {D}});
+      add(ParamKind::q_norm, i, {D});
+      add(ParamKind::k_norm, i, {D});
     }
-    specs.push_back({p + "post_attention_layernorm.weight", {C}});
-    specs.push_back({p + "mlp.gate_proj.weight", {F, C}});
-    specs.push_back({p + "mlp.up_proj.weight", {F, C}});
-    specs.push_back({p + "mlp.down_proj.weight", {C, F}});
+    add(ParamKind::post_norm, i, {C});
+    add(ParamKind::gate, i, {F, C});
+    add(ParamKind::up, i, {F, C});
+    add(ParamKind::down, i, {C, F});
   }
-  specs.push_back({"model.norm.weight", {C}});
-  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, C}});
+  add(ParamKind::final_norm, -1, {C});
+  if (!c.tie_word_embeddings) add(ParamKind::lm_head, -1, {c.vocab_size, C});
   return specs;
 }
 
@@ -77,49 +73,48 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights
   grads.resize(specs.size());
   prepared.resize(specs.size());
   bias_of.assign(specs.size(), -1);
+  embed = final_norm = lm_head = -1;
+  layers.assign(static_cast<size_t>(config.num_hidden_layers), LayerParams{});
   for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string& name = specs[i].name;
-    const std::string suffix = ".bias";
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      bias_of[index.at(name.substr(0, name.size() - suffix.size()) + ".weight")] = static_cast<int>(i);
-  }
-  auto at = [&](const std::string& name) { return index.at(name); };
-  embed = at("model.embed_tokens.weight");
-  final_norm = at("model.norm.weight");
-  lm_head = config.tie_word_embeddings ? embed : at("lm_head.weight");
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    const std::string prefix = fmt::format("model.layers.{}.", i);
-    LayerParams l{};
-    l.input_norm = at(prefix + "input_layernorm.weight");
-    l.q = at(prefix + "self_attn.q_proj.weight");
-    l.k = at(prefix + "self_attn.k_proj.weight");
-    l.v = at(prefix + "self_attn.v_proj.weight");
-    l.o = at(prefix + "self_attn.o_proj.weight");
-    if (config.qk_norm()) {
-      l.q_norm = at(prefix + "self_attn.q_norm.weight");
-      l.k_norm = at(prefix + "self_attn.k_norm.weight");
+    const int at = static_cast<int>(i);
+    const ParamSpec& s = specs[i];
+    LayerParams* l = s.layer >= 0 ? &layers[static_cast<size_t>(s.layer)] : nullptr;
+    switch (s.kind) {
+      case ParamKind::embed: embed = at; break;
+      case ParamKind::final_norm: final_norm = at; break;
+      case ParamKind::lm_head: lm_head = at; break;
+      case ParamKind::input_norm: l->input_norm = at; break;
+      case ParamKind::q: l->q = at; break;
+      case ParamKind::k: l->k = at; break;
+      case ParamKind::v: l->v = at; break;
+      case ParamKind::o: l->o = at; break;
+      case ParamKind::q_norm: l->q_norm = at; break;
+      case ParamKind::k_norm: l->k_norm = at; break;
+      case ParamKind::post_norm: l->post_norm = at; break;
+      case ParamKind::gate: l->gate = at; break;
+      case ParamKind::up: l->up = at; break;
+      case ParamKind::down: l->down = at; break;
+      case ParamKind::q_bias: case ParamKind::k_bias: case ParamKind::v_bias: case ParamKind::o_bias: break;
     }
-    l.post_norm = at(prefix + "post_attention_layernorm.weight");
-    l.gate = at(prefix + "mlp.gate_proj.weight");
-    l.up = at(prefix + "mlp.up_proj.weight");
-    l.down = at(prefix + "mlp.down_proj.weight");
-    layers.push_back(l);
   }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::optional<ParamKind> weight = bias_weight_kind(specs[i].kind);
+    if (weight) bias_of[static_cast<size_t>(find_param(specs, *weight, specs[i].layer))] = static_cast<int>(i);
+  }
+  if (config.tie_word_embeddings) lm_head = embed;
   rope = RopeTable::build(config.max_position_embeddings, config.head_dim, config.rope_theta);
 }
 
 // The GEMM precision a weight belongs to (its layer class; last layers per the policy).
+// The GEMM precision a weight belongs to (its registered class; last layers per the policy).
+// The tied embedding is the head's weight.
 static const LayerPrecision& precision_of(const Model::Impl& m, int param) {
   const int L = static_cast<int>(m.config.num_hidden_layers);
   if (param == m.lm_head) return m.policy.for_layer(LayerClass::lm_head, 0, L);
-  for (int i = 0; i < L; ++i) {
-    const LayerParams& l = m.layers[i];
-    if (param == l.q || param == l.k || param == l.v || param == l.o)
-      return m.policy.for_layer(LayerClass::attention, i, L);
-    if (param == l.gate || param == l.up || param == l.down)
-      return m.policy.for_layer(LayerClass::mlp, i, L);
-  }
-  CONCORD_CHECK(false, "parameter " + m.specs[param].name + " is not a GEMM weight");
+  const ParamSpec& spec = m.specs[static_cast<size_t>(param)];
+  const std::optional<LayerClass> cls = spec.gemm_class();
+  CONCORD_CHECK(cls.has_value(), "parameter " + spec.name + " is not a GEMM weight");
+  return m.policy.for_layer(*cls, spec.layer, L);
 }
 
 const PreparedWeight& Model::Impl::weight(int param) {

@@ -18,6 +18,8 @@
 //   model.layers.{i}.mlp.down_proj.weight          (C, F)
 //   model.norm.weight                              (C)
 //   lm_head.weight                                 (V, C)     absent when embeddings are tied
+// Each is registered with its kind and class (params.h: the one table of these names and of the
+// GGUF ones); code outside model/ and io/ looks weights up by kind and layer, not by name.
 // The values held here are the *served* weights the forward pass uses; the fp32 master copy
 // and the export rule that makes them live in train/.
 #pragma once
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "concord/model/config.h"
+#include "concord/model/params.h"
 #include "concord/model/policy.h"
 
 namespace concord::tensor {
@@ -42,14 +45,8 @@ class QuantWeight;  // quant_gemm.h
 
 namespace concord::model {
 
-struct ParamSpec {
-  std::string name;
-  std::vector<int64_t> shape;  // 1-D (norm weights) or 2-D (out, in)
-  int64_t numel() const;
-  bool is_matrix() const { return shape.size() == 2; }
-};
-
-// The parameters a config implies, in a fixed order (embeddings, layers in order, norm, head).
+// The parameters a config implies, in a fixed order (embeddings, layers in order, norm, head),
+// each registered with its kind, class and layer (params.h).
 std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
 
 // What one GEMM of a pass saw: its role, the weight it belongs to, and both operands as they

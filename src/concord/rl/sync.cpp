@@ -42,8 +42,6 @@ constexpr const char* kManifestKey = "concord.sync.manifest";
 constexpr const char* kPlanKey = "concord.sync.plan";
 constexpr const char* kContentKey = "concord.sync.content";
 constexpr const char* kProbeKey = "concord.sync.probe";
-constexpr const char* kEmbedName = "model.embed_tokens.weight";
-constexpr const char* kLmHeadName = "lm_head.weight";
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -254,14 +252,15 @@ Plan make_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy
     plan.weights.push_back({std::move(name), desc_name(f.a), desc_name(f.b),
                             high_precision(f.a) && high_precision(f.b)});
   };
-  for (int i = 0; i < L; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    for (const char* w : {"q_proj", "k_proj", "v_proj", "o_proj"})
-      add(p + "self_attn." + w + ".weight", policy.for_layer(LayerClass::attention, i, L));
-    for (const char* w : {"gate_proj", "up_proj", "down_proj"})
-      add(p + "mlp." + w + ".weight", policy.for_layer(LayerClass::mlp, i, L));
-  }
-  add(c.tie_word_embeddings ? kEmbedName : kLmHeadName, policy.for_layer(LayerClass::lm_head, 0, L));
+  // Every GEMM weight in parameter order (per layer q k v o gate up down), then the head's: the
+  // tied embedding's when there is no lm_head.
+  const std::vector<model::ParamSpec> specs = model::parameter_specs(c);
+  for (const model::ParamSpec& spec : specs)
+    if (spec.gemm_class() == LayerClass::attention || spec.gemm_class() == LayerClass::mlp)
+      add(spec.name, policy.for_layer(*spec.gemm_class(), spec.layer, L));
+  const int head = model::find_param(specs, model::ParamKind::lm_head);
+  const int embed = model::require_param(specs, model::ParamKind::embed);
+  add(specs[static_cast<size_t>(head >= 0 ? head : embed)].name, policy.for_layer(LayerClass::lm_head, 0, L));
   return plan;
 }
 
@@ -275,10 +274,13 @@ std::string manifest_text(const model::ModelConfig& c, const std::vector<model::
   for (const model::ParamSpec& spec : specs)
     manifest.push_back({{"name", spec.name}, {"shape", spec.shape},
                         {"dtype", io::dtype_name(payload_dtype(served, spec))}});
-  if (c.tie_word_embeddings)
-    manifest.push_back({{"name", kLmHeadName}, {"shape", {c.vocab_size, c.hidden_size}},
-                        {"dtype", io::dtype_name(payload_dtype(served, specs[0]))},
-                        {"tied_to", kEmbedName}});
+  if (c.tie_word_embeddings) {
+    const model::ParamSpec& embed = specs[static_cast<size_t>(model::require_param(specs, model::ParamKind::embed))];
+    manifest.push_back({{"name", model::hf_param_name(model::ParamKind::lm_head)},
+                        {"shape", {c.vocab_size, c.hidden_size}},
+                        {"dtype", io::dtype_name(payload_dtype(served, embed))},
+                        {"tied_to", embed.name}});
+  }
   return json{{"tensors", std::move(manifest)}}.dump();
 }
 
@@ -756,16 +758,17 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
       {kProbeKey, probe.dump()}};
 
   // Learner-side faults on what is sent (the hashes and manifest above stay the true ones).
-  auto index_of = [&](const std::string& name) {
-    for (size_t p = 0; p < specs.size(); ++p)
-      if (specs[p].name == name) return p;
-    throw InputError(fmt::format("[sync] fault {}: the model has no {}", fault_name(fault), name));
+  auto index_of = [&](model::ParamKind kind, int layer) {
+    const int p = model::find_param(specs, kind, layer);
+    if (p < 0)
+      throw InputError(fmt::format("[sync] fault {}: the model has no {}", fault_name(fault),
+                                   model::hf_param_name(kind, layer)));
+    return static_cast<size_t>(p);
   };
   size_t dropped = specs.size();
-  if (fault == Fault::dropped_tensor) dropped = index_of("model.layers.0.mlp.up_proj.weight");
+  if (fault == Fault::dropped_tensor) dropped = index_of(model::ParamKind::up, 0);
   if (fault == Fault::swapped_tensors)
-    std::swap(bytes[index_of("model.layers.0.mlp.gate_proj.weight")],
-              bytes[index_of("model.layers.0.mlp.up_proj.weight")]);
+    std::swap(bytes[index_of(model::ParamKind::gate, 0)], bytes[index_of(model::ParamKind::up, 0)]);
   if (fault == Fault::transposed_tensor) {
     const auto square = std::find_if(specs.begin(), specs.end(), [](const model::ParamSpec& s) {
       return s.is_matrix() && s.shape[0] == s.shape[1];
@@ -784,7 +787,7 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   if (fault == Fault::flipped_bit) {
     // The sign bit of the largest element: a flip every quantizer keeps (the top bit of a
     // little-endian F32/BF16/F16 value's last byte).
-    const size_t p = index_of("model.layers.0.self_attn.v_proj.weight");
+    const size_t p = index_of(model::ParamKind::v, 0);
     const std::span<const float> v = mirror_.param(specs[p].name);
     const auto top = static_cast<size_t>(std::max_element(v.begin(), v.end(), [](float x, float y) {
                                            return std::fabs(x) < std::fabs(y);
@@ -932,6 +935,9 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
                              std::nullopt});
         // What only a payload has: ties (a tied entry carries no bytes) and the bytes sent, which
         // must be as the manifest lists them.
+        auto is_kind = [](std::string_view name, model::ParamKind kind) {
+          return model::parse_hf_param_name(name) == model::ParamName{kind, -1};
+        };
         auto payload_entry = [&](const ManifestEntry& entry,
                                  const ManifestEntry* spec) -> std::optional<std::string> {
           const std::string& name = entry.name;
@@ -940,7 +946,8 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
             if (spec)
               return fmt::format("{}: the learner ties it to {}, the sampler holds a separate copy "
                                  "(untied)", name, target);
-            if (name != kLmHeadName || target != kEmbedName || !stage.config().tie_word_embeddings)
+            if (!is_kind(name, model::ParamKind::lm_head) || !is_kind(target, model::ParamKind::embed) ||
+                !stage.config().tie_word_embeddings)
               return fmt::format("{}: tied to {}, a tie the sampler does not have", name, target);
             return "";
           }
@@ -951,9 +958,9 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
             return fmt::format("{}: the payload holds {} {}, the manifest says {} {}", name,
                                io::dtype_name(sent->dtype), io::shape_text(sent->shape), entry.dtype,
                                io::shape_text(entry.shape));
-          if (!spec && name == kLmHeadName && stage.config().tie_word_embeddings)
+          if (!spec && is_kind(name, model::ParamKind::lm_head) && stage.config().tie_word_embeddings)
             return fmt::format("{}: the learner sends its own lm_head, the sampler ties it to {}",
-                               name, kEmbedName);
+                               name, model::hf_param_name(model::ParamKind::embed));
           return std::nullopt;
         };
         if (std::string problem = manifest_problem(learner, sampler, payload_entry); !problem.empty())
