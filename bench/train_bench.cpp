@@ -15,7 +15,7 @@
 
 #include "concord/model/model.h"
 #include "concord/tensor/gemm.h"
-#include "concord/train/export.h"
+#include "concord/train/train_state.h"
 #include "concord/train/optimizer.h"
 #include "concord/train/trainer.h"
 
@@ -95,28 +95,19 @@ void BM_train_step(benchmark::State& state) {
   const int64_t B = cfg.batch_size, S = cfg.seq_len;
   model::Model m(cfg.model, cfg.policy);
   m.init_random(1);
-  std::vector<std::vector<float>> master;
-  for (const auto& p : m.params()) master.emplace_back(m.param(p.name).begin(), m.param(p.name).end());
-  auto exporter = train::make_export_rule("rne", cfg.policy.served_weights, 1);
-  train::AdamW opt({cfg.lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, cfg.grad_clip});
+  // The training state `concord train` holds (train/train_state.h): fp32 master, rne export,
+  // AdamW with the config's settings.
+  train::TrainState ts(m, cfg.policy, "rne", 1,
+                       {.name = "adamw", .adamw = {cfg.lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, cfg.grad_clip}});
   std::mt19937 rng(2);
   std::vector<int32_t> tokens(static_cast<size_t>(B * S)), targets(tokens.size());
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
   for (size_t i = 0; i < tokens.size(); ++i) targets[i] = (i + 1) % S == 0 ? -1 : tokens[i + 1];
   uint64_t step = 0;
   for (auto _ : state) {
-    const auto& specs = m.params();
-    for (size_t p = 0; p < specs.size(); ++p) {
-      const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
-      exporter->apply(static_cast<int>(p), master[p], m.param(specs[p].name), rows,
-                      specs[p].numel() / rows, step);
-    }
-    m.weights_changed();
+    ts.export_to(m, static_cast<int64_t>(step));
     benchmark::DoNotOptimize(m.forward_backward(tokens, targets, B, S, step));
-    std::vector<train::ParamView> views;
-    for (size_t p = 0; p < specs.size(); ++p)
-      views.push_back({specs[p].name, master[p], m.grad(specs[p].name), specs[p].is_matrix()});
-    opt.step(views, cfg.lr);
+    ts.step(m, cfg.lr);
     ++step;
   }
   const double tokens_done = static_cast<double>(B * S) * static_cast<double>(state.iterations());
