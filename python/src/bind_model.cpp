@@ -1,6 +1,6 @@
 // concord.Model / concord.Engine: load a model (HF folder or GGUF), forward to logits, tokenize,
 // generate with serve::Engine and score token log-probs with the engine's one definition
-// (serve/logprob.h) — what `concord generate` and `concord contract dump` run.
+// (model/logprob.h) — what `concord generate` and `concord contract dump` run.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -232,7 +232,7 @@ void bind_model(nb::module_& m) {
       .def_ro("text", &PyCompletion::text,
               "The generated text as `concord generate` prints it (special tokens skipped).")
       .def_ro("logprobs", &PyCompletion::logprobs,
-              "logp of each generated token (serve/logprob.h: log_softmax(logits / T), before "
+              "logp of each generated token (model/logprob.h: log_softmax(logits / T), before "
               "top-k/top-p/min-p).")
       .def_ro("finish_reason", &PyCompletion::finish_reason, "'stop', 'length', 'context' or 'cancelled'.")
       .def_ro("prompt", &PyCompletion::prompt, "The prompt's token ids.")
@@ -345,7 +345,7 @@ void bind_model(nb::module_& m) {
           nb::sig("def token_logprobs(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike, *, "
                   "temperature: float = 1.0) -> numpy.typing.NDArray[numpy.float64]"),
           "logp(tokens[i] | tokens[:i]) for i >= 1 under the model, float64 (T - 1,): the engine "
-          "scores the sequence as a prompt (serve/logprob.h's one definition, the values the "
+          "scores the sequence as a prompt (model/logprob.h's one definition, the values the "
           "engine reports for sampled tokens; temperature as in sampling, 0 counts as 1).")
       .def_prop_ro("model", [](PyEngine& e) { return e.model; }, nb::rv_policy::reference,
                    "The Model it runs.");

@@ -586,7 +586,7 @@ TEST(PolicyPassLogprobs, EqualFp64LogSoftmaxOfTheForwardLogits) {
     }
     EXPECT_NEAR(seen_logp[t], static_cast<double>(x[b.targets[t]] - lse), 1e-12) << t;
     EXPECT_NEAR(seen_entropy[t], static_cast<double>(h), 1e-12) << t;
-    // The sampler's definition (serve/logprob.h) at temperature 1, bit for bit.
+    // The sampler's definition (model/logprob.h) at temperature 1, bit for bit.
     EXPECT_EQ(seen_logp[t],
               serve::token_logprob(std::span<const float>(x, V), b.targets[t], 1.0f)) << t;
     min_h = std::min(min_h, seen_entropy[t]);

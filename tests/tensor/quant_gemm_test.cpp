@@ -258,6 +258,20 @@ std::vector<float> run(const QuantWeight& w, const std::vector<float>& x, int64_
 
 bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
 
+// The traits table against ggml's own numbers (ggml.h type ids, ggml-common.h block structs),
+// written here by hand.
+TEST(QuantGemm, TraitsTableHoldsGgmlsTypeIdsAndBlockSizes) {
+  struct Want { BlockQuant t; const char* name; uint32_t id; size_t bytes; };
+  for (const Want& w : {Want{BlockQuant::q4_0, "q4_0", 2, 18}, Want{BlockQuant::q4_1, "q4_1", 3, 20},
+                        Want{BlockQuant::q8_0, "q8_0", 8, 34}}) {
+    EXPECT_STREQ(block_quant_name(w.t), w.name);
+    EXPECT_EQ(ggml_block_bytes(w.t), w.bytes) << w.name;
+    ASSERT_NE(block_quant_of_ggml(w.id), nullptr) << w.name;
+    EXPECT_EQ(block_quant_of_ggml(w.id)->type, w.t) << w.name;
+  }
+  for (uint32_t other : {0u, 1u, 6u, 7u, 9u, 12u, 39u}) EXPECT_EQ(block_quant_of_ggml(other), nullptr) << other;
+}
+
 TEST(QuantGemm, DequantizeRowsIsExact) {
   for (BlockQuant t : kTypes) {
     const int64_t N = 37, K = 96;

@@ -29,7 +29,7 @@ const std::set<std::string>& informational_fields() {
       "id2label", "label2id", "problem_type", "tokenizer_class", "task_specific_params",
       "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
-      "rope_theta", "rope_parameters"};
+      "rope_theta", "rope_parameters", "concord_schedule"};
   return fields;
 }
 
@@ -93,6 +93,22 @@ void ModelConfig::validate(std::string_view source) const {
   if (!(rms_norm_eps > 0)) config_error(source, "rms_norm_eps must be positive");
   if (!(rope_theta > 0)) config_error(source, "rope_theta must be positive");
   if (vocab_size > (int64_t{1} << 31) - 1) config_error(source, "vocab_size does not fit int32 token ids");
+  constexpr size_t kMaxApplications = 4096;
+  if (schedule.size() > kMaxApplications)
+    config_error(source, fmt::format("'concord_schedule' holds {} applications, more than {}", schedule.size(),
+                                     kMaxApplications));
+  for (size_t a = 0; a < schedule.size(); ++a)
+    if (schedule[a] < 0 || schedule[a] >= num_hidden_layers)
+      config_error(source, fmt::format("'concord_schedule'[{}] = {} is not a block of this model (0..{})", a,
+                                       schedule[a], num_hidden_layers - 1));
+}
+
+bool ModelConfig::identity_schedule() const {
+  if (schedule.empty()) return true;
+  if (static_cast<int64_t>(schedule.size()) != num_hidden_layers) return false;
+  for (size_t a = 0; a < schedule.size(); ++a)
+    if (schedule[a] != static_cast<int32_t>(a)) return false;
+  return true;
 }
 
 ModelConfig ModelConfig::from_json(const json& j, std::string_view source) {
@@ -182,6 +198,18 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
     c.eos_token_id = token_id("eos_token_id");
     if (c.eos_token_id) c.eos_token_ids = {*c.eos_token_id};
   }
+  if (j.contains("concord_schedule")) {
+    const io::JsonValue sched = doc["concord_schedule"];
+    if (!sched.json().is_array() || sched.size() == 0)
+      sched.fail("must be a non-empty list of block indices");
+    for (size_t i = 0; i < sched.size(); ++i) {
+      const int64_t block = sched.element(i).any_integer();
+      if (block < 0 || block >= c.num_hidden_layers)
+        config_error(source, fmt::format("'concord_schedule'[{}] = {} is not a block of this model (0..{})", i,
+                                         block, c.num_hidden_layers - 1));
+      c.schedule.push_back(static_cast<int32_t>(block));
+    }
+  }
   c.validate(source);
   return c;
 }
@@ -216,6 +244,7 @@ json ModelConfig::to_json() const {
   } else if (eos_token_id) {
     j["eos_token_id"] = *eos_token_id;
   }
+  if (!schedule.empty()) j["concord_schedule"] = schedule;
   return j;
 }
 

@@ -36,12 +36,23 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;  // the first of eos_token_ids
   std::vector<int64_t> eos_token_ids;   // every id config.json lists (an int or a list)
+  // The schedule (model/block.h): application a runs decoder block schedule[a], so a block
+  // may run more than once (tied weights). Empty: the identity, block i at application i — every
+  // Hugging Face model. Written to config.json as "concord_schedule" only when not empty; HF
+  // transformers and llama.cpp know no schedule, so exports to them refuse one.
+  std::vector<int32_t> schedule;
 
   bool qk_norm() const { return architecture == "Qwen3ForCausalLM"; }
   // Biases on the q, k, v projections (Qwen2 always) and on o (attention_bias only).
   bool qkv_bias() const { return architecture == "Qwen2ForCausalLM" || attention_bias; }
   bool output_bias() const { return architecture != "Qwen2ForCausalLM" && attention_bias; }
   int64_t parameter_count() const;
+  // Block applications of a forward pass, and the block application a runs.
+  int64_t applications() const { return schedule.empty() ? num_hidden_layers : static_cast<int64_t>(schedule.size()); }
+  int block_of(int64_t application) const {
+    return schedule.empty() ? static_cast<int>(application) : schedule[static_cast<size_t>(application)];
+  }
+  bool identity_schedule() const;
 
   // Throws InputError naming `source` and the field on unknown or unsupported fields.
   static ModelConfig from_json(const nlohmann::json& j, std::string_view source);

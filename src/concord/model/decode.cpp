@@ -1,5 +1,5 @@
-// One decoder layer's forward in two halves around attention — shared by the training forward
-// (Model::Impl::run_forward) and the KV-cache forward — plus the KvCache and forward_cached.
+// The KV-cache forward (forward_cached) and the KvCache. The blocks it runs (block.h) are the
+// training forward's; only attention is its own: append to the cache, one query row at a time.
 //
 // Why the engine reproduces the training forward bit for bit: every op between the GEMMs is
 // row-local (ops.h), the GEMM is batch-invariant (gemm.h), a query's attention is the single
@@ -14,13 +14,14 @@
 
 #include <fmt/format.h>
 
+#include "concord/model/block.h"
 #include "concord/model/kv_cache.h"
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
 
 namespace concord::model {
 
-// ---- the layer halves -------------------------------------------------------------------------
+// ---- row groups ----------------------------------------------------------------------------
 
 // Whether an activation quantizer treats every row on its own (the result for a row does not
 // depend on the other rows of the GEMM).
@@ -47,70 +48,10 @@ void Model::Impl::linear_forward_rows(const LayerPrecision& prec, int param, con
   }
 }
 
-void Model::Impl::layer_attention_inputs(int layer, LayerActivations& a, int64_t T,
-                                         const int32_t* pos, tensor::Arena& work,
-                                         std::span<const int64_t> row_splits) {
-  const ModelConfig& c = config;
-  const int64_t C = c.hidden_size, D = c.head_dim;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const LayerParams& lp = layers[layer];
-  const LayerPrecision& attn =
-      policy.for_layer(LayerClass::attention, layer, static_cast<int>(c.num_hidden_layers));
-  a.rstd1 = work.alloc(T);
-  a.xn1 = work.alloc(T * C);
-  rmsnorm_forward(a.xn1, a.rstd1, a.x_in, values[lp.input_norm].data(), T, C, c.rms_norm_eps);
-  a.q_raw = work.alloc(T * Hq * D);
-  a.k_raw = work.alloc(T * Hkv * D);
-  a.v = work.alloc(T * Hkv * D);
-  linear_forward_rows(attn, lp.q, a.xn1, T, a.q_raw, row_splits);
-  linear_forward_rows(attn, lp.k, a.xn1, T, a.k_raw, row_splits);
-  linear_forward_rows(attn, lp.v, a.xn1, T, a.v, row_splits);
-  a.q = work.alloc(T * Hq * D);
-  a.k = work.alloc(T * Hkv * D);
-  if (c.qk_norm()) {
-    a.rstd_q = work.alloc(T * Hq);
-    a.rstd_k = work.alloc(T * Hkv);
-    rmsnorm_forward(a.q, a.rstd_q, a.q_raw, values[lp.q_norm].data(), T * Hq, D, c.rms_norm_eps);
-    rmsnorm_forward(a.k, a.rstd_k, a.k_raw, values[lp.k_norm].data(), T * Hkv, D, c.rms_norm_eps);
-  } else {
-    std::memcpy(a.q, a.q_raw, sizeof(float) * static_cast<size_t>(T * Hq * D));
-    std::memcpy(a.k, a.k_raw, sizeof(float) * static_cast<size_t>(T * Hkv * D));
-  }
-  rope_forward(a.q, pos, T, Hq, D, rope);
-  rope_forward(a.k, pos, T, Hkv, D, rope);
-}
-
-float* Model::Impl::layer_attention_output_and_mlp(int layer, LayerActivations& a, int64_t T,
-                                                   tensor::Arena& work,
-                                                   std::span<const int64_t> row_splits) {
-  const ModelConfig& c = config;
-  const int64_t C = c.hidden_size, F = c.intermediate_size;
-  const int L = static_cast<int>(c.num_hidden_layers);
-  const LayerParams& lp = layers[layer];
-  const LayerPrecision& attn = policy.for_layer(LayerClass::attention, layer, L);
-  const LayerPrecision& mlp = policy.for_layer(LayerClass::mlp, layer, L);
-  a.x_mid = work.alloc(T * C);
-  linear_forward_rows(attn, lp.o, a.att, T, a.x_mid, row_splits);
-  for (int64_t j = 0; j < T * C; ++j) a.x_mid[j] += a.x_in[j];
-  a.rstd2 = work.alloc(T);
-  a.xn2 = work.alloc(T * C);
-  rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, values[lp.post_norm].data(), T, C, c.rms_norm_eps);
-  a.gate = work.alloc(T * F);
-  a.up = work.alloc(T * F);
-  a.h = work.alloc(T * F);
-  linear_forward_rows(mlp, lp.gate, a.xn2, T, a.gate, row_splits);
-  linear_forward_rows(mlp, lp.up, a.xn2, T, a.up, row_splits);
-  swiglu_forward(a.h, a.gate, a.up, T, F);
-  float* x_out = work.alloc(T * C);
-  linear_forward_rows(mlp, lp.down, a.h, T, x_out, row_splits);
-  for (int64_t j = 0; j < T * C; ++j) x_out[j] += a.x_mid[j];
-  return x_out;
-}
-
 // ---- KvCache ----------------------------------------------------------------------------------
 
 KvCache::KvCache(const ModelConfig& config, int64_t max_sequences, int64_t capacity)
-    : layers_(config.num_hidden_layers),
+    : layers_(config.applications()),
       row_width_(config.num_key_value_heads * config.head_dim),
       capacity_(capacity == 0 ? config.max_position_embeddings : capacity),
       max_positions_(config.max_position_embeddings) {
@@ -252,23 +193,21 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
   float* x = work.alloc(T * C);
   embed_tokens(x, tokens.data(), T);
   row_positions = pos.data();
-  for (int layer = 0; layer < L; ++layer) {
-    const size_t mark = work.mark();
-    LayerActivations a{};
-    a.x_in = x;
-    layer_attention_inputs(layer, a, T, pos.data(), work, row_splits);
-    // Append the new keys and values, then attend: row r sees its sequence's positions
-    // 0..pos[r] — the n_ctx = s + 1 call attention_forward makes for row s.
+  // Attention of one application: append the new keys and values to the cache rows of the
+  // application, then attend: row r sees its sequence's positions 0..pos[r] — the n_ctx = s + 1
+  // call attention_forward makes for row s.
+  const AttentionFn cached_attention = [&](const BlockPass& p, LayerActivations& a) {
+    const int64_t app = p.application;
     for (size_t i = 0; i < n; ++i) {
       const int64_t rows = row_splits[i + 1] - row_splits[i];
       const auto bytes = sizeof(float) * static_cast<size_t>(rows * W);
-      std::memcpy(cache.keys(inputs[i].slot, layer) + start[i] * W, a.k + row_splits[i] * W, bytes);
-      std::memcpy(cache.values(inputs[i].slot, layer) + start[i] * W, a.v + row_splits[i] * W, bytes);
+      std::memcpy(cache.keys(inputs[i].slot, app) + start[i] * W, a.k + row_splits[i] * W, bytes);
+      std::memcpy(cache.values(inputs[i].slot, app) + start[i] * W, a.v + row_splits[i] * W, bytes);
     }
     std::vector<const float*> k_of(n), v_of(n);
     for (size_t i = 0; i < n; ++i) {
-      k_of[i] = cache.keys(inputs[i].slot, layer);
-      v_of[i] = cache.values(inputs[i].slot, layer);
+      k_of[i] = cache.keys(inputs[i].slot, app);
+      v_of[i] = cache.values(inputs[i].slot, app);
     }
     a.att = work.alloc(T * Hq * D);
 #pragma omp parallel for schedule(dynamic, 1) if (T > 1)
@@ -277,8 +216,14 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
       attention_query_row(a.att + r * Hq * D, nullptr, a.q + r * Hq * D, k_of[i], v_of[i],
                           pos[r] + 1, W, Hq, Hkv, D);
     }
-    float* x_next = layer_attention_output_and_mlp(layer, a, T, work, row_splits);
-    // The layer is done with x: it takes the output, and the layer's scratch is released.
+  };
+  for (int64_t app = 0; app < c.applications(); ++app) {
+    const size_t mark = work.mark();
+    LayerActivations a{};
+    a.x_in = x;
+    const BlockPass pass{static_cast<int>(app), repeat_of[static_cast<size_t>(app)], T, pos.data(), &work, row_splits};
+    float* x_next = blocks[static_cast<size_t>(c.block_of(app))]->forward(*this, pass, a, cached_attention);
+    // The application is done with x: it takes the output, and the application's scratch is released.
     std::memcpy(x, x_next, sizeof(float) * static_cast<size_t>(T * C));
     work.rewind(mark);
   }
@@ -318,11 +263,11 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
 void Model::forward_cached(KvCache& cache, std::span<const CachedInput> inputs,
                            std::span<float> logits) {
   const ModelConfig& c = impl_->config;
-  if (cache.num_layers() != c.num_hidden_layers ||
+  if (cache.num_layers() != c.applications() ||
       cache.row_width() != c.num_key_value_heads * c.head_dim)
     throw InputError(fmt::format("[model] forward_cached: the cache was made for {} layers of "
                                  "{}-float rows, this model has {} layers of {}",
-                                 cache.num_layers(), cache.row_width(), c.num_hidden_layers,
+                                 cache.num_layers(), cache.row_width(), c.applications(),
                                  c.num_key_value_heads * c.head_dim));
   if (inputs.empty()) throw InputError("[model] forward_cached: no inputs");
   std::vector<int> slots;

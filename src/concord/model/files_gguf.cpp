@@ -190,11 +190,9 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
     if (!spec.is_matrix()) continue;
     const io::GgufTensorInfo* t = f.find(gguf_param_name(spec.kind, spec.layer));
     if (t == nullptr || t->dims != gguf_dims(spec)) continue;  // read_gguf_weights reports it
-    std::optional<tensor::BlockQuant> kind;
-    if (t->type == io::GgmlType::q4_0) kind = tensor::BlockQuant::q4_0;
-    if (t->type == io::GgmlType::q4_1) kind = tensor::BlockQuant::q4_1;
-    if (t->type == io::GgmlType::q8_0) kind = tensor::BlockQuant::q8_0;
-    if (!kind) continue;  // other types are dequantized to fp32
+    const tensor::BlockQuantTraits* block = tensor::block_quant_of_ggml(static_cast<uint32_t>(t->type));
+    if (block == nullptr) continue;  // other types are dequantized to fp32
+    const tensor::BlockQuant kind = block->type;
     const int64_t rows = spec.shape[0], cols = spec.shape[1];
     std::span<const uint8_t> bytes = t->bytes;
     std::vector<uint8_t> permuted;
@@ -204,7 +202,7 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
       bytes = permuted;
     }
     out.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(
-                               tensor::pack_quant_weight(*kind, rows, cols, bytes)));
+                               tensor::pack_quant_weight(kind, rows, cols, bytes)));
     f.release_pages(t->bytes);  // the packed copy is the one kept in memory
   }
   return out;
@@ -247,6 +245,9 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   const std::string arch = gguf_architecture(c);
   if (c.architecture == "Qwen3ForCausalLM" && c.attention_bias)
     fail(out, "llama.cpp's qwen3 has no attention biases");
+  if (!c.identity_schedule())
+    fail(out, "the model applies its blocks in a schedule (concord_schedule), which llama.cpp cannot "
+              "run; export it as a concord safetensors folder");
   // llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q4_1 3, MOSTLY_Q8_0 7,
   // MOSTLY_BF16 32, MOSTLY_MXFP4_MOE 38.
   io::GgmlType matrix_type = io::GgmlType::f32;

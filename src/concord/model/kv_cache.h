@@ -1,4 +1,5 @@
-// KvCache: the keys and values of every decoder layer for a set of sequences, so that a forward
+// KvCache: the keys and values of every block application (every decoder layer, for the identity
+// schedule; ModelConfig::schedule) for a set of sequences, so that a forward
 // pass over new tokens (Model::forward_cached) attends to what came before without recomputing it.
 //
 // One slot per running sequence. A slot's storage grows on demand (doubling, at least 64 rows)
@@ -40,7 +41,7 @@ class KvCache {
   size_t bytes_reserved() const;
 
   // ---- used by the forward pass (decode.cpp) -------------------------------------------------
-  int64_t num_layers() const { return layers_; }
+  int64_t num_layers() const { return layers_; }  // block applications (config.applications())
   int64_t row_width() const { return row_width_; }  // Hkv * D floats per position
   // Makes room for `length` positions (throws InputError past capacity); pointers returned by
   // keys()/values() before a reserve() may move.

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "concord/model/block.h"
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
@@ -102,10 +103,14 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights
     if (weight) bias_of[static_cast<size_t>(find_param(specs, *weight, specs[i].layer))] = static_cast<int>(i);
   }
   if (config.tie_word_embeddings) lm_head = embed;
+  for (int i = 0; i < static_cast<int>(config.num_hidden_layers); ++i) blocks.push_back(make_dense_block(i));
+  std::vector<int> seen(blocks.size(), 0);
+  for (int64_t a = 0; a < config.applications(); ++a) repeat_of.push_back(seen[static_cast<size_t>(config.block_of(a))]++);
   rope = RopeTable::build(config.max_position_embeddings, config.head_dim, config.rope_theta);
 }
 
-// The GEMM precision a weight belongs to (its layer class; last layers per the policy).
+Model::Impl::~Impl() = default;
+
 // The GEMM precision a weight belongs to (its registered class; last layers per the policy).
 // The tied embedding is the head's weight.
 static const LayerPrecision& precision_of(const Model::Impl& m, int param) {
@@ -248,21 +253,24 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   arena.reset();
   positions.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t % S);
-  acts.assign(static_cast<size_t>(L), LayerActivations{});
+  const int64_t A = c.applications();
+  acts.assign(static_cast<size_t>(A), LayerActivations{});
   row_positions = positions.data();
 
   float* x = arena.alloc(T * C);
   embed_tokens(x, tokens, T);
-  for (int i = 0; i < L; ++i) {
-    // The layer halves (decode.cpp) are shared with the KV-cache forward; only attention
-    // differs: here over the whole sequences at once, saving probs for the backward pass.
-    LayerActivations& a = acts[i];
-    a.x_in = x;
-    layer_attention_inputs(i, a, T, positions.data(), arena, {});
+  // The blocks (block.h) are shared with the KV-cache forward; only attention differs: here over
+  // the whole sequences at once, saving probs for the backward pass.
+  const AttentionFn full_attention = [&](const BlockPass&, LayerActivations& a) {
     a.probs = arena.alloc(B * Hq * S * S);
     a.att = arena.alloc(T * Hq * D);
     attention_forward(a.att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
-    x = layer_attention_output_and_mlp(i, a, T, arena, {});
+  };
+  for (int64_t app = 0; app < A; ++app) {
+    LayerActivations& a = acts[static_cast<size_t>(app)];
+    a.x_in = x;
+    const BlockPass pass{static_cast<int>(app), repeat_of[static_cast<size_t>(app)], T, positions.data(), &arena, {}};
+    x = blocks[static_cast<size_t>(c.block_of(app))]->forward(*this, pass, a, full_attention);
   }
   x_final = x;
   rstd_final = arena.alloc(T);
@@ -289,6 +297,25 @@ void Model::set_policy(PrecisionPolicy policy) {
   weights_changed();
 }
 const std::vector<ParamSpec>& Model::params() const { return impl_->specs; }
+
+std::vector<BlockNode> Model::describe_block(int block) const {
+  if (block < 0 || block >= static_cast<int>(impl_->blocks.size()))
+    throw InputError(fmt::format("[model] describe_block: block {} outside 0..{}", block,
+                                 static_cast<int>(impl_->blocks.size()) - 1));
+  return impl_->blocks[static_cast<size_t>(block)]->describe(*impl_);
+}
+
+std::string_view node_op_name(NodeOp op) {
+  switch (op) {
+    case NodeOp::rmsnorm: return "rmsnorm";
+    case NodeOp::linear: return "linear";
+    case NodeOp::rope: return "rope";
+    case NodeOp::attention: return "attention";
+    case NodeOp::residual_add: return "residual_add";
+    case NodeOp::swiglu: return "swiglu";
+  }
+  return "?";
+}
 
 static int find_param(const Model::Impl& m, std::string_view name) {
   auto it = m.index.find(std::string(name));

@@ -60,6 +60,20 @@ struct GemmRecord {
 };
 using GemmObserver = std::function<void(const GemmRecord&)>;
 
+// One node of a block, as data (Model::describe_block): what the memory scheduler and the kernel
+// contracts name and size; the passes do not run through this description. `width` is the
+// floats per row (token) of the node's output; a linear node lists the GEMM roles it runs in a
+// training step (forward; dgrad and wgrad in the backward).
+enum class NodeOp : uint8_t { rmsnorm, linear, rope, attention, residual_add, swiglu };
+std::string_view node_op_name(NodeOp op);
+struct BlockNode {
+  NodeOp op;
+  std::string name;  // "q", "input_norm", "attention", ... (unique within the block)
+  int param = -1;    // index into params() of the weight it reads; -1 for none
+  int64_t width = 0;
+  std::vector<GemmRole> roles;
+};
+
 // One forward GEMM of a linear layer, Y = A·Wᵀ, handed to a replacement kernel (audit/kernels.h
 // builds the named kernel variants that contracts compare: other reduction orders, fp64
 // accumulation, batch-dependent splits). a holds the M activation rows (M, K) and b the weight
@@ -115,6 +129,9 @@ class Model {
   void set_policy(PrecisionPolicy policy);
 
   const std::vector<ParamSpec>& params() const;
+  // The nodes of decoder block `block` (0..num_hidden_layers-1) in execution order; which
+  // applications run it is config().schedule (block.h).
+  std::vector<BlockNode> describe_block(int block) const;
   // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
   const tensor::QuantWeight* stored_weight(std::string_view name) const;
   bool has_stored_weights() const;

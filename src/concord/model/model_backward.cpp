@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "concord/model/block.h"
+#include "concord/model/logprob.h"
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
 
@@ -22,11 +24,6 @@ namespace {
 // Random streams of the backward GEMMs: one per (step, weight, operand), so stochastic rounding
 // and Hadamard signs never repeat across steps or weights and never depend on thread count.
 uint64_t step_seed(uint64_t step) { return 0x9E3779B97F4A7C15ull * (step + 1); }
-
-void add_into(float* dst, const float* src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
 
 // dbias (N) (+)= column sums of dY (T, N), in fp64 over t = 0..T-1 in order: threads split the
 // columns, never a sum, so the result does not depend on the thread count.
@@ -43,23 +40,20 @@ void bias_backward(float* dbias, const float* dy, int64_t T, int64_t N, bool acc
   }
 }
 
-// log p(target) and the entropy of softmax(x) for one row, in double. logp uses serve/logprob.h's
-// definition at temperature 1 (m = max, S = Σ exp(x_v − m) in ascending v, logp = (x − m) −
-// log S), so learner and sampler score a token bit for bit alike; H = −Σ_v p_v logp_v.
+// log p(target) and the entropy of softmax(x) for one row, in double: logp is logprob.h's
+// definition at temperature 1 (the same function the sampler scores with), so learner and
+// sampler score a token bit for bit alike; H = −Σ_v p_v logp_v.
 void row_logprob_entropy(const float* x, int64_t V, int32_t target, double& logp,
                          double& entropy) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(x[v]));
-  double sum = 0.0;
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v]) - m);
-  const double log_sum = std::log(sum);
+  const std::span<const float> row(x, static_cast<size_t>(V));
+  const SoftmaxStats s = softmax_stats_unchecked(row);
   double h = 0.0;
   for (int64_t v = 0; v < V; ++v) {
-    const double lp = (static_cast<double>(x[v]) - m) - log_sum;
+    const double lp = s.logprob(x[v]);
     const double p = std::exp(lp);
     if (p > 0) h -= p * lp;  // p log p → 0 as p → 0 (a −inf logit would give 0 · −inf)
   }
-  logp = (static_cast<double>(x[target]) - m) - log_sum;
+  logp = s.logprob(x[target]);
   entropy = h;
 }
 
@@ -132,50 +126,26 @@ void Model::Impl::backward_from_dlogits(const int32_t* tokens, const float* dlog
   rmsnorm_backward(dx, grads[final_norm].data(), dxn, x_final, values[final_norm].data(),
                    rstd_final, T, C);
 
-  float* dq = arena.alloc(T * Hq * D);
-  float* dk = arena.alloc(T * Hkv * D);
-  float* dv = arena.alloc(T * Hkv * D);
-  float* dq_raw = arena.alloc(T * Hq * D);
-  float* dk_raw = arena.alloc(T * Hkv * D);
-  float* datt = arena.alloc(T * Hq * D);
-  float* dgate = arena.alloc(T * F);
-  float* dup = arena.alloc(T * F);
-  float* dh = arena.alloc(T * F);
-  for (int i = L - 1; i >= 0; --i) {
-    const LayerParams& lp = layers[i];
-    const LayerActivations& a = acts[i];
-    const LayerPrecision& attn = policy.for_layer(LayerClass::attention, i, L);
-    const LayerPrecision& mlp = policy.for_layer(LayerClass::mlp, i, L);
-    auto id = [](int param) { return static_cast<uint32_t>(param); };
-    // dx holds d(layer output) = d(x_mid) through the residual.
-    linear_backward(mlp, lp.down, dx, a.h, T, dh, false, grads[lp.down].data(), false, step, id(lp.down));
-    swiglu_backward(dgate, dup, dh, a.gate, a.up, T, F);
-    linear_backward(mlp, lp.gate, dgate, a.xn2, T, dxn, false, grads[lp.gate].data(), false, step, id(lp.gate));
-    linear_backward(mlp, lp.up, dup, a.xn2, T, dxn, true, grads[lp.up].data(), false, step, id(lp.up));
-    rmsnorm_backward(tmp, grads[lp.post_norm].data(), dxn, a.x_mid, values[lp.post_norm].data(),
-                     a.rstd2, T, C);
-    add_into(dx, tmp, T * C);  // dx = d(x_mid)
-
-    linear_backward(attn, lp.o, dx, a.att, T, datt, false, grads[lp.o].data(), false, step, id(lp.o));
-    attention_backward(dq, dk, dv, datt, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
-    rope_backward(dq, positions.data(), T, Hq, D, rope);
-    rope_backward(dk, positions.data(), T, Hkv, D, rope);
-    const float* gq = dq;
-    const float* gk = dk;
-    if (c.qk_norm()) {
-      rmsnorm_backward(dq_raw, grads[lp.q_norm].data(), dq, a.q_raw, values[lp.q_norm].data(),
-                       a.rstd_q, T * Hq, D);
-      rmsnorm_backward(dk_raw, grads[lp.k_norm].data(), dk, a.k_raw, values[lp.k_norm].data(),
-                       a.rstd_k, T * Hkv, D);
-      gq = dq_raw;
-      gk = dk_raw;
-    }
-    linear_backward(attn, lp.q, gq, a.xn1, T, dxn, false, grads[lp.q].data(), false, step, id(lp.q));
-    linear_backward(attn, lp.k, gk, a.xn1, T, dxn, true, grads[lp.k].data(), false, step, id(lp.k));
-    linear_backward(attn, lp.v, dv, a.xn1, T, dxn, true, grads[lp.v].data(), false, step, id(lp.v));
-    rmsnorm_backward(tmp, grads[lp.input_norm].data(), dxn, a.x_in, values[lp.input_norm].data(),
-                     a.rstd1, T, C);
-    add_into(dx, tmp, T * C);  // dx = d(x_in) = d(previous layer's output)
+  BackwardScratch scratch{};
+  scratch.dxn = dxn;
+  scratch.tmp = tmp;
+  scratch.dq = arena.alloc(T * Hq * D);
+  scratch.dk = arena.alloc(T * Hkv * D);
+  scratch.dv = arena.alloc(T * Hkv * D);
+  scratch.dq_raw = arena.alloc(T * Hq * D);
+  scratch.dk_raw = arena.alloc(T * Hkv * D);
+  scratch.datt = arena.alloc(T * Hq * D);
+  scratch.dgate = arena.alloc(T * F);
+  scratch.dup = arena.alloc(T * F);
+  scratch.dh = arena.alloc(T * F);
+  // Applications in reverse; a block's weight gradients are written by its last application
+  // and added to by the earlier ones (block.h).
+  std::vector<char> written(blocks.size(), 0);
+  for (int64_t app = c.applications() - 1; app >= 0; --app) {
+    const auto block = static_cast<size_t>(c.block_of(app));
+    const BlockPass pass{static_cast<int>(app), repeat_of[static_cast<size_t>(app)], T, positions.data(), &arena, {}};
+    blocks[block]->backward(*this, pass, acts[static_cast<size_t>(app)], scratch, dx, written[block] != 0, step);
+    written[block] = 1;
   }
   if (!c.tie_word_embeddings) std::fill(grads[embed].begin(), grads[embed].end(), 0.0f);
   embedding_backward(grads[embed].data(), dx, tokens, T, V, C);

@@ -15,6 +15,8 @@
 
 namespace concord::model {
 
+class Block;  // block.h
+
 // Indices of one decoder layer's parameters in Impl::values.
 struct LayerParams {
   int input_norm, q, k, v, o, q_norm = -1, k_norm = -1, post_norm, gate, up, down;
@@ -64,6 +66,8 @@ struct Model::Impl {
   std::vector<std::shared_ptr<const tensor::QuantWeight>> stored;
   bool any_stored = false;
   std::vector<LayerParams> layers;
+  std::vector<std::unique_ptr<Block>> blocks;  // per decoder layer (block.h)
+  std::vector<int> repeat_of;                   // per application: earlier applications of its block
   int embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
   std::vector<int> bias_of;  // per parameter: index of its bias (Qwen2 q/k/v), or -1
   RopeTable rope;
@@ -76,7 +80,7 @@ struct Model::Impl {
   // The last forward's shape and saved activations.
   int64_t B = 0, S = 0;
   std::vector<int32_t> positions;
-  std::vector<LayerActivations> acts;
+  std::vector<LayerActivations> acts;  // per application of the schedule
   float* x_final = nullptr;     // (T, C) residual stream after the last layer
   float* rstd_final = nullptr;  // (T)
   float* xn_final = nullptr;    // (T, C) input of lm_head
@@ -93,6 +97,7 @@ struct Model::Impl {
   }
 
   Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights = {});
+  ~Impl();
   // Allocates the gradients (zeros) on first use.
   void ensure_grads();
   // InputError when the model serves stored weights: `what` (a pass) needs fp32 values.
@@ -117,18 +122,10 @@ struct Model::Impl {
                        int64_t T, float* dx, bool accumulate_dx, float* dw, bool accumulate_dw,
                        uint64_t step, uint32_t gemm_id);
   void run_forward(const int32_t* tokens, int64_t B, int64_t S);
-  // One decoder layer in two halves around attention (decode.cpp), shared by run_forward and
-  // run_forward_cached. T rows at `positions`; buffers come from `work`. row_splits: the first
-  // row of each sequence and T at the end; a quantizer whose scale spans rows (NVFP4,
-  // per-tensor FP8) runs per sequence; empty: all T rows share each quantization.
-  // Before attention: a.x_in given; fills rstd1, xn1, q_raw, k_raw, v, rstd_q, rstd_k, q, k.
-  void layer_attention_inputs(int layer, LayerActivations& a, int64_t T, const int32_t* positions,
-                              tensor::Arena& work, std::span<const int64_t> row_splits);
-  // After attention: a.att given; fills x_mid, rstd2, xn2, gate, up, h; returns the layer output.
-  float* layer_attention_output_and_mlp(int layer, LayerActivations& a, int64_t T,
-                                        tensor::Arena& work, std::span<const int64_t> row_splits);
   // Rows at row_positions (may be null); quantizes per row group when the activation
-  // quantizer's scale spans rows.
+  // quantizer's scale spans rows. row_splits: the first row of each sequence and T at the end
+  // (a quantizer whose scale spans rows, NVFP4 or per-tensor FP8, runs per sequence); empty: all
+  // T rows share each quantization.
   void linear_forward_rows(const LayerPrecision& prec, int param, const float* x, int64_t T,
                            float* y, std::span<const int64_t> row_splits);
   void run_forward_cached(KvCache& cache, std::span<const CachedInput> inputs, float* logits);

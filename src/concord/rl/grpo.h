@@ -6,7 +6,7 @@
 //                                                         drops the division, Dr. GRPO)
 // Per token t of a completion, with
 //   l_t  = learner log-prob now (θ),  o_t = learner log-prob when the batch was sampled (θ_old),
-//   s_t  = sampler log-prob (the engine's, serve/logprob.h),  q_t = reference policy's log-prob,
+//   s_t  = sampler log-prob (the engine's, model/logprob.h),  q_t = reference policy's log-prob,
 //   ρ_t  = exp(l_t − o_t)            the PPO ratio (1 on the first update of a batch),
 //   w_t  = the sampler→learner importance weight from `is` (treated as a constant):
 //          none        1

@@ -1,5 +1,5 @@
 // Sampler–learner mismatch metrics of one batch of rollouts, from the two sides' log-probs of the
-// sampled tokens (serve/logprob.h's definition on both sides). Names follow verl's
+// sampled tokens (model/logprob.h's definition on both sides). Names follow verl's
 // `rollout_corr/*` metrics (verl/trainer/ppo/rollout_corr_helper.py) where verl has one, so
 // numbers can be put beside a verl run's; NeMo-RL's `token_mult_prob_error` likewise.
 //

@@ -1,42 +1,15 @@
-// The one definition of a sampled token's log-probability, shared by the sampler (serve) and the
-// learner (RL, issue 5), so that both score a token the same way, bit for bit:
-//
-//   logp(token) = log_softmax(logits / T)[token],   T = temperature, or 1 when T == 0 (greedy)
-//
-// i.e. the distribution after temperature and BEFORE truncation (top-k / top-p / min-p change
-// which tokens may be drawn, not their log-probabilities). Arithmetic, all in double:
-//   z_i = double(logits_i) / T;  m = max_i z_i;  S = Σ_i exp(z_i − m) in ascending i;
-//   logp_i = (z_i − m) − log(S).
-// The sum runs in index order on one thread, so the result does not depend on the thread
-// count. Single tokens are returned as double; full-vocabulary rows as float (rounded from the
-// double values) to halve their memory.
-//
-// Errors (InputError "[logprob] ..."): empty logits, a token outside the vocabulary, a negative
-// or non-finite temperature, logits that are NaN or +Inf.
+// The log-probability definition the sampler uses: model/logprob.h's, the one the learner and
+// the sync probe use too (not a copy). See there for the definition and its errors.
 #pragma once
 
-#include <cstdint>
-#include <span>
-#include <vector>
+#include "concord/model/logprob.h"
 
 namespace concord::serve {
 
-// The temperature the log-probabilities use: T, or 1 for greedy (T == 0).
-double logprob_temperature(float temperature);
-
-// Softmax statistics of logits / T: max and log of the max-subtracted sum (see above).
-struct SoftmaxStats {
-  double temperature = 1.0;  // T (1 for greedy)
-  double max = 0.0;          // m = max_i z_i
-  double log_sum = 0.0;      // log Σ exp(z_i − m)
-  double z(float logit) const { return static_cast<double>(logit) / temperature; }
-  double logprob(float logit) const { return (z(logit) - max) - log_sum; }
-};
-SoftmaxStats softmax_stats(std::span<const float> logits, float temperature);
-
-// logp(token) under the definition above.
-double token_logprob(std::span<const float> logits, int32_t token, float temperature);
-// logp of every token, out.size() == logits.size().
-void full_logprobs(std::span<const float> logits, float temperature, std::span<float> out);
+using model::full_logprobs;
+using model::logprob_temperature;
+using model::softmax_stats;
+using model::SoftmaxStats;
+using model::token_logprob;
 
 }  // namespace concord::serve

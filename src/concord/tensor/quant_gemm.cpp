@@ -53,8 +53,8 @@ namespace {
 
 // Code of element i (0..31) of row j (0..15) in a packed block's codes: q4 nibble 0..15, q8 the
 // signed code.
-int packed_code(BlockQuant t, const uint8_t* codes, int j, int i) {
-  if (t == BlockQuant::q8_0) {
+int packed_code(int code_bits, const uint8_t* codes, int j, int i) {
+  if (code_bits == 8) {
     return static_cast<int8_t>(codes[(i / 4) * 64 + j * 4 + i % 4] ^ 0x80u);
   }
   const int chunk = i / 8, r = i % 8;
@@ -107,6 +107,7 @@ void quantize_row_generic(const float* x, int64_t K, int8_t* q, float* d, float*
 void group_generic(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0, int64_t rows,
                    float* y, int64_t ldy, int valid) {
   const BlockQuant t = w.type();
+  const BlockQuantTraits& traits = block_quant_traits(t);
   const int64_t nb = w.blocks_per_row();
   const uint8_t* base = w.group(g);
   const uint8_t* dptr = base + quant_d_offset(t, nb);
@@ -121,14 +122,13 @@ void group_generic(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t 
         const uint8_t* codes = base + static_cast<size_t>(b) * cb;
         int32_t dot = 0;
         for (int i = 0; i < 32; ++i) {
-          int code = packed_code(t, codes, j, i);
-          if (t == BlockQuant::q4_0) code -= 8;
+          const int code = packed_code(traits.code_bits, codes, j, i) - traits.code_offset;
           dot += code * qa[b * 32 + i];
         }
         const float dw = f16_to_f32(load_u16(dptr + (b * 16 + j) * 2));
         const float scale = dw * a.d[m * nb + b];
         acc = std::fma(scale, static_cast<float>(dot), acc);
-        if (t == BlockQuant::q4_1) {
+        if (traits.has_min) {
           const float mw = f16_to_f32(load_u16(mptr + (b * 16 + j) * 2));
           acc = std::fma(mw, a.s[m * nb + b], acc);
         }
@@ -178,22 +178,39 @@ struct ActStorage {
 
 }  // namespace
 
-const char* block_quant_name(BlockQuant type) {
-  switch (type) {
-    case BlockQuant::q4_0: return "q4_0";
-    case BlockQuant::q4_1: return "q4_1";
-    case BlockQuant::q8_0: return "q8_0";
+namespace {
+
+// One row per BlockQuant, in enum order (ggml.h's type ids; block layouts from ggml-common.h).
+constexpr BlockQuantTraits kBlockQuantTraits[kBlockQuants] = {
+    {BlockQuant::q4_0, "q4_0", 2, 18, 2, 4, 8, false, 256},
+    {BlockQuant::q4_1, "q4_1", 3, 20, 4, 4, 0, true, 256},
+    {BlockQuant::q8_0, "q8_0", 8, 34, 2, 8, 0, false, 512},
+};
+
+constexpr bool traits_consistent() {
+  for (int i = 0; i < kBlockQuants; ++i) {
+    const BlockQuantTraits& t = kBlockQuantTraits[i];
+    if (static_cast<int>(t.type) != i) return false;
+    if (t.ggml_block_bytes != t.ggml_codes_offset + static_cast<size_t>(32 * t.code_bits / 8)) return false;
+    if (t.ggml_codes_offset != (t.has_min ? 4u : 2u)) return false;
+    if (t.packed_codes_bytes != static_cast<size_t>(kQuantGroupRows * 32 * t.code_bits / 8)) return false;
   }
-  return "?";
+  return true;
+}
+static_assert(traits_consistent(), "block-quant traits: enum order, ggml block sizes, packed sizes");
+
+}  // namespace
+
+const BlockQuantTraits& block_quant_traits(BlockQuant type) {
+  const auto i = static_cast<size_t>(type);
+  CONCORD_CHECK(i < static_cast<size_t>(kBlockQuants), "unknown BlockQuant " + std::to_string(i));
+  return kBlockQuantTraits[i];
 }
 
-size_t ggml_block_bytes(BlockQuant type) {
-  switch (type) {
-    case BlockQuant::q4_0: return 18;
-    case BlockQuant::q4_1: return 20;
-    case BlockQuant::q8_0: return 34;
-  }
-  return 0;
+const BlockQuantTraits* block_quant_of_ggml(uint32_t ggml_type) {
+  for (const BlockQuantTraits& t : kBlockQuantTraits)
+    if (t.ggml_type == ggml_type) return &t;
+  return nullptr;
 }
 
 QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
@@ -216,8 +233,9 @@ QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
   w.type_ = type;
   w.rows_ = rows;
   w.cols_ = cols;
-  const size_t cb = detail::quant_codes_bytes(type);
-  const size_t raw = cb * nb + 32 * nb * (type == BlockQuant::q4_1 ? 2 : 1);
+  const BlockQuantTraits& traits = block_quant_traits(type);
+  const size_t cb = traits.packed_codes_bytes;
+  const size_t raw = cb * nb + 32 * nb * (traits.has_min ? 2 : 1);
   w.group_bytes_ = (raw + 63) / 64 * 64;
   w.data_.assign(w.group_bytes_ * static_cast<size_t>(w.groups()), 0);  // padding rows: d = m = 0
   for (int64_t n = 0; n < rows; ++n) {
@@ -230,12 +248,12 @@ QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
       const uint8_t* src = ggml_rows.data() + (static_cast<size_t>(n) * nb + b) * block;
       uint8_t* codes = base + static_cast<size_t>(b) * cb;
       std::memcpy(dptr + (b * 16 + j) * 2, src, 2);
-      if (type == BlockQuant::q8_0) {
-        for (int i = 0; i < 32; ++i) codes[(i / 4) * 64 + j * 4 + i % 4] = src[2 + i] ^ 0x80u;
+      const uint8_t* qs = src + traits.ggml_codes_offset;
+      if (traits.code_bits == 8) {
+        for (int i = 0; i < 32; ++i) codes[(i / 4) * 64 + j * 4 + i % 4] = qs[i] ^ 0x80u;
         continue;
       }
-      const uint8_t* qs = src + (type == BlockQuant::q4_1 ? 4 : 2);
-      if (type == BlockQuant::q4_1) std::memcpy(mptr + (b * 16 + j) * 2, src + 2, 2);
+      if (traits.has_min) std::memcpy(mptr + (b * 16 + j) * 2, src + 2, 2);
       auto nibble = [&](int i) { return i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4; };
       // Chunk c, lane j, byte k: element 8c + k low, 8c + 4 + k high.
       for (int c = 0; c < 4; ++c) {
@@ -256,8 +274,9 @@ void dequantize_rows(const QuantWeight& w, int64_t first, int64_t count, float* 
                      shape_text(w.rows(), w.cols()) + " weight");
   }
   const BlockQuant t = w.type();
+  const BlockQuantTraits& traits = block_quant_traits(t);
   const int64_t nb = w.blocks_per_row(), K = w.cols();
-  const size_t cb = detail::quant_codes_bytes(t);
+  const size_t cb = traits.packed_codes_bytes;
   for (int64_t r = 0; r < count; ++r) {
     const int64_t n = first + r;
     const uint8_t* base = w.group(n / kQuantGroupRows);
@@ -268,19 +287,15 @@ void dequantize_rows(const QuantWeight& w, int64_t first, int64_t count, float* 
       std::memcpy(&bits, base + detail::quant_d_offset(t, nb) + (b * 16 + j) * 2, 2);
       const float d = detail::f16_to_f32(bits);
       float m = 0.0f;
-      if (t == BlockQuant::q4_1) {
+      if (traits.has_min) {
         std::memcpy(&bits, base + detail::quant_m_offset(t, nb) + (b * 16 + j) * 2, 2);
         m = detail::f16_to_f32(bits);
       }
       for (int i = 0; i < 32; ++i) {
-        const int code = detail::packed_code(t, codes, j, i);
-        float v;
-        switch (t) {
-          case BlockQuant::q4_0: v = d * static_cast<float>(code - 8); break;
-          case BlockQuant::q4_1: v = std::fma(d, static_cast<float>(code), m); break;  // d·q exact
-          default: v = d * static_cast<float>(code); break;
-        }
-        out[r * K + b * 32 + i] = v;
+        const int code = detail::packed_code(traits.code_bits, codes, j, i);
+        // d·(code − offset) is one rounding; with a minimum, d·code is exact and fma rounds once.
+        out[r * K + b * 32 + i] = traits.has_min ? std::fma(d, static_cast<float>(code), m)
+                                                 : d * static_cast<float>(code - traits.code_offset);
       }
     }
   }

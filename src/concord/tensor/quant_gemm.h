@@ -41,10 +41,29 @@ namespace concord::tensor {
 
 // ggml block formats, 32 elements per block along K (stable numbers).
 enum class BlockQuant : uint8_t { q4_0 = 0, q4_1 = 1, q8_0 = 2 };
-const char* block_quant_name(BlockQuant type);
-// Bytes of one ggml block: q4_0 {f16 d; u8 qs[16]} 18, q4_1 {f16 d; f16 m; u8 qs[16]} 20,
-// q8_0 {f16 d; i8 qs[32]} 34. In q4 blocks byte j holds element j (low nibble) and j+16 (high).
-size_t ggml_block_bytes(BlockQuant type);
+inline constexpr int kBlockQuants = 3;
+
+// Everything the packing, dequantization and the generic kernel need to know about a format, in
+// one table (quant_gemm.cpp) instead of a switch per question. A ggml block is
+// {f16 d; [f16 m;] codes}: q4_0 {d; u8 qs[16]} 18 bytes, q4_1 {d; m; u8 qs[16]} 20, q8_0
+// {d; i8 qs[32]} 34; in q4 blocks byte j holds element j (low nibble) and j+16 (high). An
+// element is d·(code − code_offset), or d·code + m when the format has a minimum.
+struct BlockQuantTraits {
+  BlockQuant type;
+  const char* name;           // "q4_0", as ggml names it
+  uint32_t ggml_type;         // ggml's type id (GGUF tensor type): 2, 3, 8
+  size_t ggml_block_bytes;    // 18, 20, 34
+  size_t ggml_codes_offset;   // where the codes start in a ggml block: after d (and m)
+  int code_bits;              // 4 (nibbles) or 8 (signed bytes)
+  int code_offset;            // subtracted from a code: 8 for q4_0, else 0
+  bool has_min;               // q4_1's per-block m
+  size_t packed_codes_bytes;  // codes of one block across a group of 16 rows: 256 or 512
+};
+const BlockQuantTraits& block_quant_traits(BlockQuant type);
+// The format of a ggml type id, if it is one of the three.
+const BlockQuantTraits* block_quant_of_ggml(uint32_t ggml_type);
+inline const char* block_quant_name(BlockQuant type) { return block_quant_traits(type).name; }
+inline size_t ggml_block_bytes(BlockQuant type) { return block_quant_traits(type).ggml_block_bytes; }
 
 // The packed layout (see quant_gemm.cpp): rows in groups of kQuantGroupRows (the last group padded
 // with zero rows); per group the codes of every block (q4: 256 bytes, nibbles arranged so that a
@@ -130,7 +149,7 @@ QuantKernels quant_avx2_kernels();
 QuantKernels quant_avx512_kernels();
 
 // Layout helpers shared by the kernels.
-inline size_t quant_codes_bytes(BlockQuant t) { return t == BlockQuant::q8_0 ? 512 : 256; }
+inline size_t quant_codes_bytes(BlockQuant t) { return block_quant_traits(t).packed_codes_bytes; }
 inline size_t quant_d_offset(BlockQuant t, int64_t nb) { return quant_codes_bytes(t) * static_cast<size_t>(nb); }
 inline size_t quant_m_offset(BlockQuant t, int64_t nb) {
   return quant_d_offset(t, nb) + 32 * static_cast<size_t>(nb);

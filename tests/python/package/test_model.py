@@ -4,7 +4,7 @@
   sequences (SmolLM2 under 'native', a tiny model under fp32, bf16, mxfp8);
 * Engine.generate equals `concord generate` (its streamed text; with --json its tokens and
   log-probs; greedy and sampled with top-k/top-p/min-p and a seed); token_logprobs of prompt + completion equals the logprobs generate reported
-  (serve/logprob.h's one definition), and the log-softmax of forward's logits to ~1 ulp;
+  (model/logprob.h's one definition), and the log-softmax of forward's logits to ~1 ulp;
 * encode/decode equal `concord tokenize`;
 * state_dict() views the model's own memory (data pointers; a write changes the logits);
 * errors: a missing file, a token outside the vocabulary, float tokens — concord's messages;

@@ -1,5 +1,5 @@
 // log_softmax(logits / T) in double with an index-ordered sum: the one log-probability definition.
-#include "concord/serve/logprob.h"
+#include "concord/model/logprob.h"
 
 #include <cmath>
 #include <limits>
@@ -8,7 +8,7 @@
 
 #include "concord/numerics/check.h"
 
-namespace concord::serve {
+namespace concord::model {
 
 double logprob_temperature(float temperature) {
   if (!(temperature >= 0.0f) || !std::isfinite(temperature))
@@ -35,6 +35,17 @@ SoftmaxStats softmax_stats(std::span<const float> logits, float temperature) {
   return s;
 }
 
+SoftmaxStats softmax_stats_unchecked(std::span<const float> logits) {
+  SoftmaxStats s;  // T = 1: z = double(logit), exactly
+  double m = -std::numeric_limits<double>::infinity();
+  for (float x : logits) m = std::max(m, s.z(x));
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(s.z(x) - m);
+  s.max = m;
+  s.log_sum = std::log(sum);
+  return s;
+}
+
 double token_logprob(std::span<const float> logits, int32_t token, float temperature) {
   if (token < 0 || static_cast<size_t>(token) >= logits.size())
     throw InputError(fmt::format("[logprob] token {} outside the vocabulary [0, {})", token,
@@ -50,4 +61,4 @@ void full_logprobs(std::span<const float> logits, float temperature, std::span<f
   for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(s.logprob(logits[i]));
 }
 
-}  // namespace concord::serve
+}  // namespace concord::model
