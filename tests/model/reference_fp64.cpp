@@ -164,9 +164,19 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
       out.push_back({p + "self_attn.q_norm.weight", {D}});
       out.push_back({p + "self_attn.k_norm.weight", {D}});
     }
-    out.push_back({p + "mlp.gate_proj.weight", {F, C}});
-    out.push_back({p + "mlp.up_proj.weight", {F, C}});
-    out.push_back({p + "mlp.down_proj.weight", {C, F}});
+    if (c.experts > 0) {
+      out.push_back({p + "mlp.gate.weight", {c.experts, C}});
+      for (int64_t e = 0; e < c.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        out.push_back({x + "gate_proj.weight", {c.moe_intermediate, C}});
+        out.push_back({x + "up_proj.weight", {c.moe_intermediate, C}});
+        out.push_back({x + "down_proj.weight", {C, c.moe_intermediate}});
+      }
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", {F, C}});
+      out.push_back({p + "mlp.up_proj.weight", {F, C}});
+      out.push_back({p + "mlp.down_proj.weight", {C, F}});
+    }
     out.push_back({p + "input_layernorm.weight", {C}});
     out.push_back({p + "post_attention_layernorm.weight", {C}});
   }
@@ -221,13 +231,50 @@ std::vector<double> forward_logits(const Config& c, const Weights& weights,
     if (c.output_bias) add_bias(o, N, C, w("self_attn.o_proj.bias"));
     add_in_place(x, o);
 
-    // MLP block (SwiGLU).
+    // MLP block (SwiGLU), or the MoE block: router, top-k, experts.
     const Matrix h2 = rmsnorm(x, N, C, w("post_attention_layernorm.weight"), c.eps);
-    const Matrix gate = linear(h2, N, C, w("mlp.gate_proj.weight"), F);
-    const Matrix up = linear(h2, N, C, w("mlp.up_proj.weight"), F);
-    Matrix act(gate.size());
-    for (size_t i = 0; i < act.size(); ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
-    add_in_place(x, linear(act, N, F, w("mlp.down_proj.weight"), C));
+    if (c.experts > 0) {
+      const Matrix logits = linear(h2, N, C, w("mlp.gate.weight"), c.experts);
+      const int64_t Fm = c.moe_intermediate;
+      Matrix moe(at(N * C), 0.0);
+      for (int64_t n = 0; n < N; ++n) {
+        std::vector<double> prob(at(c.experts));
+        double mx = logits[at(n * c.experts)];
+        for (int64_t e = 0; e < c.experts; ++e) mx = std::max(mx, logits[at(n * c.experts + e)]);
+        double sum = 0.0;
+        for (int64_t e = 0; e < c.experts; ++e) sum += prob[at(e)] = std::exp(logits[at(n * c.experts + e)] - mx);
+        for (double& pr : prob) pr /= sum;
+        std::vector<int64_t> chosen;  // the top_k by probability, ties to the lower index
+        for (int64_t j = 0; j < c.top_k; ++j) {
+          int64_t best = -1;
+          for (int64_t e = 0; e < c.experts; ++e) {
+            if (std::find(chosen.begin(), chosen.end(), e) != chosen.end()) continue;
+            if (best < 0 || prob[at(e)] > prob[at(best)]) best = e;
+          }
+          chosen.push_back(best);
+        }
+        double chosen_sum = 0.0;
+        for (int64_t e : chosen) chosen_sum += prob[at(e)];
+        const Matrix row(h2.begin() + n * C, h2.begin() + (n + 1) * C);
+        for (int64_t e : chosen) {
+          const std::string xp = "mlp.experts." + std::to_string(e) + ".";
+          const Matrix g = linear(row, 1, C, w(xp + "gate_proj.weight"), Fm);
+          const Matrix u = linear(row, 1, C, w(xp + "up_proj.weight"), Fm);
+          Matrix act(g.size());
+          for (size_t i = 0; i < act.size(); ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+          const Matrix y = linear(act, 1, Fm, w(xp + "down_proj.weight"), C);
+          const double weight = c.norm_topk ? prob[at(e)] / chosen_sum : prob[at(e)];
+          for (int64_t i = 0; i < C; ++i) moe[at(n * C + i)] += weight * y[at(i)];
+        }
+      }
+      add_in_place(x, moe);
+    } else {
+      const Matrix gate = linear(h2, N, C, w("mlp.gate_proj.weight"), F);
+      const Matrix up = linear(h2, N, C, w("mlp.up_proj.weight"), F);
+      Matrix act(gate.size());
+      for (size_t i = 0; i < act.size(); ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+      add_in_place(x, linear(act, N, F, w("mlp.down_proj.weight"), C));
+    }
   }
 
   const Matrix final_hidden = rmsnorm(x, N, C, weight(weights, "model.norm.weight"), c.eps);

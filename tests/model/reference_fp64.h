@@ -47,6 +47,13 @@ struct Config {
   double eps = 1e-6;
   double theta = 10000.0;
   bool tied = true;  // lm_head = embed_tokens (no lm_head.weight)
+  // Qwen3-MoE (every layer an MoE layer when experts > 0): router mlp.gate.weight (E, C),
+  // softmax, the top_k largest probabilities (renormalised when norm_topk), SwiGLU experts
+  // mlp.experts.{e}.{gate,up,down}_proj.weight of width moe_intermediate, weighted sum.
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  int64_t moe_intermediate = 0;
+  bool norm_topk = false;
 };
 
 using Weights = std::map<std::string, std::vector<double>>;

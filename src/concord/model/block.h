@@ -62,8 +62,10 @@ class Block {
   virtual std::vector<BlockNode> describe(const Model::Impl& m) const = 0;
 };
 
-// The dense decoder layer `layer` (its parameters: Model::Impl::layers[layer]).
+// The dense decoder layer `layer` and the Qwen3-MoE layer `layer` (their parameters:
+// Model::Impl::layers[layer]; block_layer.h).
 std::unique_ptr<Block> make_dense_block(int layer);
+std::unique_ptr<Block> make_moe_block(int layer);
 
 // The random-stream id of a GEMM of parameter `param` in an application that is the block's
 // `repeat`-th (0: the first): `param` for the first, as the layer loop always had; then past

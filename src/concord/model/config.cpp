@@ -2,6 +2,7 @@
 // LlamaForCausalLM).
 #include "concord/model/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -29,7 +30,9 @@ const std::set<std::string>& informational_fields() {
       "id2label", "label2id", "problem_type", "tokenizer_class", "task_specific_params",
       "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
-      "rope_theta", "rope_parameters", "concord_schedule"};
+      "rope_theta", "rope_parameters", "concord_schedule", "num_experts", "num_experts_per_tok",
+      "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+      "router_aux_loss_coef", "output_router_logits"};
   return fields;
 }
 
@@ -61,17 +64,42 @@ int64_t ModelConfig::parameter_count() const {
   const int64_t attn = C * num_attention_heads * D * 2 + C * num_key_value_heads * D * 2 +
                        (qkv_bias() ? (num_attention_heads + 2 * num_key_value_heads) * D : 0) +
                        (output_bias() ? C : 0);
-  const int64_t mlp = 3 * C * intermediate_size;
   const int64_t norms = 2 * C + (qk_norm() ? 2 * D : 0);
   const int64_t head = tie_word_embeddings ? 0 : vocab_size * C;
-  return vocab_size * C + num_hidden_layers * (attn + mlp + norms) + C + head;
+  int64_t layers = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i)
+    layers += attn + norms +
+              (is_moe_layer(i) ? num_experts * C + num_experts * 3 * C * moe_intermediate_size : 3 * C * intermediate_size);
+  return vocab_size * C + layers + C + head;
+}
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  return moe() && num_experts > 0 && decoder_sparse_step > 0 && (layer + 1) % decoder_sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
 }
 
 void ModelConfig::validate(std::string_view source) const {
   if (architecture != "Qwen3ForCausalLM" && architecture != "Qwen2ForCausalLM" &&
-      architecture != "LlamaForCausalLM")
+      architecture != "LlamaForCausalLM" && architecture != "Qwen3MoeForCausalLM")
     config_error(source, fmt::format("architecture '{}' is not supported (Qwen3ForCausalLM, "
-                                     "Qwen2ForCausalLM, LlamaForCausalLM)", architecture));
+                                     "Qwen2ForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM)", architecture));
+  if (moe()) {
+    if (num_experts < 0) config_error(source, fmt::format("'num_experts' must be >= 0 (got {})", num_experts));
+    if (num_experts > 0 && (num_experts_per_tok < 1 || num_experts_per_tok > num_experts))
+      config_error(source, fmt::format("'num_experts_per_tok' must lie in 1..num_experts = {} (got {})", num_experts,
+                                       num_experts_per_tok));
+    if (num_experts > 0 && moe_intermediate_size <= 0)
+      config_error(source, fmt::format("'moe_intermediate_size' must be positive (got {})", moe_intermediate_size));
+    if (decoder_sparse_step < 1)
+      config_error(source, fmt::format("'decoder_sparse_step' must be >= 1 (got {})", decoder_sparse_step));
+    if (!(router_aux_loss_coef >= 0)) config_error(source, "'router_aux_loss_coef' must be >= 0");
+    for (int64_t layer : mlp_only_layers)
+      if (layer < 0 || layer >= num_hidden_layers)
+        config_error(source, fmt::format("'mlp_only_layers' lists layer {}, outside 0..{}", layer, num_hidden_layers - 1));
+  } else if (num_experts != 0 || num_experts_per_tok != 0 || moe_intermediate_size != 0 || norm_topk_prob ||
+             !mlp_only_layers.empty()) {
+    config_error(source, fmt::format("{} has no experts: the MoE fields belong to Qwen3MoeForCausalLM", architecture));
+  }
   if (attention_bias && architecture != "LlamaForCausalLM")
     config_error(source, "attention_bias = true is supported for LlamaForCausalLM only");
   auto positive = [&](int64_t v, const char* name) {
@@ -136,11 +164,14 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
     c.architecture = "Qwen2ForCausalLM";
   } else if (model_type == "llama") {
     c.architecture = "LlamaForCausalLM";
+  } else if (model_type == "qwen3_moe") {
+    c.architecture = "Qwen3MoeForCausalLM";
   } else {
-    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, qwen2, llama)");
+    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, qwen2, llama, qwen3_moe)");
   }
-  if (!model_type.empty() && model_type != "qwen3" && model_type != "qwen2" && model_type != "llama")
-    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, qwen2, llama)",
+  if (!model_type.empty() && model_type != "qwen3" && model_type != "qwen2" && model_type != "llama" &&
+      model_type != "qwen3_moe")
+    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, qwen2, llama, qwen3_moe)",
                                      model_type));
 
   // Qwen2's q/k/v biases are built in (HF's Qwen2Attention ignores attention_bias); Llama puts
@@ -198,6 +229,31 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
     c.eos_token_id = token_id("eos_token_id");
     if (c.eos_token_id) c.eos_token_ids = {*c.eos_token_id};
   }
+  if (c.moe()) {  // HF's Qwen3MoeConfig defaults for absent keys
+    auto int_or = [&](const char* key, int64_t fallback) {
+      return j.contains(key) && !j.at(key).is_null() ? doc[key].any_integer() : fallback;
+    };
+    c.num_experts = int_or("num_experts", 128);
+    c.num_experts_per_tok = int_or("num_experts_per_tok", 8);
+    c.moe_intermediate_size = int_or("moe_intermediate_size", 768);
+    c.decoder_sparse_step = int_or("decoder_sparse_step", 1);
+    if (j.contains("norm_topk_prob") && !j.at("norm_topk_prob").is_null())
+      c.norm_topk_prob = doc["norm_topk_prob"].boolean();
+    if (j.contains("output_router_logits") && !j.at("output_router_logits").is_null())
+      c.output_router_logits = doc["output_router_logits"].boolean();
+    c.router_aux_loss_coef = get_number(doc, "router_aux_loss_coef", 0.001);
+    if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null()) {
+      const io::JsonValue layers = doc["mlp_only_layers"];
+      if (!layers.json().is_array()) layers.fail("must be a list of layer indices");
+      for (size_t i = 0; i < layers.size(); ++i) c.mlp_only_layers.push_back(layers.element(i).any_integer());
+    }
+  } else {
+    for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                            "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"})
+      if (j.contains(key) && !j.at(key).is_null())
+        config_error(source, fmt::format("unknown field '{}' for {} (a Qwen3MoeForCausalLM field: this "
+                                         "architecture has no experts)", key, c.architecture));
+  }
   if (j.contains("concord_schedule")) {
     const io::JsonValue sched = doc["concord_schedule"];
     if (!sched.json().is_array() || sched.size() == 0)
@@ -222,7 +278,7 @@ json ModelConfig::to_json() const {
   json j;
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   j["architectures"] = json::array({architecture});
-  j["model_type"] = architecture == "Qwen3ForCausalLM" ? "qwen3" : qwen2 ? "qwen2" : "llama";
+  j["model_type"] = architecture == "Qwen3ForCausalLM" ? "qwen3" : qwen2 ? "qwen2" : moe() ? "qwen3_moe" : "llama";
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -243,6 +299,16 @@ json ModelConfig::to_json() const {
     j["eos_token_id"] = eos_token_ids;
   } else if (eos_token_id) {
     j["eos_token_id"] = *eos_token_id;
+  }
+  if (moe()) {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = output_router_logits;
   }
   if (!schedule.empty()) j["concord_schedule"] = schedule;
   return j;

@@ -1,7 +1,9 @@
 // ModelConfig: the decoder's shape, read from a Hugging Face config.json (Qwen3ForCausalLM,
-// Qwen2ForCausalLM or LlamaForCausalLM). Qwen2 is Llama without QK-norm and with biases on the
-// q/k/v projections; Llama's `attention_bias` adds biases to q/k/v and o. Fields concord does not implement give a clear error rather than a silently
-// different model; informational fields (torch_dtype, transformers_version, ...) are accepted.
+// Qwen2ForCausalLM, LlamaForCausalLM or Qwen3MoeForCausalLM). Qwen2 is Llama without QK-norm and
+// with biases on the q/k/v projections; Llama's `attention_bias` adds biases to q/k/v and o;
+// Qwen3-MoE is Qwen3 with router and expert MLPs in its MoE layers. Fields concord does not
+// implement give a clear error rather than a silently different model; informational fields
+// (torch_dtype, transformers_version, ...) are accepted.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,8 @@ class JsonValue;
 namespace concord::model {
 
 struct ModelConfig {
-  std::string architecture = "Qwen3ForCausalLM";  // or "Qwen2ForCausalLM", "LlamaForCausalLM"
+  std::string architecture = "Qwen3ForCausalLM";  // or "Qwen2ForCausalLM", "LlamaForCausalLM",
+                                                  // "Qwen3MoeForCausalLM"
   int64_t vocab_size = 259;
   int64_t hidden_size = 128;            // C
   int64_t intermediate_size = 384;      // F
@@ -41,8 +44,21 @@ struct ModelConfig {
   // Hugging Face model. Written to config.json as "concord_schedule" only when not empty; HF
   // transformers and llama.cpp know no schedule, so exports to them refuse one.
   std::vector<int32_t> schedule;
+  // Qwen3-MoE (Qwen3MoeForCausalLM; HF's Qwen3MoeConfig names and defaults). Layer i is an MoE
+  // layer when num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in
+  // mlp_only_layers; the others have the dense MLP of intermediate_size.
+  int64_t num_experts = 0;            // E (0: no MoE layers)
+  int64_t num_experts_per_tok = 0;    // k, the experts each token is routed to
+  int64_t moe_intermediate_size = 0;  // Fm, each expert's SwiGLU width
+  bool norm_topk_prob = false;        // renormalise the k routing weights to sum to 1
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  double router_aux_loss_coef = 0.001;  // HF's load-balancing loss weight (when output_router_logits)
+  bool output_router_logits = false;
 
-  bool qk_norm() const { return architecture == "Qwen3ForCausalLM"; }
+  bool qk_norm() const { return architecture == "Qwen3ForCausalLM" || moe(); }
+  bool moe() const { return architecture == "Qwen3MoeForCausalLM"; }
+  bool is_moe_layer(int64_t layer) const;
   // Biases on the q, k, v projections (Qwen2 always) and on o (attention_bias only).
   bool qkv_bias() const { return architecture == "Qwen2ForCausalLM" || attention_bias; }
   bool output_bias() const { return architecture != "Qwen2ForCausalLM" && attention_bias; }

@@ -63,7 +63,8 @@ std::optional<std::string> gguf_tensor_name(std::string_view hf_name) {
 
 std::optional<std::string> hf_tensor_name(std::string_view gguf_name) {
   const std::optional<ParamName> p = parse_gguf_param_name(gguf_name);
-  if (!p) return std::nullopt;
+  // llama.cpp's expert tensors hold every expert of a layer: no one HF tensor is their name.
+  if (!p || param_kind_info(p->kind).per_expert) return std::nullopt;
   return hf_param_name(p->kind, p->layer);
 }
 

@@ -21,8 +21,8 @@ using tensor::Trans;
 std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
   const int64_t C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
   std::vector<ParamSpec> specs;
-  auto add = [&](ParamKind kind, int layer, std::vector<int64_t> shape) {
-    specs.push_back({hf_param_name(kind, layer), std::move(shape), kind, layer});
+  auto add = [&](ParamKind kind, int layer, std::vector<int64_t> shape, int expert = -1) {
+    specs.push_back({hf_param_name(kind, layer, expert), std::move(shape), kind, layer, expert});
   };
   add(ParamKind::embed, -1, {c.vocab_size, C});
   for (int i = 0; i < static_cast<int>(c.num_hidden_layers); ++i) {
@@ -41,6 +41,16 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
       add(ParamKind::k_norm, i, {D});
     }
     add(ParamKind::post_norm, i, {C});
+    if (c.is_moe_layer(i)) {
+      const int64_t E = c.num_experts, Fm = c.moe_intermediate_size;
+      add(ParamKind::router, i, {E, C});
+      for (int e = 0; e < static_cast<int>(E); ++e) {
+        add(ParamKind::expert_gate, i, {Fm, C}, e);
+        add(ParamKind::expert_up, i, {Fm, C}, e);
+        add(ParamKind::expert_down, i, {C, Fm}, e);
+      }
+      continue;
+    }
     add(ParamKind::gate, i, {F, C});
     add(ParamKind::up, i, {F, C});
     add(ParamKind::down, i, {C, F});
@@ -95,6 +105,10 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights
       case ParamKind::gate: l->gate = at; break;
       case ParamKind::up: l->up = at; break;
       case ParamKind::down: l->down = at; break;
+      case ParamKind::router: l->router = at; break;
+      case ParamKind::expert_gate: l->expert_gate.push_back(at); break;
+      case ParamKind::expert_up: l->expert_up.push_back(at); break;
+      case ParamKind::expert_down: l->expert_down.push_back(at); break;
       case ParamKind::q_bias: case ParamKind::k_bias: case ParamKind::v_bias: case ParamKind::o_bias: break;
     }
   }
@@ -103,7 +117,8 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights
     if (weight) bias_of[static_cast<size_t>(find_param(specs, *weight, specs[i].layer))] = static_cast<int>(i);
   }
   if (config.tie_word_embeddings) lm_head = embed;
-  for (int i = 0; i < static_cast<int>(config.num_hidden_layers); ++i) blocks.push_back(make_dense_block(i));
+  for (int i = 0; i < static_cast<int>(config.num_hidden_layers); ++i)
+    blocks.push_back(config.is_moe_layer(i) ? make_moe_block(i) : make_dense_block(i));
   std::vector<int> seen(blocks.size(), 0);
   for (int64_t a = 0; a < config.applications(); ++a) repeat_of.push_back(seen[static_cast<size_t>(config.block_of(a))]++);
   rope = RopeTable::build(config.max_position_embeddings, config.head_dim, config.rope_theta);
@@ -313,6 +328,9 @@ std::string_view node_op_name(NodeOp op) {
     case NodeOp::attention: return "attention";
     case NodeOp::residual_add: return "residual_add";
     case NodeOp::swiglu: return "swiglu";
+    case NodeOp::router: return "router";
+    case NodeOp::top_k: return "top_k";
+    case NodeOp::combine: return "combine";
   }
   return "?";
 }
@@ -382,11 +400,14 @@ void Model::set_forward_gemm_kernel(ForwardGemmKernel kernel) {
 
 void Model::visit_derived_weights(const std::function<void(const DerivedWeight&)>& fn) {
   // The GEMM weights in params() order: every matrix but an untied embedding table (its lookup
-  // copy is not a GEMM operand); a tied table is visited once, as lm_head's weight.
+  // copy is not a GEMM operand) and an MoE router (its GEMM runs on the fp32 values, no copy);
+  // a tied table is visited once, as lm_head's weight.
   impl_->require_fp32_values("visit_derived_weights (the weight sync's checks)");
   for (size_t p = 0; p < impl_->specs.size(); ++p) {
     const int param = static_cast<int>(p);
-    if (!impl_->specs[p].is_matrix() || (param == impl_->embed && param != impl_->lm_head)) continue;
+    if (!impl_->specs[p].is_matrix() || impl_->specs[p].kind == ParamKind::router ||
+        (param == impl_->embed && param != impl_->lm_head))
+      continue;
     const PreparedWeight& w = impl_->weight(param);
     fn(DerivedWeight{impl_->specs[p].name, w.source_hash, &w.forward});
   }
@@ -396,7 +417,7 @@ void Model::prepare_weights(const std::function<void(int64_t, int64_t)>& progres
   Impl& m = *impl_;
   std::vector<int> todo;
   for (size_t p = 0; p < m.specs.size(); ++p)
-    if (m.specs[p].is_matrix() && !m.stored[p] &&
+    if (m.specs[p].is_matrix() && !m.stored[p] && m.specs[p].kind != ParamKind::router &&
         (static_cast<int>(p) != m.embed || m.embed == m.lm_head))
       todo.push_back(static_cast<int>(p));
   const auto total = static_cast<int64_t>(todo.size()) + 1;

@@ -64,7 +64,7 @@ using GemmObserver = std::function<void(const GemmRecord&)>;
 // contracts name and size; the passes do not run through this description. `width` is the
 // floats per row (token) of the node's output; a linear node lists the GEMM roles it runs in a
 // training step (forward; dgrad and wgrad in the backward).
-enum class NodeOp : uint8_t { rmsnorm, linear, rope, attention, residual_add, swiglu };
+enum class NodeOp : uint8_t { rmsnorm, linear, rope, attention, residual_add, swiglu, router, top_k, combine };
 std::string_view node_op_name(NodeOp op);
 struct BlockNode {
   NodeOp op;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -19,8 +20,13 @@ class Block;  // block.h
 
 // Indices of one decoder layer's parameters in Impl::values.
 struct LayerParams {
-  int input_norm, q, k, v, o, q_norm = -1, k_norm = -1, post_norm, gate, up, down;
+  int input_norm = -1, q = -1, k = -1, v = -1, o = -1, q_norm = -1, k_norm = -1, post_norm = -1;
+  int gate = -1, up = -1, down = -1;  // dense MLP
+  int router = -1;                    // MoE layer: the router and each expert's projections
+  std::vector<int> expert_gate, expert_up, expert_down;
 };
+
+struct MoeActivations;  // block_moe.cpp
 
 // A weight on the grids its GEMM roles need, rebuilt when the weights change.
 struct PreparedWeight {
@@ -53,6 +59,7 @@ struct LayerActivations {
   float* gate;     // (T, F)
   float* up;       // (T, F)
   float* h;        // (T, F) silu(gate) * up, input of down_proj
+  std::shared_ptr<MoeActivations> moe;  // an MoE layer's routing and expert activations
 };
 
 struct Model::Impl {

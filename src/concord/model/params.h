@@ -35,21 +35,30 @@ enum class ParamKind : uint8_t {
   gate, up, down,  // model.layers.{i}.mlp.{gate,up,down}_proj.weight
   final_norm,   // model.norm.weight
   lm_head,      // lm_head.weight (absent when the embeddings are tied)
+  // Qwen3-MoE layers (block_moe.cpp) in place of gate/up/down:
+  router,       // model.layers.{i}.mlp.gate.weight (E, C), fp32, never quantized
+  expert_gate,  // model.layers.{i}.mlp.experts.{e}.gate_proj.weight (Fm, C)
+  expert_up,    // model.layers.{i}.mlp.experts.{e}.up_proj.weight (Fm, C)
+  expert_down,  // model.layers.{i}.mlp.experts.{e}.down_proj.weight (C, Fm)
 };
-inline constexpr int kParamKinds = static_cast<int>(ParamKind::lm_head) + 1;
+inline constexpr int kParamKinds = static_cast<int>(ParamKind::expert_down) + 1;
 
 // The class of a parameter: which part of the network it belongs to. Biases belong to their
-// projection's class; the q/k norms are norms.
-enum class ParamClass : uint8_t { embedding, attention, mlp, norm, lm_head };
+// projection's class; the q/k norms are norms; experts are mlp; an MoE router is its own class
+// (its GEMM runs in fp32 under every precision policy).
+enum class ParamClass : uint8_t { embedding, attention, mlp, norm, lm_head, router };
 
 struct ParamKindInfo {
   ParamKind kind;
   ParamClass cls;
   bool per_layer;          // named per decoder layer ("model.layers.{i}." / "blk.{i}.")
+  bool per_expert;         // named per expert too ("model.layers.{i}.mlp.experts.{e}.")
   bool gemm_weight;        // the b operand of a GEMM (q k v o gate up down lm_head)
   std::string_view label;  // short name: "q", "up", "input_norm", ...
-  std::string_view hf;     // HF name, after "model.layers.{i}." when per_layer
-  std::string_view gguf;   // GGUF name, after "blk.{i}." when per_layer
+  std::string_view hf;     // HF name, after "model.layers.{i}." when per_layer (and
+                           // "mlp.experts.{e}." when per_expert)
+  std::string_view gguf;   // GGUF name, after "blk.{i}." when per_layer; for an expert kind
+                           // llama.cpp's 3-D tensor of all the layer's experts
 };
 const ParamKindInfo& param_kind_info(ParamKind kind);
 std::span<const ParamKindInfo> param_kinds();
@@ -59,30 +68,35 @@ struct ParamSpec {
   std::string name;            // HF name
   std::vector<int64_t> shape;  // 1-D (norm weights, biases) or 2-D (out, in)
   ParamKind kind = ParamKind::embed;
-  int layer = -1;  // the decoder layer of a per-layer kind; -1 otherwise
+  int layer = -1;   // the decoder layer of a per-layer kind; -1 otherwise
+  int expert = -1;  // the expert of a per-expert kind; -1 otherwise
 
   int64_t numel() const;
   bool is_matrix() const { return shape.size() == 2; }
   ParamClass cls() const { return param_kind_info(kind).cls; }
   bool is_gemm_weight() const { return param_kind_info(kind).gemm_weight; }
   // The precision policy's class of a GEMM weight (attention, mlp, lm_head); nullopt for the
-  // rest. The tied embedding serves as the head too: the model asks for lm_head there itself.
+  // rest, the router included (its GEMM is fp32 under every policy). The tied embedding serves
+  // as the head too: the model asks for lm_head there itself.
   std::optional<LayerClass> gemm_class() const;
 };
 
 // The projection a bias kind belongs to (q_bias -> q, ...); nullopt for a kind that is no bias.
 std::optional<ParamKind> bias_weight_kind(ParamKind kind);
 
-// The registered spec of `kind` (at `layer` for per-layer kinds) in `specs`: its index, or -1.
-int find_param(std::span<const ParamSpec> specs, ParamKind kind, int layer = -1);
+// The registered spec of `kind` (at `layer` for per-layer kinds, `expert` for per-expert kinds)
+// in `specs`: its index, or -1.
+int find_param(std::span<const ParamSpec> specs, ParamKind kind, int layer = -1, int expert = -1);
 // The same, as an InputError naming the weight when absent.
-int require_param(std::span<const ParamSpec> specs, ParamKind kind, int layer = -1);
+int require_param(std::span<const ParamSpec> specs, ParamKind kind, int layer = -1, int expert = -1);
 
-std::string hf_param_name(ParamKind kind, int layer = -1);
+std::string hf_param_name(ParamKind kind, int layer = -1, int expert = -1);
+// For an expert kind, the name of llama.cpp's 3-D tensor holding every expert of the layer.
 std::string gguf_param_name(ParamKind kind, int layer = -1);
 struct ParamName {
   ParamKind kind;
-  int layer;  // -1 for a kind that is not per layer
+  int layer;       // -1 for a kind that is not per layer
+  int expert = -1;  // -1 for a kind that is not per expert (and for GGUF's merged expert tensors)
   friend bool operator==(const ParamName&, const ParamName&) = default;
 };
 // The kind and layer a name stands for; nullopt for a name of no registered kind.

@@ -61,9 +61,14 @@ std::vector<TensorView> TrainState::master_views() const {
 }
 
 void TrainState::export_to(model::Model& served, int64_t step) {
-  for (size_t p = 0; p < specs_.size(); ++p)
+  for (size_t p = 0; p < specs_.size(); ++p) {
+    if (specs_[p].kind == model::ParamKind::router) {  // an MoE router is served in fp32, never quantized
+      std::ranges::copy(master_[p], served.param(specs_[p].name).begin());
+      continue;
+    }
     exporter_->apply(static_cast<int>(p), master_[p], served.param(specs_[p].name), rows_of(specs_[p]),
                      cols_of(specs_[p]), static_cast<uint64_t>(step));
+  }
   served.weights_changed();
 }
 

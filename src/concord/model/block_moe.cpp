@@ -1,0 +1,292 @@
+// The Qwen3-MoE layer (HF's Qwen3MoeSparseMoeBlock): the common attention half (block_layer.h),
+// then a router and top-k SwiGLU experts in place of the dense MLP. Forward and backward side by
+// side.
+//
+// Forward, per token t (T rows of xn2):
+//   logits = xn2 · Wrᵀ                   fp32 GEMM (tensor::gemm), never quantized (its own class)
+//   p = softmax(logits)                   in double, stored in fp32 (HF: fp32 softmax)
+//   S = the k experts of largest p, ties to the lower expert index (torch.topk documents none)
+//   w_j = p_j, or p_j / Σ_S p when norm_topk_prob
+//   out_t = Σ_{e in S, ascending e} w_e · down_e(silu(gate_e(x_t)) ⊙ up_e(x_t))   summed in double
+// Each expert's GEMMs see the rows of the tokens routed to it (gathered in ascending t), under the
+// policy's mlp precision of the layer; the batch-invariant GEMM keeps a row's result independent of
+// the other rows, and quantizers whose scale spans rows run per sequence (row_splits), as the
+// dense layer's do. A decode step reads only the selected experts' weights.
+//
+// Backward: the gradient flows through the selected experts and the router's softmax (top-k is
+// piecewise constant): d w_e = <dout_t, y_e>, d p via the renormalisation when on, d logits =
+// p ⊙ (dp − <dp, p>), then the router GEMM's dgrad and wgrad in fp32. An expert no token chose gets
+// a zero gradient. Every sum runs in a fixed order, so results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "concord/model/block_layer.h"
+#include "concord/numerics/check.h"
+#include "concord/tensor/gemm.h"
+
+namespace concord::model {
+
+// An MoE layer's routing and expert activations for one application (LayerActivations::moe).
+struct MoeActivations {
+  int64_t E = 0, k = 0, R = 0;      // experts, experts per token, gathered rows (T·k)
+  float* logits = nullptr;          // (T, E) router logits
+  float* probs = nullptr;           // (T, E) softmax
+  std::vector<int32_t> selected;    // (T, k) expert ids, ascending id within a token
+  std::vector<float> weight;        // (T, k) combine weights, same order
+  std::vector<int64_t> begin;       // (E + 1) first gathered row of each expert
+  std::vector<int32_t> token;       // (R) the token of each gathered row
+  std::vector<int64_t> row_of;      // (T, k) the gathered row of (t, j)
+  float* x = nullptr;               // (R, C) gathered xn2 rows
+  float* gate = nullptr;            // (R, Fm)
+  float* up = nullptr;              // (R, Fm)
+  float* h = nullptr;               // (R, Fm) silu(gate) ⊙ up
+  float* y = nullptr;               // (R, C) expert outputs
+};
+
+namespace {
+
+using tensor::Trans;
+
+class MoeBlock final : public LayerBlock {
+ public:
+  explicit MoeBlock(int layer) : LayerBlock(layer) {}
+  std::string_view kind() const override { return "moe"; }
+
+ private:
+  float* mlp_forward(Model::Impl& m, const BlockPass& p, LayerActivations& a) const override {
+    const ModelConfig& c = m.config;
+    const int64_t T = p.T, C = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+    const int64_t Fm = c.moe_intermediate_size;
+    const LayerParams& lp = params(m);
+    tensor::Arena& work = *p.work;
+    a.moe = std::make_shared<MoeActivations>();
+    MoeActivations& r = *a.moe;
+    r.E = E;
+    r.k = k;
+    r.R = T * k;
+
+    r.logits = work.alloc(T * E);
+    tensor::gemm(Trans::no, Trans::yes, T, E, C, a.xn2, C, m.values[static_cast<size_t>(lp.router)].data(), C,
+                 r.logits, E);
+    r.probs = work.alloc(T * E);
+    r.selected.assign(static_cast<size_t>(T * k), 0);
+    r.weight.assign(static_cast<size_t>(T * k), 0.0f);
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int64_t t = 0; t < T; ++t) route(c, r, t);
+
+    // Gather: each expert's rows in ascending token order.
+    r.begin.assign(static_cast<size_t>(E + 1), 0);
+    for (int32_t e : r.selected) ++r.begin[static_cast<size_t>(e) + 1];
+    std::partial_sum(r.begin.begin(), r.begin.end(), r.begin.begin());
+    std::vector<int64_t> cursor(r.begin.begin(), r.begin.end() - 1);
+    r.token.assign(static_cast<size_t>(r.R), 0);
+    r.row_of.assign(static_cast<size_t>(r.R), 0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const auto e = static_cast<size_t>(r.selected[static_cast<size_t>(t * k + j)]);
+        const int64_t row = cursor[e]++;
+        r.token[static_cast<size_t>(row)] = static_cast<int32_t>(t);
+        r.row_of[static_cast<size_t>(t * k + j)] = row;
+      }
+    r.x = work.alloc(r.R * C);
+    for (int64_t row = 0; row < r.R; ++row)
+      std::memcpy(r.x + row * C, a.xn2 + int64_t{r.token[static_cast<size_t>(row)]} * C, sizeof(float) * static_cast<size_t>(C));
+    r.gate = work.alloc(r.R * Fm);
+    r.up = work.alloc(r.R * Fm);
+    r.h = work.alloc(r.R * Fm);
+    r.y = work.alloc(r.R * C);
+
+    // The experts' GEMMs; the forward-kernel hook sees each gathered row's own position.
+    std::vector<int32_t> gathered_pos;
+    if (m.row_positions != nullptr) {
+      gathered_pos.resize(static_cast<size_t>(r.R));
+      for (int64_t row = 0; row < r.R; ++row) gathered_pos[static_cast<size_t>(row)] = m.row_positions[r.token[static_cast<size_t>(row)]];
+    }
+    const int32_t* saved_pos = m.row_positions;
+    const LayerPrecision& mlp = mlp_precision(m);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t b = r.begin[static_cast<size_t>(e)], n = r.begin[static_cast<size_t>(e) + 1] - b;
+      if (n == 0) continue;
+      const std::vector<int64_t> splits = expert_splits(r, p.row_splits, e);
+      m.row_positions = gathered_pos.empty() ? nullptr : gathered_pos.data() + b;
+      const size_t ei = static_cast<size_t>(e);
+      m.linear_forward_rows(mlp, lp.expert_gate[ei], r.x + b * C, n, r.gate + b * Fm, splits);
+      m.linear_forward_rows(mlp, lp.expert_up[ei], r.x + b * C, n, r.up + b * Fm, splits);
+      swiglu_forward(r.h + b * Fm, r.gate + b * Fm, r.up + b * Fm, n, Fm);
+      m.linear_forward_rows(mlp, lp.expert_down[ei], r.h + b * Fm, n, r.y + b * C, splits);
+    }
+    m.row_positions = saved_pos;
+
+    float* out = work.alloc(T * C);
+#pragma omp parallel for schedule(static) if (T * C > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t col = 0; col < C; ++col) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t tj = static_cast<size_t>(t * k + j);
+          acc += static_cast<double>(r.weight[tj]) * static_cast<double>(r.y[r.row_of[tj] * C + col]);
+        }
+        out[t * C + col] = static_cast<float>(acc);
+      }
+    return out;
+  }
+
+  void mlp_backward(Model::Impl& m, const BlockPass& p, const LayerActivations& a, const BackwardScratch& s,
+                    const float* dout, bool accumulate, uint64_t step) const override {
+    const ModelConfig& c = m.config;
+    const int64_t T = p.T, C = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+    const int64_t Fm = c.moe_intermediate_size;
+    const LayerParams& lp = params(m);
+    const MoeActivations& r = *a.moe;
+    tensor::Arena& work = *p.work;
+    auto id = [&](int param) { return gemm_stream_id(param, p.repeat, m.specs.size()); };
+    auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };
+
+    // d y (each gathered row gets its token's gradient times its weight) and d w = <dout, y>.
+    float* dy = work.alloc(r.R * C);
+    std::vector<double> dw(static_cast<size_t>(T * k));
+#pragma omp parallel for schedule(static) if (T * C > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t tj = static_cast<size_t>(t * k + j);
+        const int64_t row = r.row_of[tj];
+        double d = 0.0;
+        for (int64_t col = 0; col < C; ++col) {
+          dy[row * C + col] = r.weight[tj] * dout[t * C + col];
+          d += static_cast<double>(dout[t * C + col]) * static_cast<double>(r.y[row * C + col]);
+        }
+        dw[tj] = d;
+      }
+
+    // The experts, each on its rows; an expert no token chose gets a zero gradient.
+    const LayerPrecision& mlp = mlp_precision(m);
+    float* dh = work.alloc(r.R * Fm);
+    float* dgate = work.alloc(r.R * Fm);
+    float* dup = work.alloc(r.R * Fm);
+    float* dx_rows = work.alloc(r.R * C);
+    for (int64_t e = 0; e < E; ++e) {
+      const size_t ei = static_cast<size_t>(e);
+      const int g = lp.expert_gate[ei], u = lp.expert_up[ei], d = lp.expert_down[ei];
+      const int64_t b = r.begin[ei], n = r.begin[ei + 1] - b;
+      if (n == 0) {
+        if (!accumulate)
+          for (int param : {g, u, d}) std::fill(m.grads[static_cast<size_t>(param)].begin(), m.grads[static_cast<size_t>(param)].end(), 0.0f);
+        continue;
+      }
+      m.linear_backward(mlp, d, dy + b * C, r.h + b * Fm, n, dh + b * Fm, false, grad(d), accumulate, step, id(d));
+      swiglu_backward(dgate + b * Fm, dup + b * Fm, dh + b * Fm, r.gate + b * Fm, r.up + b * Fm, n, Fm);
+      m.linear_backward(mlp, g, dgate + b * Fm, r.x + b * C, n, dx_rows + b * C, false, grad(g), accumulate, step, id(g));
+      m.linear_backward(mlp, u, dup + b * Fm, r.x + b * C, n, dx_rows + b * C, true, grad(u), accumulate, step, id(u));
+    }
+
+    // d logits through the renormalisation and the softmax, per token in double.
+    float* dlogits = work.alloc(T * E);
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> dp(static_cast<size_t>(E), 0.0);
+      const float* pt = r.probs + t * E;
+      if (c.norm_topk_prob) {
+        double sum = 0.0, dot = 0.0;
+        for (int64_t j = 0; j < k; ++j) sum += pt[r.selected[static_cast<size_t>(t * k + j)]];
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t tj = static_cast<size_t>(t * k + j);
+          dot += dw[tj] * static_cast<double>(r.weight[tj]);
+        }
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t tj = static_cast<size_t>(t * k + j);
+          dp[static_cast<size_t>(r.selected[tj])] = (dw[tj] - dot) / sum;
+        }
+      } else {
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t tj = static_cast<size_t>(t * k + j);
+          dp[static_cast<size_t>(r.selected[tj])] = dw[tj];
+        }
+      }
+      double inner = 0.0;
+      for (int64_t e = 0; e < E; ++e) inner += dp[static_cast<size_t>(e)] * static_cast<double>(pt[e]);
+      for (int64_t e = 0; e < E; ++e)
+        dlogits[t * E + e] = static_cast<float>(static_cast<double>(pt[e]) * (dp[static_cast<size_t>(e)] - inner));
+    }
+
+    // d xn2: the experts' rows added back per token (ascending expert), then the router's dgrad.
+    std::fill(s.dxn, s.dxn + T * C, 0.0f);
+#pragma omp parallel for schedule(static) if (T * C > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t row = r.row_of[static_cast<size_t>(t * k + j)];
+        for (int64_t col = 0; col < C; ++col) s.dxn[t * C + col] += dx_rows[row * C + col];
+      }
+    const float* wr = m.values[static_cast<size_t>(lp.router)].data();
+    tensor::gemm(Trans::no, Trans::no, T, C, E, dlogits, E, wr, C, s.dxn, C, /*accumulate=*/true);
+    tensor::gemm(Trans::yes, Trans::no, E, C, T, dlogits, E, a.xn2, C, grad(lp.router), C, accumulate);
+  }
+
+  void describe_mlp(const Model::Impl& m, std::vector<BlockNode>& n) const override {
+    const ModelConfig& c = m.config;
+    const int64_t C = c.hidden_size, Fm = c.moe_intermediate_size;
+    const LayerParams& lp = params(m);
+    const std::vector<GemmRole> gemm = {GemmRole::forward, GemmRole::dgrad, GemmRole::wgrad};
+    // The router's GEMM runs on the fp32 values outside the precision policy: no policy roles.
+    n.push_back({NodeOp::router, "router", lp.router, c.num_experts, {}});
+    n.push_back({NodeOp::top_k, "top_k", -1, c.num_experts_per_tok, {}});
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const size_t ei = static_cast<size_t>(e);
+      const std::string x = fmt::format("expert.{}.", e);
+      n.push_back({NodeOp::linear, x + "gate", lp.expert_gate[ei], Fm, gemm});
+      n.push_back({NodeOp::linear, x + "up", lp.expert_up[ei], Fm, gemm});
+      n.push_back({NodeOp::swiglu, x + "swiglu", -1, Fm, {}});
+      n.push_back({NodeOp::linear, x + "down", lp.expert_down[ei], C, gemm});
+    }
+    n.push_back({NodeOp::combine, "combine", -1, C, {}});
+  }
+
+  // Softmax, top-k (ties to the lower expert index) and the combine weights of token t; the
+  // selected experts are stored in ascending id, the order the combine sums in.
+  static void route(const ModelConfig& c, MoeActivations& r, int64_t t) {
+    const int64_t E = r.E, k = r.k;
+    const float* logit = r.logits + t * E;
+    float* prob = r.probs + t * E;
+    double mx = -INFINITY;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(logit[e]));
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(logit[e]) - mx);
+    for (int64_t e = 0; e < E; ++e) prob[e] = static_cast<float>(std::exp(static_cast<double>(logit[e]) - mx) / sum);
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
+      return prob[x] > prob[y] || (prob[x] == prob[y] && x < y);
+    });
+    std::sort(order.begin(), order.begin() + k);
+    double selected_sum = 0.0;
+    for (int64_t j = 0; j < k; ++j) selected_sum += prob[order[static_cast<size_t>(j)]];
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = order[static_cast<size_t>(j)];
+      r.selected[static_cast<size_t>(t * k + j)] = e;
+      r.weight[static_cast<size_t>(t * k + j)] =
+          c.norm_topk_prob ? static_cast<float>(static_cast<double>(prob[e]) / selected_sum) : prob[e];
+    }
+  }
+
+  // Expert e's rows grouped by sequence: the gathered rows are in ascending token order, so each
+  // sequence's rows are contiguous. Empty when the pass quantizes all rows together.
+  static std::vector<int64_t> expert_splits(const MoeActivations& r, std::span<const int64_t> row_splits, int64_t e) {
+    if (row_splits.empty()) return {};
+    const auto first = r.token.begin() + r.begin[static_cast<size_t>(e)];
+    const auto last = r.token.begin() + r.begin[static_cast<size_t>(e) + 1];
+    std::vector<int64_t> out;
+    out.reserve(row_splits.size());
+    for (int64_t split : row_splits)
+      out.push_back(std::lower_bound(first, last, static_cast<int32_t>(split)) - first);
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Block> make_moe_block(int layer) { return std::make_unique<MoeBlock>(layer); }
+
+}  // namespace concord::model

@@ -1,0 +1,298 @@
+// The Qwen3-MoE block (model/block_moe.cpp) against the independent fp64 reference
+// (reference_fp64.cpp, which routes with its own softmax and top-k): logits and loss, every kind
+// of gradient by central differences (router included), the KV-cache forward against the
+// training forward bit for bit, thread-count invariance, zero gradients for experts no token
+// chose, the config and the HF names of the experts.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "concord/model/files.h"
+#include "concord/model/kv_cache.h"
+#include "concord/model/model.h"
+#include "concord/numerics/check.h"
+#include "model_to_reference.h"
+#include "reference_fp64.h"
+
+namespace concord::model {
+namespace {
+
+ModelConfig moe_config(bool norm_topk, int64_t experts = 4, int64_t top_k = 2) {
+  ModelConfig c;
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 32;
+  c.tie_word_embeddings = false;
+  c.num_experts = experts;
+  c.num_experts_per_tok = top_k;
+  c.moe_intermediate_size = 12;
+  c.norm_topk_prob = norm_topk;
+  return c;
+}
+
+reference::Config reference_of(const ModelConfig& c) {
+  reference::Config r = concord_test::reference_config(c);
+  r.experts = c.num_experts;
+  r.top_k = c.num_experts_per_tok;
+  r.moe_intermediate = c.moe_intermediate_size;
+  r.norm_topk = c.norm_topk_prob;
+  return r;
+}
+
+// Random weights; routers scaled up so that the routing is decisive (no near-ties for the finite
+// differences to cross) and norms away from 1.
+void randomize(Model& m, uint64_t seed) {
+  m.init_random(seed, 0.15f);
+  std::mt19937_64 rng(seed + 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const ParamSpec& s : m.params()) {
+    if (!s.is_matrix())
+      for (float& v : m.param(s.name)) v = 1.0f + 0.1f * normal(rng);
+    if (s.kind == ParamKind::router)
+      for (float& v : m.param(s.name)) v *= 8.0f;
+  }
+  m.weights_changed();
+}
+
+std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t vocab) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Moe, LogitsAndLossMatchTheFp64Reference) {
+  for (bool norm : {false, true}) {
+    const ModelConfig c = moe_config(norm);
+    Model m(c);
+    randomize(m, 5);
+    const int64_t B = 2, T = 7;
+    const auto tokens = tokens_of(B * T, 6, c.vocab_size);
+    std::vector<float> logits(static_cast<size_t>(B * T * c.vocab_size));
+    m.forward(tokens, B, T, logits);
+    const auto ref = reference::forward_logits(reference_of(c), concord_test::reference_weights(m), tokens, B, T);
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(logits[i]) - ref[i]));
+      scale = std::max(scale, std::abs(ref[i]));
+    }
+    EXPECT_LE(worst / scale, 1e-5) << "norm_topk_prob " << norm;
+    const auto targets = reference::next_token_targets(tokens, B, T);
+    const double ref_loss = reference::mean_cross_entropy(ref, targets, c.vocab_size);
+    EXPECT_NEAR(m.forward_backward(tokens, targets, B, T), ref_loss, 1e-5 * ref_loss) << norm;
+    std::printf("[ measured ] MoE norm_topk_prob=%d: max|Δlogit|/max|logit| %.3g\n", norm, worst / scale);
+  }
+}
+
+// Central differences of the fp64 reference's loss, 10 entries per kind (router, the experts'
+// gate/up/down, attention, norms), against Model::forward_backward.
+TEST(Moe, EveryKindOfGradientMatchesFiniteDifferences) {
+  for (bool norm : {false, true}) {
+    const ModelConfig c = moe_config(norm);
+    Model m(c);
+    randomize(m, 11);
+    const int64_t B = 2, T = 6;
+    const auto tokens = tokens_of(B * T, 12, c.vocab_size);
+    const auto targets = reference::next_token_targets(tokens, B, T);
+    m.forward_backward(tokens, targets, B, T);
+    const reference::Config ref = reference_of(c);
+    const reference::Weights w = concord_test::reference_weights(m);
+    std::map<ParamKind, std::vector<const ParamSpec*>> kinds;
+    for (const ParamSpec& s : m.params()) kinds[s.kind].push_back(&s);
+    std::mt19937_64 rng(3);
+    for (const auto& [kind, specs] : kinds) {
+      if (kind == ParamKind::embed) continue;  // covered by the dense check; sparse rows here
+      std::vector<std::pair<double, double>> pairs;
+      double scale = 0.0;
+      for (int i = 0; i < 10; ++i) {
+        const ParamSpec& s = *specs[std::uniform_int_distribution<size_t>(0, specs.size() - 1)(rng)];
+        const int64_t index = std::uniform_int_distribution<int64_t>(0, s.numel() - 1)(rng);
+        const double fd = reference::loss_gradient_central_difference(ref, w, s.name, index, tokens, targets, B, T);
+        pairs.emplace_back(m.grad(s.name)[static_cast<size_t>(index)], fd);
+        scale = std::max(scale, std::abs(fd));
+      }
+      if (scale == 0.0) continue;  // e.g. only unchosen experts drawn: their zero is checked below
+      double worst = 0.0;
+      for (const auto& [g, fd] : pairs) {
+        EXPECT_LE(std::abs(g - fd), 1e-3 * std::abs(fd) + 1e-4 * scale)
+            << param_kind_info(kind).label << " norm " << norm << ": " << g << " vs " << fd;
+        worst = std::max(worst, std::abs(g - fd) / scale);
+      }
+      std::printf("[ measured ] MoE norm=%d %-12s scale %.3g, worst |Δ|/scale %.3g\n", norm,
+                  std::string(param_kind_info(kind).label).c_str(), scale, worst);
+    }
+  }
+}
+
+// Eight experts, one per token, three tokens: at least five experts see no token; their
+// gradients are zero (not stale), and the chosen ones' are not.
+TEST(Moe, AnExpertNoTokenChoseGetsAZeroGradient) {
+  const ModelConfig c = moe_config(false, 8, 1);
+  Model m(c);
+  randomize(m, 2);
+  const auto tokens = tokens_of(3, 4, c.vocab_size);
+  std::vector<int32_t> targets = {tokens[1], tokens[2], -1};
+  for (const ParamSpec& s : m.params())
+    if (s.kind == ParamKind::expert_down) std::fill(m.grad(s.name).begin(), m.grad(s.name).end(), 7.0f);
+  m.forward_backward(tokens, targets, 1, 3);
+  int zero = 0, nonzero = 0;
+  for (const ParamSpec& s : m.params()) {
+    if (s.kind != ParamKind::expert_down) continue;
+    const auto g = m.grad(s.name);
+    const bool all_zero = std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; });
+    (all_zero ? zero : nonzero) += 1;
+  }
+  EXPECT_GE(zero, 2 * 5);  // two layers, >= 5 unchosen experts each
+  EXPECT_GE(nonzero, 2);
+}
+
+// Prefill of two sequences in one call: the training forward's logits bit for bit, under
+// row-local quantizers and NVFP4 (whose tensor scale runs per sequence, the experts' gathered
+// rows included); token-by-token decode too, under the row-local ones.
+TEST(Moe, TheCachedForwardEqualsTheTrainingForward) {
+  for (const char* preset : {"fp32", "bf16", "mxfp8", "nvfp4"}) {
+    const ModelConfig c = moe_config(true);
+    Model m(c, PrecisionPolicy::preset(preset));
+    randomize(m, 8);
+    const int64_t T = 8, V = c.vocab_size;
+    const auto a = tokens_of(T, 1, V), b = tokens_of(T, 2, V);
+    std::vector<float> full_a(static_cast<size_t>(T * V)), full_b(full_a.size());
+    m.forward(a, 1, T, full_a);
+    m.forward(b, 1, T, full_b);
+    KvCache cache(c, 3);
+    const int sa = cache.allocate(), sb = cache.allocate(), sc = cache.allocate();
+    std::vector<float> both(static_cast<size_t>(2 * T * V));
+    const CachedInput inputs[] = {{sa, a, LogitRows::all}, {sb, b, LogitRows::all}};
+    m.forward_cached(cache, inputs, both);
+    EXPECT_TRUE(same_bits(std::span<const float>(both).first(full_a.size()), full_a)) << preset;
+    EXPECT_TRUE(same_bits(std::span<const float>(both).subspan(full_a.size()), full_b)) << preset;
+    // Token by token: NVFP4's tensor scale spans the rows of a pass, so one decoded row is
+    // quantized on its own scale there (docs/engine.md: row-local quantizers only).
+    if (std::string(preset) == "nvfp4") continue;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> row(static_cast<size_t>(V));
+      const CachedInput one{sc, std::span(a).subspan(static_cast<size_t>(t), 1), LogitRows::last};
+      m.forward_cached(cache, std::span(&one, 1), row);
+      EXPECT_TRUE(same_bits(row, std::span<const float>(full_a).subspan(static_cast<size_t>(t * V), static_cast<size_t>(V))))
+          << preset << " position " << t;
+    }
+  }
+}
+
+TEST(Moe, LossAndGradientsDoNotDependOnTheThreadCount) {
+  const ModelConfig c = moe_config(true);
+  std::vector<std::vector<float>> grads[2];
+  float loss[2];
+  const int64_t B = 4, T = 16;
+  const auto tokens = tokens_of(B * T, 9, c.vocab_size);
+  const auto targets = reference::next_token_targets(tokens, B, T);
+  const int threads[2] = {1, 2};
+  for (int i = 0; i < 2; ++i) {
+    omp_set_num_threads(threads[i]);
+    Model m(c, PrecisionPolicy::preset("mxfp8"));
+    randomize(m, 1);
+    loss[i] = m.forward_backward(tokens, targets, B, T, 3);
+    for (const ParamSpec& s : m.params()) grads[i].emplace_back(m.grad(s.name).begin(), m.grad(s.name).end());
+  }
+  omp_set_num_threads(2);
+  EXPECT_EQ(std::bit_cast<uint32_t>(loss[0]), std::bit_cast<uint32_t>(loss[1]));
+  for (size_t p = 0; p < grads[0].size(); ++p) EXPECT_TRUE(same_bits(grads[0][p], grads[1][p])) << p;
+}
+
+TEST(Moe, ConfigReadsHfsKeysAndRefusesWhatItCannotRun) {
+  nlohmann::json j = moe_config(true).to_json();
+  EXPECT_EQ(j.at("model_type"), "qwen3_moe");
+  EXPECT_EQ(j.at("num_experts"), 4);
+  const ModelConfig back = ModelConfig::from_json(j, "t");
+  EXPECT_TRUE(back.moe());
+  EXPECT_EQ(back.num_experts_per_tok, 2);
+  EXPECT_TRUE(back.norm_topk_prob);
+  EXPECT_EQ(back.to_json(), j);
+  // HF's defaults for absent keys (Qwen3MoeConfig).
+  nlohmann::json bare = j;
+  for (const char* k : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                        "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"})
+    bare.erase(k);
+  const ModelConfig defaults = ModelConfig::from_json(bare, "t");
+  EXPECT_EQ(defaults.num_experts, 128);
+  EXPECT_EQ(defaults.num_experts_per_tok, 8);
+  EXPECT_EQ(defaults.moe_intermediate_size, 768);
+  EXPECT_FALSE(defaults.norm_topk_prob);
+  // mlp_only_layers and decoder_sparse_step choose dense layers, as HF's decoder layer does.
+  nlohmann::json mixed = j;
+  mixed["num_hidden_layers"] = 4;
+  mixed["decoder_sparse_step"] = 2;
+  mixed["mlp_only_layers"] = {3};
+  const ModelConfig mc = ModelConfig::from_json(mixed, "t");
+  EXPECT_FALSE(mc.is_moe_layer(0));
+  EXPECT_TRUE(mc.is_moe_layer(1));
+  EXPECT_FALSE(mc.is_moe_layer(2));
+  EXPECT_FALSE(mc.is_moe_layer(3));
+  auto message = [](nlohmann::json bad) {
+    try {
+      ModelConfig::from_json(bad, "cfg.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json bad = j;
+  bad["num_experts_per_tok"] = 5;
+  EXPECT_EQ(message(bad), "[config] cfg.json: 'num_experts_per_tok' must lie in 1..num_experts = 4 (got 5)");
+  nlohmann::json dense = ModelConfig{}.to_json();
+  dense["num_experts"] = 4;
+  EXPECT_EQ(message(dense), "[config] cfg.json: unknown field 'num_experts' for Qwen3ForCausalLM (a "
+                            "Qwen3MoeForCausalLM field: this architecture has no experts)");
+}
+
+// The experts' HF names (model.layers.{i}.mlp.experts.{e}.gate_proj.weight, mlp.gate.weight) go
+// through the registry; a safetensors folder loads back to the same logits; GGUF is refused.
+TEST(Moe, ExpertNamesAndASafetensorsFolderRoundTrip) {
+  const ModelConfig c = moe_config(false);
+  Model m(c);
+  randomize(m, 3);
+  EXPECT_EQ(m.params()[static_cast<size_t>(require_param(m.params(), ParamKind::expert_up, 1, 3))].name,
+            "model.layers.1.mlp.experts.3.up_proj.weight");
+  EXPECT_EQ(m.params()[static_cast<size_t>(require_param(m.params(), ParamKind::router, 0))].name, "model.layers.0.mlp.gate.weight");
+  EXPECT_EQ(parse_hf_param_name("model.layers.1.mlp.experts.3.down_proj.weight"), (ParamName{ParamKind::expert_down, 1, 3}));
+  EXPECT_EQ(parse_hf_param_name("model.layers.1.mlp.experts.x.down_proj.weight"), std::nullopt);
+  EXPECT_EQ(parse_gguf_param_name("blk.1.ffn_down_exps.weight"), (ParamName{ParamKind::expert_down, 1, -1}));
+  EXPECT_EQ(hf_tensor_name("blk.1.ffn_down_exps.weight"), std::nullopt);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("concord_moe_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  export_model(m, dir / "hf", ExportOptions{});
+  LoadedModel back = load_model(dir / "hf");
+  EXPECT_TRUE(back.model.config().moe());
+  const auto tokens = tokens_of(6, 1, c.vocab_size);
+  std::vector<float> x(static_cast<size_t>(6 * c.vocab_size)), y(x.size());
+  m.forward(tokens, 1, 6, x);
+  back.model.forward(tokens, 1, 6, y);
+  EXPECT_TRUE(same_bits(x, y));
+  ExportOptions gguf;
+  gguf.format = ExportFormat::gguf;
+  EXPECT_THROW(export_model(m, dir / "m.gguf", gguf), InputError);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace concord::model
