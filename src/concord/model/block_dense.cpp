@@ -23,7 +23,9 @@ float* LayerBlock::forward(Model::Impl& m, const BlockPass& p, LayerActivations&
   attention(p, a);
   attention_output(m, p, a);
   float* x_out = mlp_forward(m, p, a);
-  for (int64_t j = 0; j < p.T * m.config.hidden_size; ++j) x_out[j] += a.x_mid[j];
+  const int64_t n = p.T * m.config.hidden_size;
+  const float* x_mid = a.x_mid;
+  for (int64_t j = 0; j < n; ++j) x_out[j] += x_mid[j];
   return x_out;
 }
 
