@@ -144,6 +144,49 @@ TEST(Moe, EveryKindOfGradientMatchesFiniteDifferences) {
   }
 }
 
+// HF's load-balancing loss (output_router_logits): its value against the reference's, and the
+// gradient of CE + coef · aux by central differences (coef 0.5 so that the aux term is visible).
+TEST(Moe, TheLoadBalancingLossAndItsGradientMatchTheReference) {
+  ModelConfig c = moe_config(true);
+  c.output_router_logits = true;
+  c.router_aux_loss_coef = 0.5;
+  Model m(c);
+  randomize(m, 17);
+  const int64_t B = 2, T = 6;
+  const auto tokens = tokens_of(B * T, 18, c.vocab_size);
+  const auto targets = reference::next_token_targets(tokens, B, T);
+  const float loss = m.forward_backward(tokens, targets, B, T);
+  reference::Config ref = reference_of(c);
+  const reference::Weights w = concord_test::reference_weights(m);
+  const double ref_aux = reference::moe_aux_loss(ref, w, tokens, B, T);
+  EXPECT_NEAR(m.moe_aux_loss(), ref_aux, 1e-6 * ref_aux);
+  EXPECT_GT(ref_aux, 1.0);  // E · Σ f P >= 1 (equality only for perfectly balanced routing)
+  ref.aux_coef = 0.5;
+  const double ref_loss = reference::loss(ref, w, tokens, targets, B, T);
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
+  std::mt19937_64 rng(5);
+  double scale = 0.0;
+  std::vector<std::pair<double, double>> pairs;
+  for (const ParamSpec& s : m.params()) {
+    if (s.kind != ParamKind::router) continue;
+    for (int i = 0; i < 12; ++i) {
+      const int64_t index = std::uniform_int_distribution<int64_t>(0, s.numel() - 1)(rng);
+      const double fd = reference::loss_gradient_central_difference(ref, w, s.name, index, tokens, targets, B, T);
+      pairs.emplace_back(m.grad(s.name)[static_cast<size_t>(index)], fd);
+      scale = std::max(scale, std::abs(fd));
+    }
+  }
+  ASSERT_GT(scale, 0.0);
+  for (const auto& [g, fd] : pairs) EXPECT_LE(std::abs(g - fd), 1e-3 * std::abs(fd) + 1e-4 * scale) << g << " vs " << fd;
+  // Without output_router_logits the same model adds nothing.
+  ModelConfig off = c;
+  off.output_router_logits = false;
+  Model plain(off);
+  randomize(plain, 17);
+  plain.forward_backward(tokens, targets, B, T);
+  EXPECT_EQ(plain.moe_aux_loss(), 0.0);
+}
+
 // Eight experts, one per token, three tokens: at least five experts see no token; their
 // gradients are zero (not stale), and the chosen ones' are not.
 TEST(Moe, AnExpertNoTokenChoseGetsAZeroGradient) {

@@ -185,8 +185,24 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   return out;
 }
 
+namespace {
+// HF's load-balancing loss accumulators over the MoE layers (load_balancing_loss_func).
+struct AuxSums {
+  std::vector<double> picks, prob_sum;
+  double rows = 0.0;
+};
+std::vector<double> forward_impl(const Config& c, const Weights& weights, const std::vector<int32_t>& tokens,
+                                 int64_t B, int64_t T, AuxSums* aux);
+}  // namespace
+
 std::vector<double> forward_logits(const Config& c, const Weights& weights,
                                    const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
+  return forward_impl(c, weights, tokens, B, T, nullptr);
+}
+
+namespace {
+std::vector<double> forward_impl(const Config& c, const Weights& weights, const std::vector<int32_t>& tokens,
+                                 int64_t B, int64_t T, AuxSums* aux) {
   check_config(c);
   check_weights(c, weights);
   if (B <= 0 || T <= 0 || static_cast<int64_t>(tokens.size()) != B * T)
@@ -255,6 +271,13 @@ std::vector<double> forward_logits(const Config& c, const Weights& weights,
         }
         double chosen_sum = 0.0;
         for (int64_t e : chosen) chosen_sum += prob[at(e)];
+        if (aux != nullptr) {
+          aux->picks.resize(at(c.experts), 0.0);
+          aux->prob_sum.resize(at(c.experts), 0.0);
+          for (int64_t e : chosen) aux->picks[at(e)] += 1.0;
+          for (int64_t e = 0; e < c.experts; ++e) aux->prob_sum[at(e)] += prob[at(e)];
+          if (n == 0) aux->rows += static_cast<double>(N);
+        }
         const Matrix row(h2.begin() + n * C, h2.begin() + (n + 1) * C);
         for (int64_t e : chosen) {
           const std::string xp = "mlp.experts." + std::to_string(e) + ".";
@@ -281,6 +304,14 @@ std::vector<double> forward_logits(const Config& c, const Weights& weights,
   const auto& head = c.tied ? embed : weight(weights, "lm_head.weight");
   return linear(final_hidden, N, C, head, c.vocab);
 }
+
+// E · Σ_e (picks_e / rows) · (Σ p_e / rows): HF's overall_loss * num_experts.
+double moe_aux_of(const Config& c, const AuxSums& sums) {
+  double total = 0.0;
+  for (int64_t e = 0; e < c.experts; ++e) total += (sums.picks[at(e)] / sums.rows) * (sums.prob_sum[at(e)] / sums.rows);
+  return static_cast<double>(c.experts) * total;
+}
+}  // namespace
 
 double mean_cross_entropy(const std::vector<double>& logits, const std::vector<int32_t>& targets,
                           int64_t V) {
@@ -309,7 +340,17 @@ double mean_cross_entropy(const std::vector<double>& logits, const std::vector<i
 
 double loss(const Config& config, const Weights& weights, const std::vector<int32_t>& tokens,
             const std::vector<int32_t>& targets, int64_t B, int64_t T) {
-  return mean_cross_entropy(forward_logits(config, weights, tokens, B, T), targets, config.vocab);
+  AuxSums sums;
+  const double ce = mean_cross_entropy(forward_impl(config, weights, tokens, B, T, &sums), targets, config.vocab);
+  if (config.aux_coef == 0.0 || sums.rows == 0.0) return ce;
+  return ce + config.aux_coef * moe_aux_of(config, sums);
+}
+
+double moe_aux_loss(const Config& config, const Weights& weights, const std::vector<int32_t>& tokens, int64_t B,
+                    int64_t T) {
+  AuxSums sums;
+  forward_impl(config, weights, tokens, B, T, &sums);
+  return sums.rows == 0.0 ? 0.0 : moe_aux_of(config, sums);
 }
 
 double loss_gradient_central_difference(const Config& config, Weights weights,

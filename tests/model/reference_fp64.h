@@ -54,6 +54,8 @@ struct Config {
   int64_t top_k = 0;
   int64_t moe_intermediate = 0;
   bool norm_topk = false;
+  // loss() adds aux_coef times HF's load-balancing loss over the MoE layers (0: none).
+  double aux_coef = 0.0;
 };
 
 using Weights = std::map<std::string, std::vector<double>>;
@@ -72,7 +74,12 @@ std::vector<double> forward_logits(const Config& config, const Weights& weights,
 double mean_cross_entropy(const std::vector<double>& logits, const std::vector<int32_t>& targets,
                           int64_t V);
 
-// mean_cross_entropy(forward_logits(...), targets, V).
+// HF's load-balancing loss (load_balancing_loss_func without an attention mask) of the MoE
+// layers: E · Σ_e f_e · P_e, f_e the share of top-k picks, P_e the mean probability of expert e.
+double moe_aux_loss(const Config& config, const Weights& weights, const std::vector<int32_t>& tokens, int64_t B,
+                    int64_t T);
+
+// mean_cross_entropy(forward_logits(...), targets, V), plus aux_coef · moe_aux_loss when set.
 double loss(const Config& config, const Weights& weights, const std::vector<int32_t>& tokens,
             const std::vector<int32_t>& targets, int64_t B, int64_t T);
 

@@ -40,4 +40,15 @@ class LayerBlock : public Block {
 
 std::unique_ptr<Block> make_moe_block(int layer);
 
+// HF's load-balancing loss (Qwen3MoeForCausalLM with output_router_logits, Switch Transformer
+// eqs. 4-6) over every MoE application of the last training forward:
+//   f_e = (top-k picks of expert e) / R,  P_e = (Σ_rows p_e) / R,  aux = E · Σ_e f_e · P_e
+// with R the rows summed over the MoE applications (HF concatenates the layers' router logits).
+// Its gradient through the softmax: d aux / d p_{row,e} = E · f_e / R (the picks are piecewise
+// constant); `dp` receives E · f_e / R per expert. Returns 0 (and leaves dp empty) for a model
+// without MoE applications.
+double moe_aux_loss(const Model::Impl& m, std::vector<double>& dp);
+// An application's routing (MoeActivations::selected), empty for a dense one.
+std::vector<int32_t> moe_selected_of(const LayerActivations& a);
+
 }  // namespace concord::model

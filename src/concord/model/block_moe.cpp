@@ -206,6 +206,8 @@ class MoeBlock final : public LayerBlock {
           dp[static_cast<size_t>(r.selected[tj])] = dw[tj];
         }
       }
+      if (!m.moe_aux_dp.empty())  // the load-balancing loss reaches every expert's probability
+        for (int64_t e = 0; e < E; ++e) dp[static_cast<size_t>(e)] += m.moe_aux_dp[static_cast<size_t>(e)];
       double inner = 0.0;
       for (int64_t e = 0; e < E; ++e) inner += dp[static_cast<size_t>(e)] * static_cast<double>(pt[e]);
       for (int64_t e = 0; e < E; ++e)
@@ -288,5 +290,30 @@ class MoeBlock final : public LayerBlock {
 }  // namespace
 
 std::unique_ptr<Block> make_moe_block(int layer) { return std::make_unique<MoeBlock>(layer); }
+
+std::vector<int32_t> moe_selected_of(const LayerActivations& a) { return a.moe ? a.moe->selected : std::vector<int32_t>{}; }
+
+double moe_aux_loss(const Model::Impl& m, std::vector<double>& dp) {
+  dp.clear();
+  const int64_t E = m.config.num_experts, T = m.tokens_count();
+  std::vector<double> picks(static_cast<size_t>(E), 0.0), prob_sum(static_cast<size_t>(E), 0.0);
+  double rows = 0.0;
+  for (const LayerActivations& a : m.acts) {
+    if (!a.moe) continue;
+    for (int32_t e : a.moe->selected) picks[static_cast<size_t>(e)] += 1.0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) prob_sum[static_cast<size_t>(e)] += a.moe->probs[t * E + e];
+    rows += static_cast<double>(T);
+  }
+  if (rows == 0.0) return 0.0;
+  double aux = 0.0;
+  dp.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const double f = picks[static_cast<size_t>(e)] / rows;
+    aux += f * (prob_sum[static_cast<size_t>(e)] / rows);
+    dp[static_cast<size_t>(e)] = static_cast<double>(E) * f / rows;
+  }
+  return static_cast<double>(E) * aux;
+}
 
 }  // namespace concord::model

@@ -32,7 +32,7 @@ const std::set<std::string>& informational_fields() {
       "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_parameters", "concord_schedule", "num_experts", "num_experts_per_tok",
       "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-      "router_aux_loss_coef", "output_router_logits"};
+      "router_aux_loss_coef", "output_router_logits", "num_local_experts"};
   return fields;
 }
 
@@ -233,7 +233,13 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
     auto int_or = [&](const char* key, int64_t fallback) {
       return j.contains(key) && !j.at(key).is_null() ? doc[key].any_integer() : fallback;
     };
-    c.num_experts = int_or("num_experts", 128);
+    // transformers 5 writes num_experts as "num_local_experts" (its attribute map); the Hub's
+    // Qwen3-MoE configs say "num_experts". Either, or both when they agree.
+    c.num_experts = int_or("num_experts", int_or("num_local_experts", 128));
+    if (j.contains("num_experts") && j.contains("num_local_experts") && !j.at("num_local_experts").is_null() &&
+        int_or("num_local_experts", 0) != c.num_experts)
+      config_error(source, fmt::format("'num_experts' ({}) and 'num_local_experts' ({}) differ", c.num_experts,
+                                       int_or("num_local_experts", 0)));
     c.num_experts_per_tok = int_or("num_experts_per_tok", 8);
     c.moe_intermediate_size = int_or("moe_intermediate_size", 768);
     c.decoder_sparse_step = int_or("decoder_sparse_step", 1);
@@ -249,7 +255,8 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
     }
   } else {
     for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                            "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"})
+                            "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
+                            "num_local_experts"})
       if (j.contains(key) && !j.at(key).is_null())
         config_error(source, fmt::format("unknown field '{}' for {} (a Qwen3MoeForCausalLM field: this "
                                          "architecture has no experts)", key, c.architecture));

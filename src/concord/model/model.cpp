@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "concord/model/block.h"
+#include "concord/model/block_layer.h"
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
@@ -452,6 +453,15 @@ void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::
                                  logits.size(), B * T * V));
   impl_->run_forward(tokens.data(), B, T);
   std::memcpy(logits.data(), impl_->logits, sizeof(float) * static_cast<size_t>(B * T * V));
+}
+
+double Model::moe_aux_loss() const { return impl_->moe_aux; }
+
+std::vector<int32_t> Model::moe_selected(int64_t application) const {
+  if (application < 0 || application >= static_cast<int64_t>(impl_->acts.size()))
+    throw InputError(fmt::format("[model] moe_selected: application {} outside the last forward's 0..{}", application,
+                                 static_cast<int64_t>(impl_->acts.size()) - 1));
+  return moe_selected_of(impl_->acts[static_cast<size_t>(application)]);
 }
 
 float Model::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,

@@ -159,6 +159,13 @@ class Model {
   // stochastic rounding and Hadamard signs of the backward GEMMs.
   float forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                          int64_t B, int64_t T, uint64_t step = 0);
+  // Qwen3-MoE with output_router_logits: HF's load-balancing loss of the last forward_backward
+  // (unscaled; the returned loss includes router_aux_loss_coef times it, and the gradients its
+  // gradient). 0 for other models. forward_backward_policy adds none.
+  double moe_aux_loss() const;
+  // The experts the last forward or forward_backward routed each row of `application` to:
+  // (B*T, num_experts_per_tok), ascending expert id per row; empty for a dense application.
+  std::vector<int32_t> moe_selected(int64_t application) const;
 
   // Policy-gradient pass (RL, rl/grpo.h): forward over (B, T), then `loss` is called once with
   // each row's log-prob of its target and the entropy of its distribution (both in double; rows

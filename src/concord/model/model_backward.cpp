@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "concord/model/block.h"
+#include "concord/model/block_layer.h"
 #include "concord/model/logprob.h"
 #include "concord/model/model_impl.h"
 #include "concord/numerics/check.h"
@@ -98,11 +99,20 @@ double Model::Impl::run_backward(const int32_t* tokens, const int32_t* targets, 
     count += targets[t] >= 0;
   }
   if (count == 0) throw InputError("[model] forward_backward: every target is ignored (< 0)");
-  const double loss = cross_entropy_forward<float>(nullptr, logits, targets, T, V) /
-                      static_cast<double>(count);
+  double loss = cross_entropy_forward<float>(nullptr, logits, targets, T, V) /
+                static_cast<double>(count);
+  // Qwen3-MoE with output_router_logits: + coef · HF's load-balancing loss (block_layer.h).
+  moe_aux = 0.0;
+  moe_aux_dp.clear();
+  if (config.moe() && config.output_router_logits) {
+    moe_aux = model::moe_aux_loss(*this, moe_aux_dp);
+    for (double& d : moe_aux_dp) d *= config.router_aux_loss_coef;
+    loss += config.router_aux_loss_coef * moe_aux;
+  }
   float* dlogits = arena.alloc(T * V);
   cross_entropy_backward(dlogits, logits, targets, T, V, 1.0 / static_cast<double>(count));
   backward_from_dlogits(tokens, dlogits, step);
+  moe_aux_dp.clear();
   return loss;
 }
 

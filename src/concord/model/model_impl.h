@@ -94,6 +94,10 @@ struct Model::Impl {
   float* logits = nullptr;      // (T, V)
   tensor::PreparedOperand scratch_a;  // activation operand, reused across GEMMs
   tensor::PreparedOperand scratch_b;
+  // Per expert, d(coef · aux)/d p of the MoE load-balancing loss for the backward in progress
+  // (block_layer.h's moe_aux_loss scaled by router_aux_loss_coef); empty: no aux loss.
+  std::vector<double> moe_aux_dp;
+  double moe_aux = 0.0;  // the last training forward's aux loss (unscaled), 0 without one
   GemmObserver observer;
   ForwardGemmKernel forward_kernel;           // replaces gemm_prepared in linear_forward if set
   const int32_t* row_positions = nullptr;     // positions of the rows the layer GEMMs see now
