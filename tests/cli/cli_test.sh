@@ -589,4 +589,47 @@ run_rc "demo that fails part-way" 2 "$CONCORD" demo --quick --quiet --out "$WORK
   || fail "demo part-way: $(ls "$WORK/demo26") $(cat "$WORK/err")"
 # ---- end of issue 26, items 1, 2, 4 ----
 
+# ---- issue 37: a Qwen3-MoE trained, its routing in the metrics, generated with --router-stats ----
+cat >"$WORK/moe.json" <<JSON
+{"name": "cli-moe", "model": {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 259, "hidden_size": 32,
+ "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+ "head_dim": 16, "max_position_embeddings": 64, "num_experts": 4, "num_experts_per_tok": 2,
+ "moe_intermediate_size": 16, "norm_topk_prob": true, "mlp_only_layers": [0], "output_router_logits": true},
+ "data": {"corpus": "$WORK/corpus.txt", "chunk": 256, "validation_fraction": 0.1},
+ "train": {"batch_size": 2, "seq_len": 32, "steps": 4, "warmup_steps": 1},
+ "eval": {"every": 2, "batches": 1}, "checkpoint": {"every": 2, "keep": 1}, "out": "$WORK/moe"}
+JSON
+if "$CONCORD" train --config "$WORK/moe.json" --quiet >"$WORK/train.out" 2>"$WORK/train.err" \
+   && python3 - "$WORK/moe/metrics.jsonl" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert len(steps) == 4, steps
+for s in steps:
+    assert [sum(c) for c in s["tokens_per_expert"]] == [2 * 32 * 2], s  # layer 1 only: B*T*k picks
+    assert s["moe_aux_loss"] >= 1.0, s
+PY
+then
+  pass "train runs a Qwen3-MoE and writes its tokens per expert and aux loss per step"
+else
+  fail "moe train: $(cat "$WORK/train.out" "$WORK/train.err")"
+fi
+if "$CONCORD" generate --model "$WORK/moe/final" --prompt "And it came" --max-tokens 5 --temp 0 \
+     --router-stats "$WORK/routed.json" >/dev/null 2>"$WORK/err" \
+   && python3 - "$WORK/routed.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["num_experts"] == 4 and d["num_experts_per_tok"] == 2, d
+assert [l["block"] for l in d["layers"]] == [1], d  # layer 0 is dense (mlp_only_layers)
+assert sum(d["layers"][0]["tokens_per_expert"]) == 2 * d["tokens"] and d["tokens"] > 5, d
+PY
+then
+  pass "generate --router-stats writes the tokens routed to each expert"
+else
+  fail "generate --router-stats: $(cat "$WORK/err")"
+fi
+expect_error "router stats of a dense model" "has no router" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --router-stats "$WORK/none.json"
+expect_error "GGUF export of a Qwen3-MoE" "Qwen3MoeForCausalLM" \
+  "$CONCORD" export --model "$WORK/moe/final" --to gguf --out "$WORK/moe.gguf"
+
 finish "CLI"

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -185,6 +186,39 @@ TEST(Moe, TheLoadBalancingLossAndItsGradientMatchTheReference) {
   randomize(plain, 17);
   plain.forward_backward(tokens, targets, B, T);
   EXPECT_EQ(plain.moe_aux_loss(), 0.0);
+}
+
+// Router statistics: every pick of every forward while on, the training forward's equal to the
+// routing it reports, the cached forward's added on top; turning them on again starts afresh.
+TEST(Moe, RouterStatsCountEveryPickOfEveryForward) {
+  const ModelConfig c = moe_config(false, 8, 2);
+  Model m(c);
+  randomize(m, 6);
+  const int64_t B = 2, T = 5;
+  const auto tokens = tokens_of(B * T, 7, c.vocab_size);
+  std::vector<float> logits(static_cast<size_t>(B * T * c.vocab_size));
+  m.forward(tokens, B, T, logits);
+  EXPECT_TRUE(m.router_stats().counts.empty());  // off by default
+  m.set_router_stats(true);
+  m.forward(tokens, B, T, logits);
+  Model::RouterStats s = m.router_stats();
+  ASSERT_EQ(s.counts.size(), 2u);
+  EXPECT_EQ(s.rows, B * T);
+  for (int64_t app = 0; app < 2; ++app) {
+    std::vector<int64_t> want(8, 0);
+    for (int32_t e : m.moe_selected(app)) ++want[static_cast<size_t>(e)];
+    EXPECT_EQ(s.counts[static_cast<size_t>(app)], want) << app;
+  }
+  KvCache cache(c, 1);
+  const int slot = cache.allocate();
+  std::vector<float> row(static_cast<size_t>(c.vocab_size));
+  const CachedInput one{slot, std::span(tokens).first(3), LogitRows::last};
+  m.forward_cached(cache, std::span(&one, 1), row);
+  s = m.router_stats();
+  EXPECT_EQ(s.rows, B * T + 3);
+  for (const auto& counts : s.counts) EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), 2 * (B * T + 3));
+  m.set_router_stats(true);
+  EXPECT_EQ(m.router_stats().rows, 0);
 }
 
 // Eight experts, one per token, three tokens: at least five experts see no token; their

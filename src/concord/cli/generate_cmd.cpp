@@ -15,6 +15,7 @@
 
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
+#include "concord/io/atomic_file.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 #include "concord/serve/engine.h"
@@ -41,7 +42,7 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, prompt, system, policy = "native";
+    std::string model, prompt, system, policy = "native", router_stats;
     bool chat = false, no_think = false, json = false, echo = false;
     std::vector<std::string> stops;
     std::optional<int32_t> top_logprobs;
@@ -87,6 +88,9 @@ void add_generate_command(CLI::App& app) {
   add_integer_flag(cmd, "--top-logprobs", a->top_logprobs, between(0, serve::kMaxTopLogprobs),
                    "with --json: the N most probable tokens and their log-probs per generated token");
   cmd->add_flag("--echo", a->echo, "with --json: the log-prob of every prompt token after the first");
+  cmd->add_option("--router-stats", a->router_stats,
+                  "an MoE model (Qwen3-MoE): write the tokens routed to each expert of each MoE layer, "
+                  "prompt and generated tokens together, to this JSON file");
   cmd->callback([a]() {
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
     if (a->top_logprobs && !a->json) throw InputError("[generate] --top-logprobs needs --json");
@@ -135,6 +139,12 @@ void add_generate_command(CLI::App& app) {
     request.prompt_logprobs = a->echo;
     if (request.prompt.empty()) throw InputError("[generate] the prompt encodes to no tokens");
 
+    if (!a->router_stats.empty()) {
+      if (!loaded.model.config().moe())
+        throw InputError(fmt::format("[generate] --router-stats: {} is a {}, which has no router (Qwen3-MoE "
+                                     "models do)", a->model, loaded.model.config().architecture));
+      loaded.model.set_router_stats(true);
+    }
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = a->prefill_chunk});
     serve::Utf8Stream out;
     std::string generated;  // --json: the whole text
@@ -185,6 +195,24 @@ void add_generate_command(CLI::App& app) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
 
+    if (!a->router_stats.empty()) {
+      // {"model", "tokens": rows routed per layer, "layers": [{"application", "block",
+      // "tokens_per_expert"}]}: the prompt's rows and every generated token's.
+      const model::Model::RouterStats stats = loaded.model.router_stats();
+      const model::ModelConfig& c = loaded.model.config();
+      nlohmann::ordered_json j;
+      j["model"] = a->model;
+      j["num_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j["tokens"] = stats.rows;
+      j["layers"] = nlohmann::ordered_json::array();
+      for (size_t application = 0; application < stats.counts.size(); ++application) {
+        if (stats.counts[application].empty()) continue;
+        j["layers"].push_back({{"application", application}, {"block", c.block_of(static_cast<int64_t>(application))},
+                               {"tokens_per_expert", stats.counts[application]}});
+      }
+      io::write_file_atomic(a->router_stats, j.dump(1) + "\n");
+    }
     const serve::EngineStats& s = engine.stats();
     auto rate = [](int64_t n, double sec) { return sec > 0 ? static_cast<double>(n) / sec : 0.0; };
     std::fprintf(stderr, "%s\n",

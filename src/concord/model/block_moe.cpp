@@ -83,6 +83,12 @@ class MoeBlock final : public LayerBlock {
     for (int32_t e : r.selected) ++r.begin[static_cast<size_t>(e) + 1];
     std::partial_sum(r.begin.begin(), r.begin.end(), r.begin.begin());
     std::vector<int64_t> cursor(r.begin.begin(), r.begin.end() - 1);
+    if (m.router_stats_on) {  // Model::router_stats
+      std::vector<int64_t>& counts = m.router_counts.at(static_cast<size_t>(p.application));
+      counts.resize(static_cast<size_t>(E), 0);
+      for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] += r.begin[static_cast<size_t>(e) + 1] - r.begin[static_cast<size_t>(e)];
+      if (p.application == first_moe_application(c)) m.router_rows += T;
+    }
     r.token.assign(static_cast<size_t>(r.R), 0);
     r.row_of.assign(static_cast<size_t>(r.R), 0);
     for (int64_t t = 0; t < T; ++t)
@@ -244,6 +250,12 @@ class MoeBlock final : public LayerBlock {
       n.push_back({NodeOp::linear, x + "down", lp.expert_down[ei], C, gemm});
     }
     n.push_back({NodeOp::combine, "combine", -1, C, {}});
+  }
+
+  static int64_t first_moe_application(const ModelConfig& c) {
+    for (int64_t a = 0; a < c.applications(); ++a)
+      if (c.is_moe_layer(c.block_of(a))) return a;
+    return -1;
   }
 
   // Softmax, top-k (ties to the lower expert index) and the combine weights of token t; the

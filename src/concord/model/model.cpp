@@ -457,6 +457,14 @@ void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::
 
 double Model::moe_aux_loss() const { return impl_->moe_aux; }
 
+void Model::set_router_stats(bool on) {
+  impl_->router_stats_on = on;
+  impl_->router_counts.assign(static_cast<size_t>(impl_->config.applications()), {});
+  impl_->router_rows = 0;
+}
+
+Model::RouterStats Model::router_stats() const { return {impl_->router_counts, impl_->router_rows}; }
+
 std::vector<int32_t> Model::moe_selected(int64_t application) const {
   if (application < 0 || application >= static_cast<int64_t>(impl_->acts.size()))
     throw InputError(fmt::format("[model] moe_selected: application {} outside the last forward's 0..{}", application,

@@ -166,6 +166,16 @@ class Model {
   // The experts the last forward or forward_backward routed each row of `application` to:
   // (B*T, num_experts_per_tok), ascending expert id per row; empty for a dense application.
   std::vector<int32_t> moe_selected(int64_t application) const;
+  // Router statistics: while on, every forward (training and KV-cache) adds, per application of
+  // an MoE block, the tokens routed to each expert (top-k picks; a token counts once per pick).
+  // counts[a] is (num_experts) for an MoE application and empty for a dense one. Off by default;
+  // turning it on (or reset) zeroes the counts.
+  struct RouterStats {
+    std::vector<std::vector<int64_t>> counts;  // per application
+    int64_t rows = 0;                          // token rows routed per MoE application
+  };
+  void set_router_stats(bool on);
+  RouterStats router_stats() const;
 
   // Policy-gradient pass (RL, rl/grpo.h): forward over (B, T), then `loss` is called once with
   // each row's log-prob of its target and the entropy of its distribution (both in double; rows

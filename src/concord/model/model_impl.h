@@ -98,6 +98,9 @@ struct Model::Impl {
   // (block_layer.h's moe_aux_loss scaled by router_aux_loss_coef); empty: no aux loss.
   std::vector<double> moe_aux_dp;
   double moe_aux = 0.0;  // the last training forward's aux loss (unscaled), 0 without one
+  bool router_stats_on = false;
+  std::vector<std::vector<int64_t>> router_counts;  // per application (Model::RouterStats)
+  int64_t router_rows = 0;
   GemmObserver observer;
   ForwardGemmKernel forward_kernel;           // replaces gemm_prepared in linear_forward if set
   const int32_t* row_positions = nullptr;     // positions of the rows the layer GEMMs see now

@@ -298,6 +298,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const auto t0 = clock::now();
     export_served(step);
     const Batch batch = sampler.at(step);
+    const bool moe = config.model.moe();
+    if (moe) m.set_router_stats(true);  // this step's routing, for the metrics line
     const float loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
     const double lr = schedule.at(step);
     const double grad_norm = state.step(m, lr);
@@ -306,8 +308,19 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     ++steps_here;
     result.losses.push_back(loss);
     const double tokens_per_s = static_cast<double>(tokens_per_step) / dt;
-    metrics.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                   {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}});
+    nlohmann::json line = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                           {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}};
+    if (moe) {
+      // Qwen3-MoE: the step's tokens per expert of each MoE layer, and the load-balancing loss
+      // (when output_router_logits puts it in the loss).
+      nlohmann::json routed = nlohmann::json::array();
+      for (const std::vector<int64_t>& counts : m.router_stats().counts)
+        if (!counts.empty()) routed.push_back(counts);
+      line["tokens_per_expert"] = std::move(routed);
+      if (config.model.output_router_logits) line["moe_aux_loss"] = m.moe_aux_loss();
+      m.set_router_stats(false);
+    }
+    metrics.write(line);
     if (options.progress) progress.update(step + 1 - result.start_step, config.steps - result.start_step, loss,
                                           static_cast<double>(steps_here * tokens_per_step) / train_seconds);
     const bool last = step + 1 == config.steps;
