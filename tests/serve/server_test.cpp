@@ -146,6 +146,55 @@ class ServerTest : public ::testing::Test {
 model::Model* ServerTest::model_ = nullptr;
 io::Tokenizer* ServerTest::tokenizer_ = nullptr;
 
+// A Qwen3-MoE model (issue 37) served: two concurrent sampled choices, their tokens and
+// log-probs the engine's run directly, and the router statistics count what was served.
+TEST_F(ServerTest, ServesAQwen3MoeModelAsTheEngineRunsIt) {
+  model::ModelConfig c = tiny_config();
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  model::Model moe(c);
+  moe.init_random(8, 0.3f);
+  const std::string prompt = "routing";
+  std::vector<Completion> expected;
+  {
+    Engine engine(moe, {.max_sequences = 2});
+    for (uint64_t i = 0; i < 2; ++i) {
+      Request r;
+      r.prompt = tokenizer_->encode_for_model(prompt);
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 21 + i;
+      r.max_tokens = 10;
+      expected.push_back(engine.generate({r})[0]);
+    }
+  }
+  moe.set_router_stats(true);
+  ServerOptions o = options();
+  Server server(ServedModel{moe, *tokenizer_, kChatMl, {kImEnd}}, o);
+  port_ = server.start();
+  const json j = post_ok("/v1/completions", {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0.8},
+                                             {"seed", 21}, {"n", 2}, {"logprobs", 1},
+                                             {"return_tokens_as_token_ids", true}, {"model", "tiny"}});
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json& choice = j["choices"][i];
+    EXPECT_EQ(ids_of(choice["logprobs"]["tokens"]), expected[i].tokens) << i;
+    for (size_t t = 0; t < expected[i].logprobs.size(); ++t)
+      EXPECT_EQ(choice["logprobs"]["token_logprobs"][t].get<double>(), expected[i].logprobs[t]);
+  }
+  server.shutdown();
+  ASSERT_TRUE(server.wait());
+  const model::Model::RouterStats stats = moe.router_stats();
+  ASSERT_EQ(stats.counts.size(), 2u);
+  for (const auto& counts : stats.counts) {
+    int64_t picks = 0;
+    for (int64_t n : counts) picks += n;
+    EXPECT_EQ(picks, 2 * stats.rows);
+  }
+  EXPECT_GT(stats.rows, 2 * 9);  // two prompts and at least nine decode steps each
+}
+
 // The server's tokens and log-probs are the engine's, run directly with the same settings
 // (choice i with seed s + i), and its text is their decoded bytes.
 TEST_F(ServerTest, CompletionEqualsEngine) {
