@@ -139,6 +139,40 @@ TEST(RlLoop, MetricsLinesCarryTheNamedMetricsAndTheReportHasSvg) {
   fs::remove_all(out);
 }
 
+// A Qwen3-MoE policy (issue 37) through the whole loop at bf16/bf16 and mxfp8/mxfp8: every sync
+// passes its seven checks, matched precisions see no mismatch, and a stale router injected at
+// step 2 is caught and keeps version 1 serving.
+TEST(RlLoop, AQwen3MoePolicyRunsWithEverySyncCheck) {
+  for (const std::string preset : {"bf16", "mxfp8"}) {
+    const fs::path out = temp_dir("moe_" + preset);
+    RlConfig c = tiny_config(out, preset, preset);
+    c.model.architecture = "Qwen3MoeForCausalLM";
+    c.model.num_experts = 4;
+    c.model.num_experts_per_tok = 2;
+    c.model.moe_intermediate_size = 16;
+    c.model.norm_topk_prob = true;
+    const RlResult r = run_in_process(c);
+    ASSERT_EQ(r.steps.size(), 3u) << preset;
+    for (const RlStepMetrics& s : r.steps) {
+      EXPECT_TRUE(s.line.at("sync/applied").get<bool>()) << preset << " step " << s.step;
+      const json& report = s.line.at("sync/reports")[0];
+      EXPECT_TRUE(!report.contains("failure") || report.at("failure").is_null()) << report.dump();
+      EXPECT_LT(std::abs(s.line.at("rollout_corr/k3_kl").get<double>()), 1e-12) << preset << " step " << s.step;
+      EXPECT_TRUE(std::isfinite(s.line.at("actor/loss").get<double>()));
+    }
+    const json summary = json::parse(read_text(out / "summary.json"));
+    EXPECT_EQ(summary.at("sync_failures").get<int64_t>(), 0) << preset;
+    c.faults = {parse_fault("stale_router@2")};
+    c.out = (out / "fault").string();
+    const RlResult faulty = run_in_process(c);
+    ASSERT_EQ(faulty.steps.size(), 3u);
+    EXPECT_FALSE(faulty.steps[1].line.at("sync/applied").get<bool>()) << preset;
+    EXPECT_NE(faulty.steps[1].line.at("sync/reports").dump().find("mlp.gate.weight"), std::string::npos)
+        << faulty.steps[1].line.at("sync/reports").dump();
+    fs::remove_all(out);
+  }
+}
+
 TEST(RlLoop, MatchedBf16HasNoMismatchAndAMismatchedPairHasSome) {
   const fs::path out = temp_dir("matched");
   const RlResult matched = run_in_process(tiny_config(out / "a", "bf16", "bf16"));

@@ -70,7 +70,9 @@ struct Rig {
   Rig(const std::string& preset, bool tied = true, ProbeOptions probe = small_probe())
       : Rig(PrecisionPolicy::preset(preset), PrecisionPolicy::preset(preset), tied, probe) {}
   Rig(PrecisionPolicy learner_view, PrecisionPolicy sampler, bool tied, ProbeOptions probe)
-      : config(tiny_config(tied)),
+      : Rig(learner_view, sampler, tiny_config(tied), probe) {}
+  Rig(PrecisionPolicy learner_view, PrecisionPolicy sampler, ModelConfig model_config, ProbeOptions probe)
+      : config(std::move(model_config)),
         policy(sampler),
         served(config, learner_view),
         serving(config, sampler),
@@ -96,6 +98,10 @@ struct Rig {
         for (float& x : master[p]) x += noise(gen);
       const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
       const int64_t cols = specs[p].is_matrix() ? specs[p].shape[1] : specs[p].shape[0];
+      if (specs[p].kind == model::ParamKind::router) {  // served in fp32 (train::TrainState)
+        std::copy(master[p].begin(), master[p].end(), served.param(specs[p].name).begin());
+        continue;
+      }
       rule->apply(static_cast<int>(p), master[p], served.param(specs[p].name), rows, cols, k);
     }
     served.weights_changed();
@@ -262,9 +268,50 @@ std::vector<FaultCase> fault_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Faults, FaultInjection, ::testing::ValuesIn(fault_cases()), case_name);
 
+// A Qwen3-MoE policy (issue 37): clean syncs pass all seven checks at bf16 and mxfp8, the
+// routers travel in f32 and are planned as their own class, and an expert's flipped bit and a
+// stale router are caught by check 4, serving untouched.
+TEST(Sync, AQwen3MoePolicySyncsCleanlyAndItsFaultsAreCaught) {
+  ModelConfig c = tiny_config(true);
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.mlp_only_layers = {0};
+  for (const std::string preset : {"bf16", "mxfp8"}) {
+    const PrecisionPolicy policy = PrecisionPolicy::preset(preset);
+    const PrecisionPlan plan = make_precision_plan(c, policy);
+    const auto router = std::find_if(plan.weights.begin(), plan.weights.end(),
+                                     [](const PlanWeight& w) { return w.name == "model.layers.1.mlp.gate.weight"; });
+    ASSERT_NE(router, plan.weights.end()) << preset;
+    EXPECT_EQ(router->a, "f32");
+    EXPECT_EQ(router->b, "f32");
+    for (Fault fault : {Fault::flipped_bit, Fault::stale_router}) {
+      Rig s(policy, policy, c, small_probe());
+      for (uint64_t v = 1; v <= 2; ++v) {
+        if (v > 1) s.step(v);
+        expect_all_passed(s.sync(v));
+      }
+      const std::vector<float> before = logits_of(s.serving);
+      s.step(3);
+      const SyncReport r = s.sync(3, fault);
+      const auto failure = r.failure();
+      ASSERT_TRUE(failure.has_value()) << preset << " " << fault_name(fault);
+      EXPECT_EQ(failure->check, SyncCheck::content) << failure->message;
+      const std::string where = fault == Fault::flipped_bit ? "model.layers.1.mlp.experts.0.down_proj.weight "
+                                                            : "model.layers.1.mlp.gate.weight ";
+      EXPECT_NE(failure->message.find(where), std::string::npos) << failure->message;
+      EXPECT_TRUE(bitwise_equal(before, logits_of(s.serving)));
+      s.step(4);
+      expect_all_passed(s.sync(4));
+    }
+  }
+}
+
 TEST(Sync, EveryFaultHasATest) {
   std::set<Fault> tested;
   for (const FaultCase& c : fault_cases()) tested.insert(c.fault);
+  tested.insert(Fault::stale_router);  // AQwen3MoePolicySyncsCleanlyAndItsFaultsAreCaught
   for (const std::string& name : fault_names()) EXPECT_TRUE(tested.count(fault_from_name(name))) << name;
 }
 
@@ -896,9 +943,9 @@ TEST(Sync, MalformedMetadataFailsItsCheck) {
 // ---- names and the report ----------------------------------------------------------------------
 
 TEST(Sync, FaultNamesRoundTrip) {
-  // The issue's ten, stale_weights (check 7's), overwritten_codes (check 4's re-sample) and
-  // wrong_tensor_scale (check 6's tensor-scale comparison).
-  EXPECT_EQ(fault_names().size(), 13u);
+  // The issue's ten, stale_weights (check 7's), overwritten_codes (check 4's re-sample),
+  // wrong_tensor_scale (check 6's tensor-scale comparison) and stale_router (Qwen3-MoE, check 4).
+  EXPECT_EQ(fault_names().size(), 14u);
   for (const std::string& n : fault_names()) EXPECT_EQ(fault_name(fault_from_name(n)), n);
   EXPECT_EQ(fault_from_name("none"), Fault::none);
   try {

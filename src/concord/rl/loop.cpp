@@ -447,7 +447,7 @@ class Learner {
     const auto& specs = learner_.params();
     auto rne = train::make_export_rule("rne", sampler_policy_.served_weights, c_.seed);
     for (size_t p = 0; p < specs.size(); ++p) {
-      if (c_.loss_on_served)
+      if (c_.loss_on_served && specs[p].kind != model::ParamKind::router)  // routers: served in fp32
         rne->apply(static_cast<int>(p), state_.master(p), learner_.param(specs[p].name), rows_of(specs[p]),
                    cols_of(specs[p]), 0);
       else

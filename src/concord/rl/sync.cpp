@@ -69,14 +69,16 @@ constexpr FaultEntry kFaults[] = {
     {Fault::stale_weights, "stale_weights", true},
     {Fault::overwritten_codes, "overwritten_codes", false},
     {Fault::wrong_tensor_scale, "wrong_tensor_scale", false},
+    {Fault::stale_router, "stale_router", false},
 };
 
 // ---- payload encoding ----------------------------------------------------------------------
 
 // The payload dtype of a parameter: matrices in the served format, 1-D parameters (norms,
-// biases) in f32, as the export rule serves them.
+// biases) and MoE routers (served in fp32, never quantized: train::TrainState) in f32, as the
+// export rule serves them.
 io::Dtype payload_dtype(Format served, const model::ParamSpec& spec) {
-  if (!spec.is_matrix()) return io::Dtype::F32;
+  if (!spec.is_matrix() || spec.kind == model::ParamKind::router) return io::Dtype::F32;
   switch (served) {
     case Format::f32: return io::Dtype::F32;
     case Format::bf16: return io::Dtype::BF16;
@@ -255,9 +257,12 @@ Plan make_plan(const model::ModelConfig& c, const model::PrecisionPolicy& policy
   // Every GEMM weight in parameter order (per layer q k v o gate up down), then the head's: the
   // tied embedding's when there is no lm_head.
   const std::vector<model::ParamSpec> specs = model::parameter_specs(c);
-  for (const model::ParamSpec& spec : specs)
+  for (const model::ParamSpec& spec : specs) {
     if (spec.gemm_class() == LayerClass::attention || spec.gemm_class() == LayerClass::mlp)
       add(spec.name, policy.for_layer(*spec.gemm_class(), spec.layer, L));
+    if (spec.kind == model::ParamKind::router)  // its own class: fp32 under every policy
+      plan.weights.push_back({spec.name, "f32", "f32", true});
+  }
   const int head = model::find_param(specs, model::ParamKind::lm_head);
   const int embed = model::require_param(specs, model::ParamKind::embed);
   add(specs[static_cast<size_t>(head >= 0 ? head : embed)].name, policy.for_layer(LayerClass::lm_head, 0, L));
@@ -590,6 +595,9 @@ std::vector<std::pair<std::string, uint64_t>> sync_content_hashes(model::Model& 
   m.visit_derived_weights([&](const model::Model::DerivedWeight& w) {
     hashes.emplace_back(std::string(w.name), hash_operand(*w.forward));
   });
+  // MoE routers: their GEMM reads the fp32 values themselves (no derived copy).
+  for (const model::ParamSpec& spec : m.params())
+    if (spec.kind == model::ParamKind::router) hashes.emplace_back(spec.name, sync_content_hash(m.param(spec.name)));
   return hashes;
 }
 
@@ -758,11 +766,11 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
       {kProbeKey, probe.dump()}};
 
   // Learner-side faults on what is sent (the hashes and manifest above stay the true ones).
-  auto index_of = [&](model::ParamKind kind, int layer) {
-    const int p = model::find_param(specs, kind, layer);
+  auto index_of = [&](model::ParamKind kind, int layer, int expert = -1) {
+    const int p = model::find_param(specs, kind, layer, expert);
     if (p < 0)
       throw InputError(fmt::format("[sync] fault {}: the model has no {}", fault_name(fault),
-                                   model::hf_param_name(kind, layer)));
+                                   model::hf_param_name(kind, layer, expert)));
     return static_cast<size_t>(p);
   };
   size_t dropped = specs.size();
@@ -787,7 +795,11 @@ std::vector<uint8_t> WeightPublisher::publish(uint64_t version, Fault fault) {
   if (fault == Fault::flipped_bit) {
     // The sign bit of the largest element: a flip every quantizer keeps (the top bit of a
     // little-endian F32/BF16/F16 value's last byte).
-    const size_t p = index_of(model::ParamKind::v, 0);
+    int moe_layer = -1;
+    for (int64_t i = 0; i < c.num_hidden_layers && moe_layer < 0; ++i)
+      if (c.is_moe_layer(i)) moe_layer = static_cast<int>(i);
+    const size_t p = moe_layer >= 0 ? index_of(model::ParamKind::expert_down, moe_layer, 0)
+                                    : index_of(model::ParamKind::v, 0);
     const std::span<const float> v = mirror_.param(specs[p].name);
     const auto top = static_cast<size_t>(std::max_element(v.begin(), v.end(), [](float x, float y) {
                                            return std::fabs(x) < std::fabs(y);
@@ -1011,6 +1023,7 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
 #pragma omp parallel for schedule(dynamic) if (elements > (int64_t{1} << 20))
   for (int64_t p = 0; p < n_params; ++p) {
     const auto i = static_cast<size_t>(p);
+    if (fault == Fault::stale_router && specs[i].kind == model::ParamKind::router) continue;
     installed[i] = install_values(sources[i]->bytes, sources[i]->dtype, targets[i]);
   }
   report.seconds_install = seconds_since(t0);
@@ -1060,6 +1073,11 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
           mine.emplace_back(w.name, content_hash(*w.forward, w.codes_hash));
           hashes.push_back({w.name, mine.back().second, w.forward->desc.has_value()});
         }
+        for (const model::ParamSpec& spec : specs)  // MoE routers, as sync_content_hashes
+          if (spec.kind == model::ParamKind::router) {
+            mine.emplace_back(spec.name, sync_content_hash(stage.param(spec.name)));
+            hashes.push_back({spec.name, mine.back().second, false});
+          }
         const auto sent = file->metadata().find(kContentKey);
         if (sent != file->metadata().end() && sent->second == content_text(mine)) return "";
         const json learner = metadata_json(*file, kContentKey);

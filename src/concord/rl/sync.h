@@ -119,7 +119,8 @@ enum class Fault : uint8_t {
   partial_sync,      // the payload is cut short in transit (a third dropped)         → 2
   wrong_rounding,    // the sampler's weight quantizer rounds toward zero, not as declared
                      //        → 4; quantized presets (a bf16 cast of bf16 values is exact)
-  flipped_bit,       // the sign bit of one weight (layer 0 v_proj's largest) flipped → 4
+  flipped_bit,       // the sign bit of one weight (layer 0 v_proj's largest; in a Qwen3-MoE,
+                     // the first MoE layer's expert 0 down_proj's largest) flipped   → 4
   stale_weights,     // the learner sends the previous step's weights with their own,
                      // self-consistent manifest, plan and hashes under the new version, its
                      // probe reference from the current weights (a publisher reading a stale
@@ -130,6 +131,8 @@ enum class Fault : uint8_t {
                      // alone (the build-time hash still matches the learner's)
   wrong_tensor_scale,// the sampler's tensor scale of the first weight that has one doubled (a
                      // scale copied from elsewhere)  → 6; per-tensor FP8 and NVFP4 presets
+  stale_router,      // the sampler installs everything but the MoE routers, which keep their
+                     // previous values (fp32, no derived copy)   → 4; Qwen3-MoE models only
 };
 std::string_view fault_name(Fault f);
 Fault fault_from_name(std::string_view name);  // InputError listing the names
