@@ -18,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "concord/io/gguf.h"
 #include "concord/model/files.h"
 #include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
+#include "concord/tensor/quant_gemm.h"
 #include "concord/numerics/check.h"
 #include "model_to_reference.h"
 #include "reference_fp64.h"
@@ -368,6 +370,87 @@ TEST(Moe, ExpertNamesAndASafetensorsFolderRoundTrip) {
   ExportOptions gguf;
   gguf.format = ExportFormat::gguf;
   EXPECT_THROW(export_model(m, dir / "m.gguf", gguf), InputError);
+  std::filesystem::remove_all(dir);
+}
+
+// GGUF in llama.cpp's qwen3moe layout (gguf-py's MODEL_TENSORS[QWEN3MOE]): a layer's experts in
+// one 3-D tensor per projection, {cols, rows, experts}; the router ffn_gate_inp in f32; the
+// expert keys. f32 loads back to the same logits bit for bit; q8_0 loads its experts as stored
+// blocks (the W8A8 kernels) and re-exports to the same bytes; what llama.cpp cannot run is refused.
+TEST(Moe, GgufInLlamaCppsLayoutRoundTrips) {
+  ModelConfig c = moe_config(true);
+  c.vocab_size = 259;  // concord's byte vocabulary: the export writes its byte-level tokenizer
+  c.moe_intermediate_size = 64;  // q8_0 blocks of 32 along every row; not C, so the dims tell
+  Model m(c);
+  randomize(m, 12);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("concord_moe_gguf_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ExportOptions gguf;
+  gguf.format = ExportFormat::gguf;
+  export_model(m, dir / "f32.gguf", gguf);
+  {
+    const io::GgufFile f = io::GgufFile::open(dir / "f32.gguf");
+    EXPECT_EQ(f.get_string("general.architecture"), "qwen3moe");
+    EXPECT_EQ(f.get_int("qwen3moe.expert_count"), 4);
+    EXPECT_EQ(f.get_int("qwen3moe.expert_used_count"), 2);
+    EXPECT_EQ(f.get_int("qwen3moe.expert_feed_forward_length"), 64);
+    ASSERT_NE(f.find("blk.1.ffn_gate_exps.weight"), nullptr);
+    EXPECT_EQ(f.find("blk.1.ffn_gate_exps.weight")->dims, (std::vector<int64_t>{32, 64, 4}));  // {C, Fm, E}
+    EXPECT_EQ(f.find("blk.1.ffn_up_exps.weight")->dims, (std::vector<int64_t>{32, 64, 4}));
+    EXPECT_EQ(f.find("blk.1.ffn_down_exps.weight")->dims, (std::vector<int64_t>{64, 32, 4}));  // {Fm, C, E}
+    EXPECT_EQ(f.find("blk.0.ffn_gate_inp.weight")->dims, (std::vector<int64_t>{32, 4}));
+    EXPECT_EQ(f.find("blk.0.ffn_gate.weight"), nullptr);
+  }
+  LoadedModel back = load_model(dir / "f32.gguf");
+  const auto tokens = tokens_of(6, 1, c.vocab_size);
+  std::vector<float> x(static_cast<size_t>(6 * c.vocab_size)), y(x.size()), z(x.size());
+  m.forward(tokens, 1, 6, x);
+  back.model.forward(tokens, 1, 6, y);
+  EXPECT_TRUE(same_bits(x, y));
+
+  gguf.dtype = "q8_0";
+  export_model(m, dir / "q8.gguf", gguf);
+  {
+    const io::GgufFile f = io::GgufFile::open(dir / "q8.gguf");
+    EXPECT_EQ(f.find("blk.1.ffn_down_exps.weight")->type, io::GgmlType::q8_0);
+    EXPECT_EQ(f.find("blk.1.ffn_gate_inp.weight")->type, io::GgmlType::f32);
+  }
+  // Served as stored: each expert's blocks are its slab of the 3-D tensor (their dequantized
+  // rows equal the fp32 load's values), the router stays fp32, and the W8A8 forward runs.
+  LoadedModel native = load_model(dir / "q8.gguf", "native");
+  LoadedModel dequantized = load_model(dir / "q8.gguf");
+  EXPECT_EQ(native.model.stored_weight("model.layers.1.mlp.gate.weight"), nullptr);
+  for (const ParamSpec& s : dequantized.model.params()) {
+    if (s.expert < 0) continue;
+    const tensor::QuantWeight* w = native.model.stored_weight(s.name);
+    ASSERT_NE(w, nullptr) << s.name;
+    std::vector<float> rows(static_cast<size_t>(s.numel()));
+    tensor::dequantize_rows(*w, 0, s.shape[0], rows.data());
+    EXPECT_TRUE(same_bits(rows, dequantized.model.param(s.name))) << s.name;
+  }
+  native.model.forward(tokens, 1, 6, z);
+  EXPECT_TRUE(std::all_of(z.begin(), z.end(), [](float v) { return std::isfinite(v); }));
+  export_model(dequantized.model, dir / "q8_again.gguf", gguf);
+  {
+    const io::GgufFile a = io::GgufFile::open(dir / "q8.gguf"), b = io::GgufFile::open(dir / "q8_again.gguf");
+    for (const char* name : {"blk.0.ffn_gate_exps.weight", "blk.1.ffn_down_exps.weight"}) {
+      const auto& ta = a.find(name)->bytes;
+      const auto& tb = b.find(name)->bytes;
+      EXPECT_TRUE(ta.size() == tb.size() && std::equal(ta.begin(), ta.end(), tb.begin())) << name;
+    }
+  }
+  ModelConfig dense_first = c;
+  dense_first.mlp_only_layers = {0};
+  Model mixed(dense_first);
+  try {
+    ExportOptions mixed_gguf;
+    mixed_gguf.format = ExportFormat::gguf;
+    export_model(mixed, dir / "mixed.gguf", mixed_gguf);
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0 is dense"), std::string::npos) << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 

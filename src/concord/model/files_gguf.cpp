@@ -72,6 +72,7 @@ std::string gguf_architecture(const ModelConfig& config) {
   if (config.architecture == "Qwen3ForCausalLM") return "qwen3";
   if (config.architecture == "Qwen2ForCausalLM") return "qwen2";
   if (config.architecture == "LlamaForCausalLM") return "llama";
+  if (config.architecture == "Qwen3MoeForCausalLM") return "qwen3moe";
   throw InputError(fmt::format("[model] architecture '{}' has no GGUF name", config.architecture));
 }
 
@@ -95,6 +96,14 @@ int64_t llama_permute_heads(const ModelConfig& c, const ParamSpec& spec) {
 
 std::vector<int64_t> gguf_dims(const ParamSpec& spec) {
   return std::vector<int64_t>(spec.shape.rbegin(), spec.shape.rend());  // ne0 = innermost first
+}
+
+// The dims of the GGUF tensor a parameter lives in: its own, or for an expert llama.cpp's 3-D
+// tensor of all the layer's experts, {cols, rows, experts} (expert e's rows are the e-th slab).
+std::vector<int64_t> gguf_tensor_dims(const ParamSpec& spec, const ModelConfig& c) {
+  std::vector<int64_t> dims = gguf_dims(spec);
+  if (spec.expert >= 0) dims.push_back(c.num_experts);
+  return dims;
 }
 
 std::string dims_text(const std::vector<int64_t>& dims) {
@@ -123,14 +132,28 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
     c.architecture = "Qwen2ForCausalLM";
   } else if (arch == "llama") {
     c.architecture = "LlamaForCausalLM";
+  } else if (arch == "qwen3moe") {
+    c.architecture = "Qwen3MoeForCausalLM";
   } else {
-    fail(f.path(), fmt::format("general.architecture '{}' is not supported (llama, qwen2, qwen3)", arch));
+    fail(f.path(), fmt::format("general.architecture '{}' is not supported (llama, qwen2, qwen3, qwen3moe)", arch));
   }
   const auto key = [&](std::string_view k) { return architecture_key(arch, k); };
+  if (arch == "qwen3moe") {
+    // llama.cpp's qwen3moe: every layer an MoE layer, the top-k weights always renormalised.
+    c.num_experts = positive_int(f, key("expert_count"));
+    c.num_experts_per_tok = positive_int(f, key("expert_used_count"));
+    c.moe_intermediate_size = positive_int(f, key("expert_feed_forward_length"));
+    c.norm_topk_prob = true;
+    for (const char* k : {"expert_shared_count", "expert_shared_feed_forward_length"})
+      if (f.find_value(key(k)) && f.get_int(key(k)) != 0)
+        fail(f.path(), fmt::format("'{}' = {}: shared experts are not supported", key(k), f.get_int(key(k))));
+  }
   // What concord does not implement, refused by name rather than loaded as a different model.
   for (const auto& [name, value] : f.metadata()) {
-    if (name.rfind(key("expert_"), 0) == 0 && !(value.size() == 1 && !value.ints.empty() && value.ints[0] == 0))
-      fail(f.path(), fmt::format("'{}': mixture-of-experts models are not supported", name));
+    if (arch != "qwen3moe" && name.rfind(key("expert_"), 0) == 0 &&
+        !(value.size() == 1 && !value.ints.empty() && value.ints[0] == 0))
+      fail(f.path(), fmt::format("'{}': mixture-of-experts models are not supported for {} (qwen3moe is)",
+                                 name, arch));
     if (name == key("rope.scaling.type") && f.get_string(name) != "none")
       fail(f.path(), fmt::format("'{}' = '{}': RoPE scaling is not supported", name, f.get_string(name)));
     if ((name == key("rope.scaling.factor") || name == key("rope.scale_linear")) && f.get_float(name) != 1.0 &&
@@ -139,7 +162,9 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
   }
   c.hidden_size = positive_int(f, key("embedding_length"));
   c.num_hidden_layers = positive_int(f, key("block_count"));
-  c.intermediate_size = positive_int(f, key("feed_forward_length"));
+  c.intermediate_size = arch == "qwen3moe" && !f.find_value(key("feed_forward_length"))
+                            ? c.moe_intermediate_size  // no dense layers: any positive width
+                            : positive_int(f, key("feed_forward_length"));
   c.num_attention_heads = positive_int(f, key("attention.head_count"));
   c.num_key_value_heads = f.find_value(key("attention.head_count_kv"))
                               ? positive_int(f, key("attention.head_count_kv"))
@@ -188,14 +213,18 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
 StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
   StoredWeights out;
   for (const ParamSpec& spec : parameter_specs(c)) {
-    if (!spec.is_matrix()) continue;
+    if (!spec.is_matrix() || spec.kind == ParamKind::router) continue;  // routers: fp32 values
     const io::GgufTensorInfo* t = f.find(gguf_param_name(spec.kind, spec.layer));
-    if (t == nullptr || t->dims != gguf_dims(spec)) continue;  // read_gguf_weights reports it
+    if (t == nullptr || t->dims != gguf_tensor_dims(spec, c)) continue;  // read_gguf_weights reports it
     const tensor::BlockQuantTraits* block = tensor::block_quant_of_ggml(static_cast<uint32_t>(t->type));
     if (block == nullptr) continue;  // other types are dequantized to fp32
     const tensor::BlockQuant kind = block->type;
     const int64_t rows = spec.shape[0], cols = spec.shape[1];
     std::span<const uint8_t> bytes = t->bytes;
+    if (spec.expert >= 0) {  // this expert's slab of the layer's 3-D tensor
+      const size_t slab = bytes.size() / static_cast<size_t>(c.num_experts);
+      bytes = bytes.subspan(static_cast<size_t>(spec.expert) * slab, slab);
+    }
     std::vector<uint8_t> permuted;
     if (const int64_t heads = llama_permute_heads(c, spec); heads > 0) {
       // llama.cpp's q/k row order, undone on whole rows of blocks.
@@ -204,7 +233,8 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
     }
     out.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(
                                tensor::pack_quant_weight(kind, rows, cols, bytes)));
-    f.release_pages(t->bytes);  // the packed copy is the one kept in memory
+    if (spec.expert < 0 || spec.expert + 1 == c.num_experts)
+      f.release_pages(t->bytes);  // the packed copy is the one kept in memory
   }
   return out;
 }
@@ -212,18 +242,32 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
 void read_gguf_weights(const io::GgufFile& f, Model& model) {
   const ModelConfig& c = model.config();
   std::set<std::string> used;
+  std::vector<float> experts;  // the 3-D expert tensor being read, converted once for its experts
+  std::string experts_name;
   for (const ParamSpec& spec : model.params()) {
     const std::string name = gguf_param_name(spec.kind, spec.layer);
     const io::GgufTensorInfo* t = f.find(name);
     if (t == nullptr)
       fail(f.path(), fmt::format("tensor '{}' ({}) is missing", name, spec.name));
-    if (t->dims != gguf_dims(spec))
+    if (t->dims != gguf_tensor_dims(spec, c))
       fail(f.path(), fmt::format("tensor '{}' has dims {}; the metadata implies {}", name,
-                                 dims_text(t->dims), dims_text(gguf_dims(spec))));
+                                 dims_text(t->dims), dims_text(gguf_tensor_dims(spec, c))));
     if (!io::gguf_type_converts_to_floats(t->type))
       fail(f.path(), fmt::format("tensor '{}' has type {}; concord loads {}", name,
                                  ggml_type_name(t->type), io::gguf_float_type_list()));
     if (model.stored_weight(spec.name) != nullptr) {  // kept in its blocks (gguf_stored_weights)
+      used.insert(name);
+      continue;
+    }
+    if (spec.expert >= 0) {
+      if (experts_name != name) {
+        experts = io::gguf_tensor_to_floats(*t);
+        experts_name = name;
+      }
+      const auto slab = static_cast<size_t>(spec.numel());
+      const auto first = experts.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(spec.expert) * slab);
+      std::copy(first, first + static_cast<std::ptrdiff_t>(slab), model.param(spec.name).begin());
+      if (spec.expert + 1 == c.num_experts) f.release_pages(t->bytes);
       used.insert(name);
       continue;
     }
@@ -249,6 +293,15 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   if (!c.identity_schedule())
     fail(out, "the model applies its blocks in a schedule (concord_schedule), which llama.cpp cannot "
               "run; export it as a concord safetensors folder");
+  if (c.moe()) {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      if (!c.is_moe_layer(i))
+        fail(out, fmt::format("layer {} is dense (mlp_only_layers / decoder_sparse_step), and llama.cpp's "
+                              "qwen3moe makes every layer an MoE layer; export it as safetensors", i));
+    if (!c.norm_topk_prob)
+      fail(out, "norm_topk_prob is false, and llama.cpp's qwen3moe always renormalises the top-k "
+                "weights; export it as safetensors");
+  }
   // llama.cpp's file types: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q4_1 3, MOSTLY_Q8_0 7,
   // MOSTLY_BF16 32, MOSTLY_MXFP4_MOE 38.
   io::GgmlType matrix_type = io::GgmlType::f32;
@@ -299,6 +352,11 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
                     io::GgufValue::of_float32(static_cast<float>(c.rms_norm_eps)));
   meta.emplace_back(key("rope.dimension_count"), u32(c.head_dim));
   meta.emplace_back(key("rope.freq_base"), io::GgufValue::of_float32(static_cast<float>(c.rope_theta)));
+  if (c.moe()) {
+    meta.emplace_back(key("expert_count"), u32(c.num_experts));
+    meta.emplace_back(key("expert_used_count"), u32(c.num_experts_per_tok));
+    meta.emplace_back(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
+  }
 
   // The vocabulary, padded to the model's as convert_hf_to_gguf.py does ("[PAD{i}]", UNUSED).
   io::BpeVocabulary v = tokenizer->vocabulary();
@@ -333,23 +391,33 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   buffers.reserve(model.params().size());
   std::vector<io::GgufTensorToWrite> tensors;
   for (const ParamSpec& spec : model.params()) {
+    if (spec.expert > 0) continue;  // written with expert 0, in the layer's 3-D tensor
     const std::string name = gguf_param_name(spec.kind, spec.layer);
     const auto values = model.param(spec.name);
     std::vector<float> permuted;
     std::span<const float> data = values;
+    if (spec.expert == 0) {  // every expert's rows, expert after expert: dims {cols, rows, E}
+      for (int e = 0; e < static_cast<int>(c.num_experts); ++e) {
+        const auto part = model.param(model.params()[static_cast<size_t>(require_param(model.params(), spec.kind, spec.layer, e))].name);
+        permuted.insert(permuted.end(), part.begin(), part.end());
+      }
+      data = permuted;
+    }
     if (const int64_t heads = llama_permute_heads(c, spec); heads > 0) {
       permuted = llama_permute_rows(values, heads, spec.is_matrix() ? spec.shape[1] : 1);
       data = permuted;
     }
-    // 1-D tensors (norms, biases) stay f32, as llama.cpp's converter keeps them.
-    const io::GgmlType type = spec.is_matrix() ? matrix_type : io::GgmlType::f32;
+    // 1-D tensors (norms, biases) stay f32, as llama.cpp's converter keeps them; so do MoE
+    // routers (llama-quantize leaves ffn_gate_inp alone; concord runs them in fp32).
+    const io::GgmlType type =
+        spec.is_matrix() && spec.kind != ParamKind::router ? matrix_type : io::GgmlType::f32;
     const int64_t block = io::ggml_type_traits(static_cast<uint32_t>(type))->block_size;
     if (spec.shape.back() % block != 0)
       fail(out, fmt::format("tensor '{}' rows hold {} values, not a multiple of {}'s block of {} "
                             "(export as f32, f16 or bf16)", spec.name, spec.shape.back(),
                             options.dtype, block));
     buffers.push_back(io::encode_gguf_tensor(type, data));
-    tensors.push_back({name, gguf_dims(spec), type, buffers.back()});
+    tensors.push_back({name, gguf_tensor_dims(spec, c), type, buffers.back()});
   }
   std::error_code ec;
   if (out.has_parent_path()) fs::create_directories(out.parent_path(), ec);
