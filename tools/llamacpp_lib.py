@@ -58,7 +58,7 @@ class Engine:
     """One llama.cpp model + context with a single sequence (seq_id 0)."""
 
     def __init__(self, model_path: str | os.PathLike, n_threads: int, n_ctx: int = 2048,
-                 n_batch: int = 512, n_ubatch: int = 512):
+                 n_batch: int = 512, n_ubatch: int = 512, kv_f32: bool = False):
         global _backend_ready
         if not _backend_ready:
             llama_cpp.llama_backend_init()
@@ -81,6 +81,10 @@ class Engine:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.no_perf = True
+        if kv_f32:  # an f32 KV cache instead of llama.cpp's default f16 (exact comparisons),
+            cp.type_k = 0  # GGML_TYPE_F32
+            cp.type_v = 0
+            cp.flash_attn_type = 0  # and no flash attention (its CPU path rounds K/V to f16)
         self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise SystemExit("llamacpp_lib: llama_init_from_model failed")
