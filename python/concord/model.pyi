@@ -97,7 +97,7 @@ class Completion:
     @property
     def logprobs(self) -> list[float]:
         """
-        logp of each generated token (serve/logprob.h: log_softmax(logits / T), before top-k/top-p/min-p).
+        logp of each generated token (model/logprob.h: log_softmax(logits / T), before top-k/top-p/min-p).
         """
 
     @property
@@ -127,7 +127,7 @@ class Engine:
 
     def token_logprobs(self, tokens: Sequence[int] | numpy.typing.ArrayLike, *, temperature: float = 1.0) -> numpy.typing.NDArray[numpy.float64]:
         """
-        logp(tokens[i] | tokens[:i]) for i >= 1 under the model, float64 (T - 1,): the engine scores the sequence as a prompt (serve/logprob.h's one definition, the values the engine reports for sampled tokens; temperature as in sampling, 0 counts as 1).
+        logp(tokens[i] | tokens[:i]) for i >= 1 under the model, float64 (T - 1,): the engine scores the sequence as a prompt (model/logprob.h's one definition, the values the engine reports for sampled tokens; temperature as in sampling, 0 counts as 1).
         """
 
     @property
