@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -146,6 +147,21 @@ TEST(Moe, EveryKindOfGradientMatchesFiniteDifferences) {
                   std::string(param_kind_info(kind).label).c_str(), scale, worst);
     }
   }
+}
+
+// A NaN router weight makes every router logit NaN: the top-k still runs on a strict weak
+// ordering (NaN sorts last) and the NaN reaches the logits instead of a crash or garbage order.
+TEST(Moe, ANaNRouterWeightReachesTheLogitsWithoutUndefinedBehaviour) {
+  const ModelConfig c = moe_config(true);
+  Model m(c);
+  randomize(m, 3);
+  const std::string router = m.params()[static_cast<size_t>(require_param(m.params(), ParamKind::router, 0))].name;
+  m.param(router)[0] = std::numeric_limits<float>::quiet_NaN();
+  m.weights_changed();
+  const auto tokens = tokens_of(5, 2, c.vocab_size);
+  std::vector<float> logits(static_cast<size_t>(5 * c.vocab_size));
+  m.forward(tokens, 1, 5, logits);
+  EXPECT_TRUE(std::any_of(logits.begin(), logits.end(), [](float v) { return std::isnan(v); }));
 }
 
 // HF's load-balancing loss (output_router_logits): its value against the reference's, and the

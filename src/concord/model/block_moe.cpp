@@ -271,8 +271,11 @@ class MoeBlock final : public LayerBlock {
     for (int64_t e = 0; e < E; ++e) prob[e] = static_cast<float>(std::exp(static_cast<double>(logit[e]) - mx) / sum);
     std::vector<int32_t> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
+    // A NaN probability (a NaN in the layer's input) sorts last, so the order stays a strict weak
+    // ordering; the NaN then reaches the output through the weights, as it should.
+    auto key = [&](int32_t x) { return std::isnan(prob[x]) ? -1.0f : prob[x]; };
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
-      return prob[x] > prob[y] || (prob[x] == prob[y] && x < y);
+      return key(x) > key(y) || (key(x) == key(y) && x < y);
     });
     std::sort(order.begin(), order.begin() + k);
     double selected_sum = 0.0;
