@@ -96,13 +96,7 @@ struct Rig {
     for (size_t p = 0; p < specs.size(); ++p) {
       if (k > 0 && specs[p].is_matrix())
         for (float& x : master[p]) x += noise(gen);
-      const int64_t rows = specs[p].is_matrix() ? specs[p].shape[0] : 1;
-      const int64_t cols = specs[p].is_matrix() ? specs[p].shape[1] : specs[p].shape[0];
-      if (specs[p].kind == model::ParamKind::router) {  // served in fp32 (train::TrainState)
-        std::copy(master[p].begin(), master[p].end(), served.param(specs[p].name).begin());
-        continue;
-      }
-      rule->apply(static_cast<int>(p), master[p], served.param(specs[p].name), rows, cols, k);
+      rule->export_param(static_cast<int>(p), specs[p], master[p], served.param(specs[p].name), k);
     }
     served.weights_changed();
   }

@@ -75,6 +75,9 @@ struct ParamSpec {
   bool is_matrix() const { return shape.size() == 2; }
   ParamClass cls() const { return param_kind_info(kind).cls; }
   bool is_gemm_weight() const { return param_kind_info(kind).gemm_weight; }
+  // Whether the served copy holds the fp32 values themselves (no export rule, no quantized
+  // payload): 1-D parameters (norms, biases) and MoE routers (fp32 under every policy).
+  bool served_in_f32() const { return !is_matrix() || kind == ParamKind::router; }
   // The precision policy's class of a GEMM weight (attention, mlp, lm_head); nullopt for the
   // rest, the router included (its GEMM is fp32 under every policy). The tied embedding serves
   // as the head too: the model asks for lm_head there itself.

@@ -77,9 +77,6 @@ Fault fault_at(const RlConfig& c, int64_t step, bool on_learner) {
   return Fault::none;
 }
 
-int64_t rows_of(const model::ParamSpec& p) { return p.is_matrix() ? p.shape[0] : 1; }
-int64_t cols_of(const model::ParamSpec& p) { return p.is_matrix() ? p.shape[1] : p.shape[0]; }
-
 // ---- rollouts: what a sampler sends back -----------------------------------------------------
 
 struct Rollout {
@@ -447,9 +444,8 @@ class Learner {
     const auto& specs = learner_.params();
     auto rne = train::make_export_rule("rne", sampler_policy_.served_weights, c_.seed);
     for (size_t p = 0; p < specs.size(); ++p) {
-      if (c_.loss_on_served && specs[p].kind != model::ParamKind::router)  // routers: served in fp32
-        rne->apply(static_cast<int>(p), state_.master(p), learner_.param(specs[p].name), rows_of(specs[p]),
-                   cols_of(specs[p]), 0);
+      if (c_.loss_on_served)
+        rne->export_param(static_cast<int>(p), specs[p], state_.master(p), learner_.param(specs[p].name), 0);
       else
         std::ranges::copy(state_.master(p), learner_.param(specs[p].name).begin());
     }

@@ -78,7 +78,7 @@ constexpr FaultEntry kFaults[] = {
 // biases) and MoE routers (served in fp32, never quantized: train::TrainState) in f32, as the
 // export rule serves them.
 io::Dtype payload_dtype(Format served, const model::ParamSpec& spec) {
-  if (!spec.is_matrix() || spec.kind == model::ParamKind::router) return io::Dtype::F32;
+  if (spec.served_in_f32()) return io::Dtype::F32;
   switch (served) {
     case Format::f32: return io::Dtype::F32;
     case Format::bf16: return io::Dtype::BF16;

@@ -92,6 +92,16 @@ void ExportRule::restore_state(int param, std::span<const float> values, int64_t
 
 std::vector<std::string> export_rule_names() { return {"rne", "sr", "ef"}; }
 
+void ExportRule::export_param(int param, const model::ParamSpec& spec, std::span<const float> master,
+                              std::span<float> served, uint64_t step) {
+  if (spec.served_in_f32()) {
+    CONCORD_CHECK(master.size() == served.size(), "export: master and served sizes differ");
+    std::copy(master.begin(), master.end(), served.begin());
+    return;
+  }
+  apply(param, master, served, spec.shape[0], spec.shape[1], step);
+}
+
 std::unique_ptr<ExportRule> make_export_rule(std::string_view rule, Format served, uint64_t seed) {
   if (rule == "rne") return std::make_unique<RoundingExport>(served, Rounding::rne, seed);
   if (rule == "sr") return std::make_unique<RoundingExport>(served, Rounding::stochastic, seed);

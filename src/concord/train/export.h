@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "concord/model/params.h"
 #include "concord/numerics/format.h"
 
 namespace concord::train {
@@ -27,6 +28,10 @@ class ExportRule {
   // Write the served copy of parameter `param` (rows x cols; rows = 1 for 1-D) for `step`.
   virtual void apply(int param, std::span<const float> master, std::span<float> served,
                      int64_t rows, int64_t cols, uint64_t step) = 0;
+  // The served copy of registered parameter `spec` (index `param`): the fp32 values for a
+  // parameter served in f32 (ParamSpec::served_in_f32), else apply() on its rows and columns.
+  void export_param(int param, const model::ParamSpec& spec, std::span<const float> master,
+                    std::span<float> served, uint64_t step);
 
   // The state a checkpoint must hold to continue bit-identically: (parameter, values) for each
   // parameter with state (ef: its carried error, rows x cols); empty for stateless rules.

@@ -15,9 +15,6 @@ using nlohmann::json;
 
 namespace {
 
-int64_t rows_of(const model::ParamSpec& s) { return s.is_matrix() ? s.shape[0] : 1; }
-int64_t cols_of(const model::ParamSpec& s) { return s.is_matrix() ? s.shape[1] : s.shape[0]; }
-
 std::vector<std::vector<float>> values_of(model::Model& m) {
   std::vector<std::vector<float>> out;
   for (const model::ParamSpec& p : m.params()) {
@@ -61,14 +58,9 @@ std::vector<TensorView> TrainState::master_views() const {
 }
 
 void TrainState::export_to(model::Model& served, int64_t step) {
-  for (size_t p = 0; p < specs_.size(); ++p) {
-    if (specs_[p].kind == model::ParamKind::router) {  // an MoE router is served in fp32, never quantized
-      std::ranges::copy(master_[p], served.param(specs_[p].name).begin());
-      continue;
-    }
-    exporter_->apply(static_cast<int>(p), master_[p], served.param(specs_[p].name), rows_of(specs_[p]),
-                     cols_of(specs_[p]), static_cast<uint64_t>(step));
-  }
+  for (size_t p = 0; p < specs_.size(); ++p)
+    exporter_->export_param(static_cast<int>(p), specs_[p], master_[p], served.param(specs_[p].name),
+                            static_cast<uint64_t>(step));
   served.weights_changed();
 }
 
