@@ -27,10 +27,14 @@
 #include "concord/tensor/quant_gemm.h"
 #include "concord/numerics/check.h"
 #include "model_to_reference.h"
+#include "test_inputs.h"
 #include "reference_fp64.h"
 
 namespace concord::model {
 namespace {
+
+using concord_test::same_bits;
+using concord_test::tokens_of;
 
 ModelConfig moe_config(bool norm_topk, int64_t experts = 4, int64_t top_k = 2) {
   ModelConfig c;
@@ -73,17 +77,6 @@ void randomize(Model& m, uint64_t seed) {
       for (float& v : m.param(s.name)) v *= 8.0f;
   }
   m.weights_changed();
-}
-
-std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t vocab) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-  return t;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(Moe, LogitsAndLossMatchTheFp64Reference) {

@@ -24,10 +24,14 @@
 #include "concord/model/model.h"
 #include "concord/numerics/check.h"
 #include "model_to_reference.h"
+#include "test_inputs.h"
 #include "reference_fp64.h"
 
 namespace concord::model {
 namespace {
+
+using concord_test::same_bits;
+using concord_test::tokens_of;
 
 using concord_test::reference_config;
 
@@ -56,24 +60,6 @@ void randomize(Model& m, uint64_t seed) {
   m.weights_changed();
 }
 
-std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t vocab) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-  return t;
-}
-
-std::vector<int32_t> next_targets(const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
-  std::vector<int32_t> out(tokens.size(), -1);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t) out[static_cast<size_t>(b * T + t)] = tokens[static_cast<size_t>(b * T + t + 1)];
-  return out;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // The identity written out as a schedule is the model without one, to the bit, including the
 // stochastic rounding of nvfp4's backward (whose streams are keyed by parameter).
 TEST(Schedule, TheIdentityWrittenOutKeepsEveryBit) {
@@ -86,7 +72,7 @@ TEST(Schedule, TheIdentityWrittenOutKeepsEveryBit) {
     randomize(b, 3);
     const int64_t B = 2, T = 7;
     const auto tokens = tokens_of(B * T, 5, plain.vocab_size);
-    const auto targets = next_targets(tokens, B, T);
+    const auto targets = reference::next_token_targets(tokens, B, T);
     const float la = a.forward_backward(tokens, targets, B, T, 4);
     const float lb = b.forward_backward(tokens, targets, B, T, 4);
     EXPECT_EQ(std::bit_cast<uint32_t>(la), std::bit_cast<uint32_t>(lb)) << preset;
@@ -103,7 +89,7 @@ TEST(Schedule, ABlockAppliedTwiceGetsTheSumOfItsApplicationsGradients) {
   randomize(m, 21);
   const int64_t B = 2, T = 6;
   const auto tokens = tokens_of(B * T, 8, c.vocab_size);
-  const auto targets = next_targets(tokens, B, T);
+  const auto targets = reference::next_token_targets(tokens, B, T);
   const float loss = m.forward_backward(tokens, targets, B, T);
 
   ModelConfig unrolled = tiny(3);
@@ -198,7 +184,7 @@ TEST(Schedule, BlockNodesListEveryGemmOfATrainingStep) {
   m.set_gemm_observer([&](const GemmRecord& r) { ++seen[{std::string(r.weight), r.role}]; });
   const int64_t B = 1, T = 5;
   const auto tokens = tokens_of(B * T, 3, c.vocab_size);
-  m.forward_backward(tokens, next_targets(tokens, B, T), B, T);
+  m.forward_backward(tokens, reference::next_token_targets(tokens, B, T), B, T);
   m.set_gemm_observer(nullptr);
 
   std::map<std::pair<std::string, GemmRole>, int> described;
