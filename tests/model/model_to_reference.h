@@ -23,6 +23,11 @@ inline reference::Config reference_config(const concord::model::ModelConfig& c) 
   r.eps = c.rms_norm_eps;
   r.theta = c.rope_theta;
   r.tied = c.tie_word_embeddings;
+  if (c.recurrent()) {
+    r.prelude = c.n_layers_in_prelude;
+    r.core = c.n_layers_in_recurrent_block;
+    r.depth = c.mean_recurrence;
+  }
   return r;
 }
 

@@ -124,6 +124,8 @@ void check_config(const Config& c) {
   if (c.heads % c.kv_heads != 0) fail("heads must be a multiple of kv_heads (GQA)");
   if (c.head_dim % 2 != 0) fail("head_dim must be even (RoPE rotates pairs)");
   if (!(c.eps > 0.0) || !(c.theta > 0.0)) fail("eps and theta must be positive");
+  if (c.core > 0 && (c.prelude < 0 || c.prelude + c.core > c.layers || c.depth < 0))
+    fail("recurrence: need 0 <= prelude, prelude + core <= layers, depth >= 0");
 }
 
 void check_weights(const Config& config, const Weights& weights) {
@@ -180,6 +182,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
     out.push_back({p + "input_layernorm.weight", {C}});
     out.push_back({p + "post_attention_layernorm.weight", {C}});
   }
+  if (c.core > 0) out.push_back({"model.adapter.weight", {C, 2 * C}});
   out.push_back({"model.norm.weight", {C}});
   if (!c.tied) out.push_back({"lm_head.weight", {c.vocab, C}});
   return out;
@@ -192,7 +195,7 @@ struct AuxSums {
   double rows = 0.0;
 };
 std::vector<double> forward_impl(const Config& c, const Weights& weights, const std::vector<int32_t>& tokens,
-                                 int64_t B, int64_t T, AuxSums* aux);
+                                 int64_t B, int64_t T, AuxSums* aux, std::vector<double>* state_out = nullptr);
 }  // namespace
 
 std::vector<double> forward_logits(const Config& c, const Weights& weights,
@@ -200,9 +203,17 @@ std::vector<double> forward_logits(const Config& c, const Weights& weights,
   return forward_impl(c, weights, tokens, B, T, nullptr);
 }
 
+std::vector<double> recurrent_state(const Config& c, const Weights& weights, const std::vector<int32_t>& tokens,
+                                    int64_t B, int64_t T) {
+  if (c.core <= 0) fail("recurrent_state: the config is not recurrent (core = 0)");
+  std::vector<double> s;
+  forward_impl(c, weights, tokens, B, T, nullptr, &s);
+  return s;
+}
+
 namespace {
 std::vector<double> forward_impl(const Config& c, const Weights& weights, const std::vector<int32_t>& tokens,
-                                 int64_t B, int64_t T, AuxSums* aux) {
+                                 int64_t B, int64_t T, AuxSums* aux, std::vector<double>* state_out) {
   check_config(c);
   check_weights(c, weights);
   if (B <= 0 || T <= 0 || static_cast<int64_t>(tokens.size()) != B * T)
@@ -221,7 +232,7 @@ std::vector<double> forward_impl(const Config& c, const Weights& weights, const 
     for (int64_t i = 0; i < C; ++i) x[at(n * C + i)] = embed[at(token * C + i)];
   }
 
-  for (int64_t l = 0; l < c.layers; ++l) {
+  const auto run_layer = [&](int64_t l) {
     const std::string p = layer_prefix(l);
     const auto w = [&](const std::string& suffix) -> const std::vector<double>& {
       return weight(weights, p + suffix);
@@ -298,6 +309,29 @@ std::vector<double> forward_impl(const Config& c, const Weights& weights, const 
       for (size_t i = 0; i < act.size(); ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
       add_in_place(x, linear(act, N, F, w("mlp.down_proj.weight"), C));
     }
+  };
+  if (c.core == 0) {
+    for (int64_t l = 0; l < c.layers; ++l) run_layer(l);
+  } else {
+    // Prelude; then depth times s = core(adapter · [s; e]); then the coda on s.
+    for (int64_t l = 0; l < c.prelude; ++l) run_layer(l);
+    const Matrix e = x;
+    Matrix s = c.initial_state.empty() ? Matrix(at(N * C), 0.0) : c.initial_state;
+    if (static_cast<int64_t>(s.size()) != N * C) fail("initial_state must hold B*T*C values");
+    for (int64_t it = 0; it < c.depth; ++it) {
+      Matrix cat(at(N * 2 * C));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < C; ++i) {
+          cat[at(n * 2 * C + i)] = s[at(n * C + i)];
+          cat[at(n * 2 * C + C + i)] = e[at(n * C + i)];
+        }
+      x = linear(cat, N, 2 * C, weight(weights, "model.adapter.weight"), C);
+      for (int64_t l = c.prelude; l < c.prelude + c.core; ++l) run_layer(l);
+      s = x;
+    }
+    if (state_out != nullptr) *state_out = s;
+    x = s;
+    for (int64_t l = c.prelude + c.core; l < c.layers; ++l) run_layer(l);
   }
 
   const Matrix final_hidden = rmsnorm(x, N, C, weight(weights, "model.norm.weight"), c.eps);

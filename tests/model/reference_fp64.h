@@ -56,6 +56,14 @@ struct Config {
   bool norm_topk = false;
   // loss() adds aux_coef times HF's load-balancing loss over the MoE layers (0: none).
   double aux_coef = 0.0;
+  // Depth recurrence when core > 0 (Huginn-style): layers [0, prelude) give e; s starts at
+  // initial_state ((B*T, C); zeros when empty); `depth` times
+  //   s = layers [prelude, prelude + core) applied to adapter · [s; e]
+  // (model.adapter.weight, (C, 2C)); then layers [prelude + core, layers) run on s.
+  int64_t prelude = 0;
+  int64_t core = 0;
+  int64_t depth = 0;
+  std::vector<double> initial_state;
 };
 
 using Weights = std::map<std::string, std::vector<double>>;
@@ -68,6 +76,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
 // outside [0, V), or tokens.size() != B*T.
 std::vector<double> forward_logits(const Config& config, const Weights& weights,
                                    const std::vector<int32_t>& tokens, int64_t B, int64_t T);
+
+// A recurrent config's state s after its `depth` core iterations ((B*T, C)).
+std::vector<double> recurrent_state(const Config& config, const Weights& weights,
+                                    const std::vector<int32_t>& tokens, int64_t B, int64_t T);
 
 // Mean over rows with target >= 0 of -log softmax(logits row)[target]; targets < 0 are ignored.
 // Throws when a target is >= V, sizes disagree, or no target is >= 0.

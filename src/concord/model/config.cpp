@@ -3,6 +3,7 @@
 #include "concord/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -32,7 +33,9 @@ const std::set<std::string>& informational_fields() {
       "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
       "rope_theta", "rope_parameters", "concord_schedule", "num_experts", "num_experts_per_tok",
       "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-      "router_aux_loss_coef", "output_router_logits", "num_local_experts"};
+      "router_aux_loss_coef", "output_router_logits", "num_local_experts", "n_layers_in_prelude",
+      "n_layers_in_recurrent_block", "n_layers_in_coda", "mean_recurrence", "max_recurrence",
+      "injection_type", "state_init", "state_init_std"};
   return fields;
 }
 
@@ -70,7 +73,23 @@ int64_t ModelConfig::parameter_count() const {
   for (int64_t i = 0; i < num_hidden_layers; ++i)
     layers += attn + norms +
               (is_moe_layer(i) ? num_experts * C + num_experts * 3 * C * moe_intermediate_size : 3 * C * intermediate_size);
-  return vocab_size * C + layers + C + head;
+  const int64_t adapter = recurrent() ? 2 * C * C : 0;
+  return vocab_size * C + layers + adapter + C + head;
+}
+
+int64_t ModelConfig::applications_at(int64_t depth) const {
+  if (recurrent()) return n_layers_in_prelude + depth * n_layers_in_recurrent_block + n_layers_in_coda;
+  return schedule.empty() ? num_hidden_layers : static_cast<int64_t>(schedule.size());
+}
+
+int ModelConfig::block_of_at(int64_t application, int64_t depth) const {
+  if (recurrent()) {
+    const int64_t P = n_layers_in_prelude, R = n_layers_in_recurrent_block;
+    if (application < P) return static_cast<int>(application);
+    if (application < P + depth * R) return static_cast<int>(P + (application - P) % R);
+    return static_cast<int>(application - (depth - 1) * R);
+  }
+  return schedule.empty() ? static_cast<int>(application) : schedule[static_cast<size_t>(application)];
 }
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
@@ -80,9 +99,36 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
 
 void ModelConfig::validate(std::string_view source) const {
   if (architecture != "Qwen3ForCausalLM" && architecture != "Qwen2ForCausalLM" &&
-      architecture != "LlamaForCausalLM" && architecture != "Qwen3MoeForCausalLM")
+      architecture != "LlamaForCausalLM" && architecture != "Qwen3MoeForCausalLM" && !recurrent())
     config_error(source, fmt::format("architecture '{}' is not supported (Qwen3ForCausalLM, "
-                                     "Qwen2ForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM)", architecture));
+                                     "Qwen2ForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM, "
+                                     "ConcordRecurrentForCausalLM)", architecture));
+  if (recurrent()) {
+    const int64_t P = n_layers_in_prelude, R = n_layers_in_recurrent_block, Q = n_layers_in_coda;
+    if (P < 0 || R < 1 || Q < 0)
+      config_error(source, fmt::format("a recurrent model needs n_layers_in_prelude >= 0, "
+                                       "n_layers_in_recurrent_block >= 1 and n_layers_in_coda >= 0 "
+                                       "(got {}, {}, {})", P, R, Q));
+    if (P + R + Q != num_hidden_layers)
+      config_error(source, fmt::format("num_hidden_layers ({}) must equal n_layers_in_prelude + "
+                                       "n_layers_in_recurrent_block + n_layers_in_coda ({} + {} + {})",
+                                       num_hidden_layers, P, R, Q));
+    if (mean_recurrence < 1 || mean_recurrence > 1024)
+      config_error(source, fmt::format("'mean_recurrence' must lie in 1..1024 (got {})", mean_recurrence));
+    if (max_recurrence < 1 || max_recurrence > 4096)
+      config_error(source, fmt::format("'max_recurrence' must lie in 1..4096 (got {})", max_recurrence));
+    if (injection_type != "linear")
+      config_error(source, fmt::format("injection_type '{}' is not supported (linear)", injection_type));
+    if (state_init != "random" && state_init != "zero")
+      config_error(source, fmt::format("state_init '{}' is not supported (random, zero)", state_init));
+    if (!(state_init_std > 0) || !std::isfinite(state_init_std))
+      config_error(source, "'state_init_std' must be positive and finite");
+    if (!schedule.empty()) config_error(source, "a recurrent model has no 'concord_schedule' (its core repeats)");
+  } else if (n_layers_in_prelude != 0 || n_layers_in_recurrent_block != 0 || n_layers_in_coda != 0 ||
+             mean_recurrence != 0 || max_recurrence != 0) {
+    config_error(source, fmt::format("{} is not recurrent: the recurrence fields belong to "
+                                     "ConcordRecurrentForCausalLM", architecture));
+  }
   if (moe()) {
     if (num_experts < 0) config_error(source, fmt::format("'num_experts' must be >= 0 (got {})", num_experts));
     if (num_experts > 0 && (num_experts_per_tok < 1 || num_experts_per_tok > num_experts))
@@ -166,13 +212,16 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
     c.architecture = "LlamaForCausalLM";
   } else if (model_type == "qwen3_moe") {
     c.architecture = "Qwen3MoeForCausalLM";
+  } else if (model_type == "concord_recurrent") {
+    c.architecture = "ConcordRecurrentForCausalLM";
   } else {
-    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, qwen2, llama, qwen3_moe)");
+    config_error(source, "no 'architectures' and no known 'model_type' (qwen3, qwen2, llama, qwen3_moe, "
+                         "concord_recurrent)");
   }
   if (!model_type.empty() && model_type != "qwen3" && model_type != "qwen2" && model_type != "llama" &&
-      model_type != "qwen3_moe")
-    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, qwen2, llama, qwen3_moe)",
-                                     model_type));
+      model_type != "qwen3_moe" && model_type != "concord_recurrent")
+    config_error(source, fmt::format("model_type '{}' is not supported (qwen3, qwen2, llama, qwen3_moe, "
+                                     "concord_recurrent)", model_type));
 
   // Qwen2's q/k/v biases are built in (HF's Qwen2Attention ignores attention_bias); Llama puts
   // biases on q, k, v and o when attention_bias is true.
@@ -213,7 +262,7 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
   if (j.contains("rope_parameters") && j.at("rope_parameters").is_object())
     theta = get_number(doc["rope_parameters"], "rope_theta", theta);
   c.rope_theta = theta;
-  c.tie_word_embeddings = c.architecture == "Qwen3ForCausalLM";
+  c.tie_word_embeddings = c.architecture == "Qwen3ForCausalLM" || c.recurrent();
   if (j.contains("tie_word_embeddings") && !j.at("tie_word_embeddings").is_null())
     c.tie_word_embeddings = doc["tie_word_embeddings"].boolean();
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
@@ -261,6 +310,27 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
         config_error(source, fmt::format("unknown field '{}' for {} (a Qwen3MoeForCausalLM field: this "
                                          "architecture has no experts)", key, c.architecture));
   }
+  static constexpr const char* kRecurrenceKeys[] = {"n_layers_in_prelude", "n_layers_in_recurrent_block",
+                                                     "n_layers_in_coda", "mean_recurrence", "max_recurrence",
+                                                     "injection_type", "state_init", "state_init_std"};
+  if (c.recurrent()) {
+    auto int_or = [&](const char* key, int64_t fallback) {
+      return j.contains(key) && !j.at(key).is_null() ? doc[key].any_integer() : fallback;
+    };
+    c.n_layers_in_prelude = int_or("n_layers_in_prelude", 0);
+    c.n_layers_in_recurrent_block = get_int(doc, "n_layers_in_recurrent_block");
+    c.n_layers_in_coda = int_or("n_layers_in_coda", 0);
+    c.mean_recurrence = get_int(doc, "mean_recurrence");
+    c.max_recurrence = int_or("max_recurrence", 4 * c.mean_recurrence);
+    if (j.contains("injection_type") && !j.at("injection_type").is_null()) c.injection_type = doc["injection_type"].string();
+    if (j.contains("state_init") && !j.at("state_init").is_null()) c.state_init = doc["state_init"].string();
+    c.state_init_std = get_number(doc, "state_init_std", std::sqrt(2.0 / (5.0 * static_cast<double>(c.hidden_size))));
+  } else {
+    for (const char* key : kRecurrenceKeys)
+      if (j.contains(key) && !j.at(key).is_null())
+        config_error(source, fmt::format("unknown field '{}' for {} (a ConcordRecurrentForCausalLM field)", key,
+                                         c.architecture));
+  }
   if (j.contains("concord_schedule")) {
     const io::JsonValue sched = doc["concord_schedule"];
     if (!sched.json().is_array() || sched.size() == 0)
@@ -285,7 +355,11 @@ json ModelConfig::to_json() const {
   json j;
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   j["architectures"] = json::array({architecture});
-  j["model_type"] = architecture == "Qwen3ForCausalLM" ? "qwen3" : qwen2 ? "qwen2" : moe() ? "qwen3_moe" : "llama";
+  j["model_type"] = architecture == "Qwen3ForCausalLM" ? "qwen3"
+                    : qwen2                             ? "qwen2"
+                    : moe()                             ? "qwen3_moe"
+                    : recurrent()                       ? "concord_recurrent"
+                                                        : "llama";
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -316,6 +390,16 @@ json ModelConfig::to_json() const {
     j["mlp_only_layers"] = mlp_only_layers;
     j["router_aux_loss_coef"] = router_aux_loss_coef;
     j["output_router_logits"] = output_router_logits;
+  }
+  if (recurrent()) {
+    j["n_layers_in_prelude"] = n_layers_in_prelude;
+    j["n_layers_in_recurrent_block"] = n_layers_in_recurrent_block;
+    j["n_layers_in_coda"] = n_layers_in_coda;
+    j["mean_recurrence"] = mean_recurrence;
+    j["max_recurrence"] = max_recurrence;
+    j["injection_type"] = injection_type;
+    j["state_init"] = state_init;
+    j["state_init_std"] = state_init_std;
   }
   if (!schedule.empty()) j["concord_schedule"] = schedule;
   return j;

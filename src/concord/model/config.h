@@ -1,7 +1,8 @@
 // ModelConfig: the decoder's shape, read from a Hugging Face config.json (Qwen3ForCausalLM,
 // Qwen2ForCausalLM, LlamaForCausalLM or Qwen3MoeForCausalLM). Qwen2 is Llama without QK-norm and
 // with biases on the q/k/v projections; Llama's `attention_bias` adds biases to q/k/v and o;
-// Qwen3-MoE is Qwen3 with router and expert MLPs in its MoE layers. Fields concord does not
+// Qwen3-MoE is Qwen3 with router and expert MLPs in its MoE layers; ConcordRecurrentForCausalLM
+// is the Huginn-style depth-recurrent decoder of Qwen3 layers (docs/recurrence.md). Fields concord does not
 // implement give a clear error rather than a silently different model; informational fields
 // (torch_dtype, transformers_version, ...) are accepted.
 #pragma once
@@ -23,7 +24,7 @@ namespace concord::model {
 
 struct ModelConfig {
   std::string architecture = "Qwen3ForCausalLM";  // or "Qwen2ForCausalLM", "LlamaForCausalLM",
-                                                  // "Qwen3MoeForCausalLM"
+                                                  // "Qwen3MoeForCausalLM", "ConcordRecurrentForCausalLM"
   int64_t vocab_size = 259;
   int64_t hidden_size = 128;            // C
   int64_t intermediate_size = 384;      // F
@@ -56,18 +57,36 @@ struct ModelConfig {
   double router_aux_loss_coef = 0.001;  // HF's load-balancing loss weight (when output_router_logits)
   bool output_router_logits = false;
 
-  bool qk_norm() const { return architecture == "Qwen3ForCausalLM" || moe(); }
+  // Depth recurrence (ConcordRecurrentForCausalLM, Huginn's config names; docs/recurrence.md):
+  // layers 0..P-1 are the prelude, P..P+R-1 the recurrent core, the last Q the coda
+  // (num_hidden_layers = P + R + Q). With e the prelude's output and s0 the initial state, each
+  // of the r core iterations computes s <- core(adapter([s, e])), adapter a linear map 2C -> C
+  // (model.adapter.weight, (C, 2C)); the coda reads the last s. r is chosen per pass
+  // (Model::set_depth), mean_recurrence by default.
+  int64_t n_layers_in_prelude = 0;          // P
+  int64_t n_layers_in_recurrent_block = 0;  // R (0: not recurrent)
+  int64_t n_layers_in_coda = 0;             // Q
+  int64_t mean_recurrence = 0;              // r̄: the depth passes use unless told otherwise
+  int64_t max_recurrence = 0;               // the deepest a KV cache holds (default 4 r̄)
+  std::string injection_type = "linear";    // [s, e] -> C: a linear adapter (the one implemented)
+  std::string state_init = "random";        // "random": truncated normal; "zero"
+  double state_init_std = 0.0;              // random s0's std (default sqrt(2 / (5 C)), Huginn's)
+
+  bool qk_norm() const { return architecture == "Qwen3ForCausalLM" || moe() || recurrent(); }
   bool moe() const { return architecture == "Qwen3MoeForCausalLM"; }
+  bool recurrent() const { return architecture == "ConcordRecurrentForCausalLM"; }
   bool is_moe_layer(int64_t layer) const;
   // Biases on the q, k, v projections (Qwen2 always) and on o (attention_bias only).
   bool qkv_bias() const { return architecture == "Qwen2ForCausalLM" || attention_bias; }
   bool output_bias() const { return architecture != "Qwen2ForCausalLM" && attention_bias; }
   int64_t parameter_count() const;
-  // Block applications of a forward pass, and the block application a runs.
-  int64_t applications() const { return schedule.empty() ? num_hidden_layers : static_cast<int64_t>(schedule.size()); }
-  int block_of(int64_t application) const {
-    return schedule.empty() ? static_cast<int>(application) : schedule[static_cast<size_t>(application)];
-  }
+  // Block applications of a forward pass, and the block application a runs (a recurrent model:
+  // at depth mean_recurrence; Model::Impl's plan follows its current depth).
+  int64_t applications() const { return applications_at(mean_recurrence); }
+  int block_of(int64_t application) const { return block_of_at(application, mean_recurrence); }
+  // The same at core depth `depth` (ignored by a model that is not recurrent).
+  int64_t applications_at(int64_t depth) const;
+  int block_of_at(int64_t application, int64_t depth) const;
   bool identity_schedule() const;
 
   // Throws InputError naming `source` and the field on unknown or unsupported fields.

@@ -8,6 +8,9 @@
 // tensor amax, stochastic rounding) are run per sequence here (row_splits), so a sequence's
 // results never depend on the other sequences of a batch.
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -50,11 +53,19 @@ void Model::Impl::linear_forward_rows(const LayerPrecision& prec, int param, con
 
 // ---- KvCache ----------------------------------------------------------------------------------
 
-KvCache::KvCache(const ModelConfig& config, int64_t max_sequences, int64_t capacity)
+KvCache::KvCache(const ModelConfig& config, int64_t max_sequences, int64_t capacity, int64_t core_slots)
     : layers_(config.applications()),
       row_width_(config.num_key_value_heads * config.head_dim),
       capacity_(capacity == 0 ? config.max_position_embeddings : capacity),
       max_positions_(config.max_position_embeddings) {
+  if (config.recurrent()) {
+    if (core_slots < 0 || core_slots > 4096)
+      throw InputError(fmt::format("[kv_cache] core_slots {} outside 0..4096", core_slots));
+    core_slots_ = core_slots == 0 ? config.max_recurrence : core_slots;
+    layers_ = config.n_layers_in_prelude + core_slots_ * config.n_layers_in_recurrent_block + config.n_layers_in_coda;
+  } else if (core_slots != 0) {
+    throw InputError(fmt::format("[kv_cache] core_slots {} given for a model that is not recurrent", core_slots));
+  }
   if (max_sequences <= 0)
     throw InputError(fmt::format("[kv_cache] max_sequences must be >= 1, got {}", max_sequences));
   if (capacity_ <= 0 || capacity_ > max_positions_)
@@ -196,8 +207,9 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
   // Attention of one application: append the new keys and values to the cache rows of the
   // application, then attend: row r sees its sequence's positions 0..pos[r] — the n_ctx = s + 1
   // call attention_forward makes for row s.
+  const int64_t slots = cache.core_slots();
   const AttentionFn cached_attention = [&](const BlockPass& p, LayerActivations& a) {
-    const int64_t app = p.application;
+    const int64_t app = cache_row_set(p.application, slots);
     for (size_t i = 0; i < n; ++i) {
       const int64_t rows = row_splits[i + 1] - row_splits[i];
       const auto bytes = sizeof(float) * static_cast<size_t>(rows * W);
@@ -217,15 +229,35 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
                           pos[r] + 1, W, Hq, Hkv, D);
     }
   };
-  for (int64_t app = 0; app < c.applications(); ++app) {
+  // A recurrent model: the prelude's output e and the state s0, kept across the core.
+  float* e = c.recurrent() ? work.alloc(T * C) : nullptr;
+  float* s0 = c.recurrent() ? work.alloc(T * C) : nullptr;
+  for (int64_t app = 0; app < applications(); ++app) {
+    const Application& ap = plan[static_cast<size_t>(app)];
     const size_t mark = work.mark();
+    if (ap.enters_iteration) {
+      if (ap.iteration == 0) {
+        std::memcpy(e, x, sizeof(float) * static_cast<size_t>(T * C));
+        initial_state(s0, pos.data(), T);
+      }
+      float* cat = work.alloc(T * 2 * C);
+      float* u = work.alloc(T * C);
+      adapter_forward(ap.iteration == 0 ? s0 : x, e, T, cat, u, row_splits);
+      std::memcpy(x, u, sizeof(float) * static_cast<size_t>(T * C));
+      work.rewind(mark);
+    }
     LayerActivations a{};
     a.x_in = x;
-    const BlockPass pass{static_cast<int>(app), repeat_of[static_cast<size_t>(app)], T, pos.data(), &work, row_splits};
-    float* x_next = blocks[static_cast<size_t>(c.block_of(app))]->forward(*this, pass, a, cached_attention);
+    const BlockPass pass{static_cast<int>(app), ap.repeat, T, pos.data(), &work, row_splits};
+    float* x_next = blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a, cached_attention);
     // The application is done with x: it takes the output, and the application's scratch is released.
     std::memcpy(x, x_next, sizeof(float) * static_cast<size_t>(T * C));
     work.rewind(mark);
+  }
+  if (c.recurrent()) {
+    // Slots of the iterations these tokens did not run get their last iterate's rows.
+    for (size_t i = 0; i < n; ++i) fill_skipped_iterations(cache, inputs[i].slot, start[i], row_splits[i + 1] - row_splits[i], depth);
+    iterations_used.assign(n, static_cast<int32_t>(depth));
   }
   for (size_t i = 0; i < n; ++i) {
     cache.set_length(inputs[i].slot, start[i] + row_splits[i + 1] - row_splits[i]);
@@ -260,14 +292,128 @@ void Model::Impl::run_forward_cached(KvCache& cache, std::span<const CachedInput
   row_positions = nullptr;
 }
 
+void Model::Impl::fill_skipped_iterations(KvCache& cache, int slot, int64_t first, int64_t rows,
+                                          int64_t iterations) {
+  const int64_t P = config.n_layers_in_prelude, R = config.n_layers_in_recurrent_block;
+  const int64_t slots = cache.core_slots(), W = cache.row_width();
+  if (iterations >= slots || rows == 0) return;
+  const int64_t last = iterations - 1;
+  const auto bytes = sizeof(float) * static_cast<size_t>(rows * W);
+  for (int64_t j = 0; j < R; ++j) {
+    const int64_t from = P + last * R + j;
+    for (int64_t it = iterations; it < slots; ++it) {
+      const int64_t to = P + it * R + j;
+      std::memcpy(cache.keys(slot, to) + first * W, cache.keys(slot, from) + first * W, bytes);
+      std::memcpy(cache.values(slot, to) + first * W, cache.values(slot, from) + first * W, bytes);
+    }
+  }
+}
+
+// Adaptive exit (Model::set_adaptive_exit): one input at a time, one token each; the core
+// iterates until successive iterates' next-token distributions agree within the threshold.
+void Model::Impl::run_forward_cached_adaptive(KvCache& cache, std::span<const CachedInput> inputs,
+                                              float* out_logits) {
+  const ModelConfig& c = config;
+  const int64_t C = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, W = Hkv * D;
+  const int64_t P = c.n_layers_in_prelude, R = c.n_layers_in_recurrent_block, Q = c.n_layers_in_coda;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  const int64_t slots = cache.core_slots();
+  const int64_t cap = adaptive_exit->max_iterations > 0 ? adaptive_exit->max_iterations : depth;
+  iterations_used.assign(inputs.size(), 0);
+  tensor::Arena& work = cache.workspace();
+  int64_t out_row = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const CachedInput& in = inputs[i];
+    if (in.tokens.size() != 1)
+      throw InputError(fmt::format("[model] forward_cached: adaptive exit runs one token per input (a decode "
+                                   "step), slot {} has {}; feed a prompt token by token", in.slot, in.tokens.size()));
+    const int64_t start = cache.length(in.slot);
+    cache.reserve(in.slot, start + 1);
+    int32_t pos = static_cast<int32_t>(start);
+    const std::array<int64_t, 2> splits = {0, 1};
+    work.reset();
+    float* x = work.alloc(C);
+    embed_tokens(x, in.tokens.data(), 1);
+    row_positions = &pos;
+    int64_t row_set = 0;
+    const AttentionFn attention = [&](const BlockPass&, LayerActivations& a) {
+      std::memcpy(cache.keys(in.slot, row_set) + start * W, a.k, sizeof(float) * static_cast<size_t>(W));
+      std::memcpy(cache.values(in.slot, row_set) + start * W, a.v, sizeof(float) * static_cast<size_t>(W));
+      a.att = work.alloc(Hq * D);
+      attention_query_row(a.att, nullptr, a.q, cache.keys(in.slot, row_set), cache.values(in.slot, row_set),
+                          start + 1, W, Hq, Hkv, D);
+    };
+    // Runs block `block` on the row in x (in place) reading and writing cache row set `set`.
+    auto apply = [&](int64_t block, int64_t set, float* row) {
+      const size_t mark = work.mark();
+      row_set = set;
+      LayerActivations a{};
+      a.x_in = row;
+      const BlockPass pass{static_cast<int>(set), 0, 1, &pos, &work, splits};
+      const float* out = blocks[static_cast<size_t>(block)]->forward(*this, pass, a, attention);
+      std::memcpy(row, out, sizeof(float) * static_cast<size_t>(C));
+      work.rewind(mark);
+    };
+    for (int64_t p = 0; p < P; ++p) apply(p, p, x);
+    float* e = work.alloc(C);
+    float* s = work.alloc(C);
+    float* cat = work.alloc(2 * C);
+    float* xn = work.alloc(C);
+    float rstd = 0;
+    std::vector<float> row_logits(static_cast<size_t>(V));
+    std::vector<double> logp(static_cast<size_t>(V)), prev(static_cast<size_t>(V));
+    std::memcpy(e, x, sizeof(float) * static_cast<size_t>(C));
+    initial_state(s, &pos, 1);
+    int64_t it = 0;
+    for (;; ++it) {
+      adapter_forward(s, e, 1, cat, x, splits);
+      for (int64_t j = 0; j < R; ++j) apply(P + j, P + (it % slots) * R + j, x);
+      std::memcpy(s, x, sizeof(float) * static_cast<size_t>(C));
+      for (int64_t q = 0; q < Q; ++q) apply(P + R + q, P + slots * R + q, x);
+      rmsnorm_forward(xn, &rstd, x, values[final_norm].data(), 1, C, c.rms_norm_eps);
+      linear_forward_rows(policy.for_layer(LayerClass::lm_head, 0, L), lm_head, xn, 1, row_logits.data(), splits);
+      // log-softmax in double, then KL(p_it || p_it-1) = Σ p (log p − log q).
+      double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (float v : row_logits) mx = std::max(mx, static_cast<double>(v));
+      for (float v : row_logits) sum += std::exp(static_cast<double>(v) - mx);
+      const double lse = mx + std::log(sum);
+      for (int64_t v = 0; v < V; ++v) logp[static_cast<size_t>(v)] = static_cast<double>(row_logits[static_cast<size_t>(v)]) - lse;
+      bool done = it + 1 >= cap;
+      if (it > 0 && !done) {
+        double kl = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          const double lp = logp[static_cast<size_t>(v)];
+          if (std::isfinite(lp)) kl += std::exp(lp) * (lp - prev[static_cast<size_t>(v)]);
+        }
+        done = kl < adaptive_exit->kl_threshold;
+      }
+      if (done) break;
+      std::swap(logp, prev);
+      std::memcpy(x, s, sizeof(float) * static_cast<size_t>(C));
+    }
+    row_positions = nullptr;
+    fill_skipped_iterations(cache, in.slot, start, 1, it + 1);
+    cache.set_length(in.slot, start + 1);
+    iterations_used[i] = static_cast<int32_t>(it + 1);
+    if (in.logits != LogitRows::none) {
+      std::memcpy(out_logits + out_row * V, row_logits.data(), sizeof(float) * static_cast<size_t>(V));
+      ++out_row;
+    }
+  }
+}
+
 void Model::forward_cached(KvCache& cache, std::span<const CachedInput> inputs,
                            std::span<float> logits) {
   const ModelConfig& c = impl_->config;
-  if (cache.num_layers() != c.applications() ||
-      cache.row_width() != c.num_key_value_heads * c.head_dim)
+  const int64_t row_sets = c.recurrent() ? c.n_layers_in_prelude +
+                                               cache.core_slots() * c.n_layers_in_recurrent_block +
+                                               c.n_layers_in_coda
+                                         : c.applications();
+  if (cache.num_layers() != row_sets || cache.row_width() != c.num_key_value_heads * c.head_dim)
     throw InputError(fmt::format("[model] forward_cached: the cache was made for {} layers of "
                                  "{}-float rows, this model has {} layers of {}",
-                                 cache.num_layers(), cache.row_width(), c.applications(),
+                                 cache.num_layers(), cache.row_width(), row_sets,
                                  c.num_key_value_heads * c.head_dim));
   if (inputs.empty()) throw InputError("[model] forward_cached: no inputs");
   std::vector<int> slots;
@@ -294,7 +440,10 @@ void Model::forward_cached(KvCache& cache, std::span<const CachedInput> inputs,
   if (static_cast<int64_t>(logits.size()) != rows * c.vocab_size)
     throw InputError(fmt::format("[model] forward_cached: logits buffer holds {} floats, needs {}",
                                  logits.size(), rows * c.vocab_size));
-  impl_->run_forward_cached(cache, inputs, logits.data());
+  if (impl_->adaptive_exit && c.recurrent())
+    impl_->run_forward_cached_adaptive(cache, inputs, logits.data());
+  else
+    impl_->run_forward_cached(cache, inputs, logits.data());
 }
 
 }  // namespace concord::model

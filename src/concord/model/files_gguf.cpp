@@ -73,6 +73,9 @@ std::string gguf_architecture(const ModelConfig& config) {
   if (config.architecture == "Qwen2ForCausalLM") return "qwen2";
   if (config.architecture == "LlamaForCausalLM") return "llama";
   if (config.architecture == "Qwen3MoeForCausalLM") return "qwen3moe";
+  if (config.recurrent())
+    throw InputError("[model] a depth-recurrent model (ConcordRecurrentForCausalLM) has no llama.cpp "
+                     "architecture; export it as a concord safetensors folder");
   throw InputError(fmt::format("[model] architecture '{}' has no GGUF name", config.architecture));
 }
 

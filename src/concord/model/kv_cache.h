@@ -23,7 +23,11 @@ namespace concord::model {
 class KvCache {
  public:
   // capacity: tokens per sequence, 1..max_position_embeddings (0: max_position_embeddings).
-  KvCache(const ModelConfig& config, int64_t max_sequences, int64_t capacity = 0);
+  // A depth-recurrent model's core iterations: `core_slots` row sets per core layer, iteration i
+  // in slot i mod core_slots; 0: one per iteration up to max_recurrence (a pass at depth r <=
+  // core_slots then equals the full forward bit for bit). Fewer slots is Huginn's fixed-budget
+  // cache: iterations share slots, and a token attends to the latest state written there.
+  KvCache(const ModelConfig& config, int64_t max_sequences, int64_t capacity = 0, int64_t core_slots = 0);
 
   int64_t max_sequences() const { return static_cast<int64_t>(slots_.size()); }
   int64_t capacity() const { return capacity_; }
@@ -41,7 +45,9 @@ class KvCache {
   size_t bytes_reserved() const;
 
   // ---- used by the forward pass (decode.cpp) -------------------------------------------------
-  int64_t num_layers() const { return layers_; }  // block applications (config.applications())
+  int64_t num_layers() const { return layers_; }  // row sets: block applications (config.applications()),
+                                                  // recurrent: P + core_slots * R + Q
+  int64_t core_slots() const { return core_slots_; }  // recurrent; 0 otherwise
   int64_t row_width() const { return row_width_; }  // Hkv * D floats per position
   // Makes room for `length` positions (throws InputError past capacity); pointers returned by
   // keys()/values() before a reserve() may move.
@@ -61,7 +67,7 @@ class KvCache {
   const Slot& checked(int slot, const char* what) const;
   Slot& checked(int slot, const char* what);
 
-  int64_t layers_ = 0, row_width_ = 0, capacity_ = 0, max_positions_ = 0;
+  int64_t layers_ = 0, row_width_ = 0, capacity_ = 0, max_positions_ = 0, core_slots_ = 0;
   std::vector<Slot> slots_;
   tensor::Arena workspace_{size_t{16} << 20};
 };

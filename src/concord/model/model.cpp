@@ -56,6 +56,7 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c) {
     add(ParamKind::up, i, {F, C});
     add(ParamKind::down, i, {C, F});
   }
+  if (c.recurrent()) add(ParamKind::adapter, -1, {C, 2 * C});
   add(ParamKind::final_norm, -1, {C});
   if (!c.tie_word_embeddings) add(ParamKind::lm_head, -1, {c.vocab_size, C});
   return specs;
@@ -94,6 +95,7 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights
     switch (s.kind) {
       case ParamKind::embed: embed = at; break;
       case ParamKind::final_norm: final_norm = at; break;
+      case ParamKind::adapter: adapter = at; break;
       case ParamKind::lm_head: lm_head = at; break;
       case ParamKind::input_norm: l->input_norm = at; break;
       case ParamKind::q: l->q = at; break;
@@ -120,8 +122,8 @@ Model::Impl::Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights
   if (config.tie_word_embeddings) lm_head = embed;
   for (int i = 0; i < static_cast<int>(config.num_hidden_layers); ++i)
     blocks.push_back(config.is_moe_layer(i) ? make_moe_block(i) : make_dense_block(i));
-  std::vector<int> seen(blocks.size(), 0);
-  for (int64_t a = 0; a < config.applications(); ++a) repeat_of.push_back(seen[static_cast<size_t>(config.block_of(a))]++);
+  depth = config.recurrent() ? config.mean_recurrence : 0;
+  build_plan();
   rope = RopeTable::build(config.max_position_embeddings, config.head_dim, config.rope_theta);
 }
 
@@ -269,12 +271,19 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   arena.reset();
   positions.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t % S);
-  const int64_t A = c.applications();
+  const int64_t A = applications();
   acts.assign(static_cast<size_t>(A), LayerActivations{});
   row_positions = positions.data();
 
   float* x = arena.alloc(T * C);
   embed_tokens(x, tokens, T);
+  // A recurrent model: iterations before first_grad_iteration run without keeping activations
+  // (truncated backprop), their state carried in `carry`.
+  injection = nullptr;
+  adapter_in.assign(static_cast<size_t>(c.recurrent() ? depth : 0), nullptr);
+  first_grad_iteration = backprop_iterations > 0 ? std::max<int64_t>(0, depth - backprop_iterations) : 0;
+  float* carry = c.recurrent() && first_grad_iteration > 0 ? arena.alloc(T * C) : nullptr;
+  size_t no_grad_mark = 0;
   // The blocks (block.h) are shared with the KV-cache forward; only attention differs: here over
   // the whole sequences at once, saving probs for the backward pass.
   const AttentionFn full_attention = [&](const BlockPass&, LayerActivations& a) {
@@ -283,10 +292,32 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
     attention_forward(a.att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
   };
   for (int64_t app = 0; app < A; ++app) {
+    const Application& ap = plan[static_cast<size_t>(app)];
+    const bool no_grad = ap.iteration >= 0 && ap.iteration < first_grad_iteration;
+    if (ap.enters_iteration) {
+      float* s = x;
+      if (ap.iteration == 0) {  // x is the prelude's output e
+        injection = x;
+        s = arena.alloc(T * C);
+        initial_state(s, positions.data(), T);
+      }
+      if (no_grad) no_grad_mark = arena.mark();
+      float* cat = arena.alloc(T * 2 * C);
+      x = arena.alloc(T * C);
+      adapter_forward(s, injection, T, cat, x, {});
+      if (!no_grad) adapter_in[static_cast<size_t>(ap.iteration)] = cat;
+    }
     LayerActivations& a = acts[static_cast<size_t>(app)];
     a.x_in = x;
-    const BlockPass pass{static_cast<int>(app), repeat_of[static_cast<size_t>(app)], T, positions.data(), &arena, {}};
-    x = blocks[static_cast<size_t>(c.block_of(app))]->forward(*this, pass, a, full_attention);
+    const BlockPass pass{static_cast<int>(app), ap.repeat, T, positions.data(), &arena, {}};
+    x = blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a, full_attention);
+    if (no_grad && ap.core_layer == c.n_layers_in_recurrent_block - 1) {
+      // The iteration's output is all that is kept of it.
+      std::memcpy(carry, x, sizeof(float) * static_cast<size_t>(T * C));
+      arena.rewind(no_grad_mark);
+      for (int64_t b = app - c.n_layers_in_recurrent_block + 1; b <= app; ++b) acts[static_cast<size_t>(b)] = {};
+      x = carry;
+    }
   }
   x_final = x;
   rstd_final = arena.alloc(T);
@@ -459,7 +490,7 @@ double Model::moe_aux_loss() const { return impl_->moe_aux; }
 
 void Model::set_router_stats(bool on) {
   impl_->router_stats_on = on;
-  impl_->router_counts.assign(static_cast<size_t>(impl_->config.applications()), {});
+  impl_->router_counts.assign(static_cast<size_t>(impl_->applications()), {});
   impl_->router_rows = 0;
 }
 

@@ -105,6 +105,12 @@ struct CachedInput {
 // Rows of logits a cached forward over `inputs` writes.
 int64_t logit_rows(std::span<const CachedInput> inputs);
 
+// A recurrent model's initial state s0 for a token at `position` under `seed` (C floats):
+// zeros for state_init "zero"; for "random", element c is a standard normal truncated to
+// [-3, 3] (resampled outside) times state_init_std, drawn by Box-Muller from the Philox stream
+// (seed, position) at counter 64·c + attempt — independent of batch, thread count and pass.
+std::vector<float> recurrent_initial_state(const ModelConfig& config, uint64_t seed, int64_t position);
+
 // Weights served as the model file stores them (a GGUF's Q4_0 / Q4_1 / Q8_0 blocks), by HF name:
 // the forward GEMMs of such a weight run the W4A8 / W8A8 kernels of tensor/quant_gemm.h on its
 // blocks, and the model holds no fp32 copy of it (docs/engine.md, "Serving a file's own
@@ -209,6 +215,34 @@ class Model {
   // InputError: slot not in use or repeated, no tokens, token id outside the vocabulary, a
   // sequence outgrowing the cache's capacity / max_position_embeddings, a mis-sized buffer.
   void forward_cached(KvCache& cache, std::span<const CachedInput> inputs, std::span<float> logits);
+
+  // ---- depth recurrence (ConcordRecurrentForCausalLM; docs/recurrence.md) ------------------
+  // Each throws InputError for a model that is not recurrent.
+  // Core iterations r of later passes (>= 1; mean_recurrence until set). The parameters do not
+  // depend on r: one checkpoint runs at any depth.
+  void set_depth(int64_t depth);
+  int64_t depth() const;
+  // forward_backward / forward_backward_policy: the gradient flows through the last k core
+  // iterations only (truncated backprop; the earlier ones run without keeping activations and
+  // their output state is a constant); 0: through all of them.
+  void set_backprop_iterations(int64_t k);
+  // The seed of the initial state s0 (state_init "random"): s0's row at position t is
+  // recurrent_initial_state(config, seed, t), the same in every pass, so the KV-cache forward
+  // equals the full forward. The trainer sets a fresh seed per step. 0 until set.
+  void set_state_seed(uint64_t seed);
+  // Adaptive exit in forward_cached: each new token iterates the core until the KL divergence
+  // KL(p_i || p_{i-1}) of successive iterates' next-token distributions (temperature 1, the coda
+  // and head run on every iterate) falls below kl_threshold, or max_iterations (0: the depth)
+  // are done. Every input of such a call must hold one token (a decode step; feed a prompt token
+  // by token). The cache slots of the iterations a token skipped get its last iterate's keys
+  // and values, so later tokens attend to its latest state (Huginn's rule). nullopt: off.
+  struct AdaptiveExit {
+    double kl_threshold = 1e-3;
+    int64_t max_iterations = 0;
+  };
+  void set_adaptive_exit(std::optional<AdaptiveExit> exit);
+  // Per input of the last forward_cached: the core iterations its last token ran.
+  std::vector<int32_t> last_iterations() const;
 
   // Called for every GEMM of later passes (nullptr: none). For tests and audits; slows passes.
   void set_gemm_observer(GemmObserver observer);

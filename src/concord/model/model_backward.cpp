@@ -150,13 +150,39 @@ void Model::Impl::backward_from_dlogits(const int32_t* tokens, const float* dlog
   scratch.dh = arena.alloc(T * F);
   // Applications in reverse; a block's weight gradients are written by its last application
   // and added to by the earlier ones (block.h).
+  // A recurrent model: entering iteration i, x = adapter([s, e]); its backward splits
+  // d[s, e] into ds (on to iteration i - 1, or dropped at the first iteration with gradient:
+  // s0, or the state of an iteration run without gradient, is a constant) and de, summed over
+  // the iterations into d(prelude output).
   std::vector<char> written(blocks.size(), 0);
-  for (int64_t app = c.applications() - 1; app >= 0; --app) {
-    const auto block = static_cast<size_t>(c.block_of(app));
-    const BlockPass pass{static_cast<int>(app), repeat_of[static_cast<size_t>(app)], T, positions.data(), &arena, {}};
+  bool adapter_written = false;
+  float* de = c.recurrent() ? arena.alloc(T * C) : nullptr;
+  float* dcat = c.recurrent() ? arena.alloc(T * 2 * C) : nullptr;
+  if (de) std::fill(de, de + T * C, 0.0f);
+  for (int64_t app = applications() - 1; app >= 0; --app) {
+    const Application& ap = plan[static_cast<size_t>(app)];
+    const auto block = static_cast<size_t>(ap.block);
+    const BlockPass pass{static_cast<int>(app), ap.repeat, T, positions.data(), &arena, {}};
     blocks[block]->backward(*this, pass, acts[static_cast<size_t>(app)], scratch, dx, written[block] != 0, step);
     written[block] = 1;
+    if (!ap.enters_iteration) continue;
+    const float* cat = adapter_in[static_cast<size_t>(ap.iteration)];
+    CONCORD_CHECK(cat != nullptr, "backward through a core iteration run without gradient");
+    linear_backward(policy.for_layer(LayerClass::mlp, -1, L), adapter, dx, cat, T, dcat, false,
+                    grads[adapter].data(), adapter_written, step,
+                    gemm_stream_id(adapter, ap.iteration, specs.size()));
+    adapter_written = true;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < C; ++k) {
+        dx[t * C + k] = dcat[t * 2 * C + k];
+        de[t * C + k] += dcat[t * 2 * C + C + k];
+      }
+    if (ap.iteration == first_grad_iteration) {
+      std::memcpy(dx, de, sizeof(float) * static_cast<size_t>(T * C));
+      app = c.n_layers_in_prelude;  // on to the prelude's last application (the loop decrements)
+    }
   }
+  if (c.recurrent() && !adapter_written) std::fill(grads[adapter].begin(), grads[adapter].end(), 0.0f);
   if (!c.tie_word_embeddings) std::fill(grads[embed].begin(), grads[embed].end(), 0.0f);
   embedding_backward(grads[embed].data(), dx, tokens, T, V, C);
 }

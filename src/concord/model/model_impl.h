@@ -4,6 +4,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -62,6 +63,16 @@ struct LayerActivations {
   std::shared_ptr<MoeActivations> moe;  // an MoE layer's routing and expert activations
 };
 
+// One block application of a pass (block.h): the schedule's, or a recurrent model's prelude,
+// core iterations and coda unrolled at the current depth (Model::Impl::build_plan).
+struct Application {
+  int block = 0;
+  int repeat = 0;                 // earlier applications of the same block in the pass
+  int iteration = -1;             // recurrent: the core iteration (0..depth-1), -1 outside the core
+  bool enters_iteration = false;  // the first core layer of an iteration: adapter([s, e]) runs first
+  int core_layer = -1;            // recurrent: the layer's index within the core (0..R-1), -1 outside
+};
+
 struct Model::Impl {
   ModelConfig config;
   PrecisionPolicy policy;
@@ -74,8 +85,16 @@ struct Model::Impl {
   bool any_stored = false;
   std::vector<LayerParams> layers;
   std::vector<std::unique_ptr<Block>> blocks;  // per decoder layer (block.h)
-  std::vector<int> repeat_of;                   // per application: earlier applications of its block
+  std::vector<Application> plan;                // the applications of the next pass, in order
   int embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
+  int adapter = -1;                               // recurrent: model.adapter.weight
+  // Depth recurrence (docs/recurrence.md): core iterations of the next pass; the training
+  // backward's truncation (gradient through the last `backprop_iterations`, 0: all); s0's seed.
+  int64_t depth = 0;
+  int64_t backprop_iterations = 0;
+  uint64_t state_seed = 0;
+  std::optional<Model::AdaptiveExit> adaptive_exit;
+  std::vector<int32_t> iterations_used;  // per input of the last forward_cached (recurrent)
   std::vector<int> bias_of;  // per parameter: index of its bias (Qwen2 q/k/v), or -1
   RopeTable rope;
 
@@ -92,6 +111,12 @@ struct Model::Impl {
   float* rstd_final = nullptr;  // (T)
   float* xn_final = nullptr;    // (T, C) input of lm_head
   float* logits = nullptr;      // (T, V)
+  // A recurrent model's training forward: the prelude's output e and, per core iteration that
+  // the backward runs through, the adapter's input [s, e] (T, 2C); nullptr for iterations run
+  // without gradient (their activations are not kept).
+  float* injection = nullptr;
+  std::vector<float*> adapter_in;
+  int64_t first_grad_iteration = 0;
   tensor::PreparedOperand scratch_a;  // activation operand, reused across GEMMs
   tensor::PreparedOperand scratch_b;
   // Per expert, d(coef · aux)/d p of the MoE load-balancing loss for the backward in progress
@@ -111,6 +136,17 @@ struct Model::Impl {
   }
 
   Impl(ModelConfig c, PrecisionPolicy p, StoredWeights stored_weights = {});
+  // plan for the schedule, or for `depth` core iterations (recurrent).
+  void build_plan();
+  int64_t applications() const { return static_cast<int64_t>(plan.size()); }
+  // The KvCache row set application `app` reads and writes in a cache of `core_slots` core
+  // iteration slots: iteration i's core layers use slot i mod core_slots.
+  int64_t cache_row_set(int64_t app, int64_t core_slots) const;
+  // Recurrent: x (T, C) = adapter([s, e]); cat (T, 2C) receives [s, e].
+  void adapter_forward(const float* s, const float* e, int64_t T, float* cat, float* x,
+                       std::span<const int64_t> row_splits);
+  // s0 (T, C) for rows at `positions` (state_init; recurrent_initial_state in model.h).
+  void initial_state(float* s, const int32_t* positions, int64_t T) const;
   ~Impl();
   // Allocates the gradients (zeros) on first use.
   void ensure_grads();
@@ -143,6 +179,10 @@ struct Model::Impl {
   void linear_forward_rows(const LayerPrecision& prec, int param, const float* x, int64_t T,
                            float* y, std::span<const int64_t> row_splits);
   void run_forward_cached(KvCache& cache, std::span<const CachedInput> inputs, float* logits);
+  void run_forward_cached_adaptive(KvCache& cache, std::span<const CachedInput> inputs, float* logits);
+  // Recurrent: rows [first, first + rows) of the core slots of iterations `iterations`.. get the
+  // rows of iteration iterations - 1 (the slots a token did not reach hold its latest state).
+  void fill_skipped_iterations(KvCache& cache, int slot, int64_t first, int64_t rows, int64_t iterations);
   double run_backward(const int32_t* tokens, const int32_t* targets, uint64_t step);
   // The backward pass below the loss head, shared by run_backward (mean cross-entropy) and the
   // policy-gradient pass: gradients (overwritten) of every parameter from dlogits (T, V).

@@ -38,6 +38,7 @@ constexpr std::array<ParamKindInfo, kParamKinds> kKinds = {{
     {K::expert_gate, C::mlp, true, true, true, "expert_gate", "gate_proj.weight", "ffn_gate_exps.weight"},
     {K::expert_up, C::mlp, true, true, true, "expert_up", "up_proj.weight", "ffn_up_exps.weight"},
     {K::expert_down, C::mlp, true, true, true, "expert_down", "down_proj.weight", "ffn_down_exps.weight"},
+    {K::adapter, C::mlp, false, false, true, "adapter", "model.adapter.weight", ""},
 }};
 
 constexpr bool table_in_kind_order() {

@@ -40,8 +40,10 @@ enum class ParamKind : uint8_t {
   expert_gate,  // model.layers.{i}.mlp.experts.{e}.gate_proj.weight (Fm, C)
   expert_up,    // model.layers.{i}.mlp.experts.{e}.up_proj.weight (Fm, C)
   expert_down,  // model.layers.{i}.mlp.experts.{e}.down_proj.weight (C, Fm)
+  // A depth-recurrent model (ConcordRecurrentForCausalLM):
+  adapter,      // model.adapter.weight (C, 2C): [s, e] -> the core's input; class mlp; no GGUF name
 };
-inline constexpr int kParamKinds = static_cast<int>(ParamKind::expert_down) + 1;
+inline constexpr int kParamKinds = static_cast<int>(ParamKind::adapter) + 1;
 
 // The class of a parameter: which part of the network it belongs to. Biases belong to their
 // projection's class; the q/k norms are norms; experts are mlp; an MoE router is its own class
