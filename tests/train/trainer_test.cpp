@@ -141,6 +141,56 @@ TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
     }
 }
 
+// A depth-recurrent model: each step's depth and s0 are drawn from (seed, step), so a killed and
+// resumed run (truncated backprop, randomized depth) equals the uninterrupted one bit for bit; the
+// metrics name each step's depth.
+TEST(Trainer, RecurrentResumedRunEqualsUninterruptedRun) {
+  const TempDir tmp;
+  TrainConfig c = tiny_config(tmp.path);
+  c.model.architecture = "ConcordRecurrentForCausalLM";
+  c.model.num_hidden_layers = 3;
+  c.model.n_layers_in_prelude = 1;
+  c.model.n_layers_in_recurrent_block = 1;
+  c.model.n_layers_in_coda = 1;
+  c.model.mean_recurrence = 3;
+  c.model.max_recurrence = 12;
+  c.model.state_init_std = 0.1;
+  c.depth.mean = 3;
+  c.depth.backprop = 2;
+  TrainOptions o;
+  o.progress = false;
+  o.out = tmp.path / "whole";
+  const TrainResult whole = train(c, o);
+  o.out = tmp.path / "killed";
+  o.stop_after = 6;
+  train(c, o);
+  o.stop_after.reset();
+  const TrainResult resumed = train(c, o);
+  EXPECT_EQ(resumed.start_step, 4);
+  std::vector<float> tail(whole.losses.begin() + 4, whole.losses.end());
+  EXPECT_TRUE(same_bits(resumed.losses, tail));
+  EXPECT_EQ(read_file(tmp.path / "whole/final/model.safetensors"), read_file(tmp.path / "killed/final/model.safetensors"));
+  std::ifstream metrics(tmp.path / "whole/metrics.jsonl");
+  std::string line;
+  std::set<int64_t> depths;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) depths.insert(j.at("depth").get<int64_t>());
+  }
+  EXPECT_GT(depths.size(), 1u) << "randomized depth";
+  // The config records the sampler; a depth section for a model that is not recurrent is an error.
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j.at("depth").at("backprop"), 2);
+  EXPECT_EQ(TrainConfig::from_json(j, "t").to_json(), j);
+  nlohmann::json dense = tiny_config(tmp.path).to_json();
+  EXPECT_FALSE(dense.contains("depth"));
+  dense["depth"] = {{"mean", 4}};
+  EXPECT_THROW(TrainConfig::from_json(dense, "t"), InputError);
+  nlohmann::json bad = j;
+  bad["depth"]["sampler"] = "poisson";
+  EXPECT_THROW(TrainConfig::from_json(bad, "t"), InputError);
+}
+
 TEST(Trainer, ResumingUnderAnotherConfigIsAnError) {
   const TempDir tmp;
   const fs::path& dir = tmp.path;

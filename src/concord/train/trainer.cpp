@@ -5,8 +5,8 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <map>
 #include <cmath>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -48,6 +48,10 @@ size_t peak_rss_bytes() {
 
 double validation_loss(model::Model& m, const std::vector<Batch>& batches) {
   const int64_t V = m.config().vocab_size;
+  if (m.config().recurrent()) {  // at the model's mean depth, from the inference s0
+    m.set_depth(m.config().mean_recurrence);
+    m.set_state_seed(0);
+  }
   double sum = 0;
   int64_t count = 0;
   std::vector<float> logits;
@@ -115,6 +119,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   const io::JsonValue doc(j, "train", source);
   doc.object();
   TrainConfig c;
+  bool depth_given = false, mean_given = false;
   doc.each_member([&](const std::string& key, const io::JsonValue& value) {
     if (key == "name") c.name = value.nonempty_string();
     else if (key == "model") c.model = model::ModelConfig::from_json(value);
@@ -123,6 +128,21 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
                                           : model::PrecisionPolicy::from_json(value.object().json(), source + ": policy");
     else if (key == "export") c.export_rule = value.string();
     else if (key == "out") c.out = value.nonempty_string();
+    else if (key == "depth") {
+      depth_given = true;
+      value.each_member([&](const std::string&, const io::JsonValue& v) {
+        const std::string& at = v.key();
+        if (at == "depth.sampler") c.depth.kind = v.string();
+        else if (at == "depth.mean") {
+          c.depth.mean = v.number();
+          mean_given = true;
+        }
+        else if (at == "depth.sigma") c.depth.sigma = v.number();
+        else if (at == "depth.fixed") c.depth.fixed = v.integer(0);
+        else if (at == "depth.backprop") c.depth.backprop = v.integer(0);
+        else v.fail_unknown("depth: sampler, mean, sigma, fixed, backprop");
+      });
+    }
     else if (key == "data" || key == "train" || key == "eval" || key == "checkpoint") {
       value.each_member([&](const std::string&, const io::JsonValue& v) {
         const std::string& at = v.key();
@@ -160,9 +180,15 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
         else v.fail_unknown("checkpoint: every, keep");
       });
     } else {
-      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, out");
+      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, depth, out");
     }
   });
+  if (c.model.recurrent()) {
+    if (!mean_given) c.depth.mean = static_cast<double>(c.model.mean_recurrence);
+    c.depth.validate(source);
+  } else if (depth_given) {
+    config_error(source, "a 'depth' section belongs to a depth-recurrent model (ConcordRecurrentForCausalLM)");
+  }
   // Values that are each valid but not together (the flags of `concord train` come here too).
   if (c.batch_size <= 0 || c.seq_len <= 0) config_error(source, "batch_size and seq_len must be positive");
   if (c.steps < 1) config_error(source, fmt::format("train.steps must be at least 1 (got {})", c.steps));
@@ -189,7 +215,7 @@ TrainConfig TrainConfig::load(const fs::path& path) {
 }
 
 json TrainConfig::to_json() const {
-  return {{"name", name},
+  json j = {{"name", name},
           {"model", model.to_json()},
           {"policy", policy.to_json()},
           {"export", export_rule},
@@ -201,6 +227,10 @@ json TrainConfig::to_json() const {
           {"eval", {{"every", eval_every}, {"batches", eval_batches}}},
           {"checkpoint", {{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
           {"out", out}};
+  if (model.recurrent())
+    j["depth"] = {{"sampler", depth.kind}, {"mean", depth.mean}, {"sigma", depth.sigma}, {"fixed", depth.fixed},
+                  {"backprop", depth.backprop}};
+  return j;
 }
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options) {
@@ -291,6 +321,11 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                  config.name, config.model.parameter_count(), config.policy.name,
                                  config.export_rule, B, T, config.steps,
                                  step > 0 ? fmt::format(", resumed at step {}", step) : ""));
+  if (options.progress && config.model.recurrent())
+    progress.message(fmt::format("depth per step: {} (E[r] = {:.2f}, sd {:.2f}), gradient through {}", config.depth.kind,
+                                 config.depth.expected_depth(), std::sqrt(config.depth.depth_variance()),
+                                 config.depth.backprop > 0 ? fmt::format("the last {} iterations", config.depth.backprop)
+                                                           : std::string("every iteration")));
   const int64_t tokens_per_step = B * T;
   double train_seconds = 0;
   int64_t steps_here = 0;
@@ -300,6 +335,14 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const Batch batch = sampler.at(step);
     const bool moe = config.model.moe();
     if (moe) m.set_router_stats(true);  // this step's routing, for the metrics line
+    const bool recurrent = config.model.recurrent();
+    int64_t depth = 0;
+    if (recurrent) {  // this step's depth and s0, functions of (seed, step): a resume draws the same
+      depth = config.depth.at(config.seed, step);
+      m.set_depth(depth);
+      m.set_backprop_iterations(config.depth.backprop);
+      m.set_state_seed(config.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step) + 1);
+    }
     const float loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
     const double lr = schedule.at(step);
     const double grad_norm = state.step(m, lr);
@@ -307,9 +350,10 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     train_seconds += dt;
     ++steps_here;
     result.losses.push_back(loss);
-    const double tokens_per_s = static_cast<double>(tokens_per_step) / dt;
+    const double tokens_per_s = static_cast<double>(tokens_per_step) / dt;  // tokens, not token·iterations
     nlohmann::json line = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                            {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}};
+    if (recurrent) line["depth"] = depth;
     if (moe) {
       // Qwen3-MoE: the step's tokens per expert of each MoE layer, and the load-balancing loss
       // (when output_router_logits puts it in the loss).

@@ -29,6 +29,7 @@
 
 #include "concord/model/config.h"
 #include "concord/model/policy.h"
+#include "concord/train/depth.h"
 
 namespace concord::train {
 
@@ -54,6 +55,8 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double init_std = 0.02;
+  // depth of each step of a depth-recurrent model (depth.h; the "depth" section, only for one)
+  DepthSampler depth;
   // evaluation and checkpoints (0 disables the periodic ones; the last step always does both)
   int64_t eval_every = 100;
   int64_t eval_batches = 8;
