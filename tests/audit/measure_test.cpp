@@ -154,6 +154,50 @@ TEST(Measure, Bf16AgainstFp32MatchesPerSequenceForwards) {
   EXPECT_GT(max_osc, 0.0);
 }
 
+// A depth-recurrent model: rows carry the depth both models ran at, each depth has its slice
+// ("depth:R", ascending), and the rows of a depth are the per-sequence forwards at that depth.
+TEST(Measure, RecurrentRowsCarryTheirDepthSlice) {
+  ModelConfig c = test_config();
+  c.architecture = "ConcordRecurrentForCausalLM";
+  c.num_hidden_layers = 3;
+  c.n_layers_in_prelude = 1;
+  c.n_layers_in_recurrent_block = 1;
+  c.n_layers_in_coda = 1;
+  c.mean_recurrence = 2;
+  c.max_recurrence = 16;
+  c.state_init_std = 0.1;
+  auto make = [&](const std::string& kernel) {
+    Model m(c);
+    m.init_random(7, 0.08f);
+    apply_kernel(m, kernel_variant(kernel));
+    return m;
+  };
+  Model ref = make("fp32"), cand = make("mxfp8");
+  const std::vector<EvalSequence> seqs = test_sequences(3, 5);
+  std::vector<RowRecord> rows;
+  for (int r : {12, 1}) {
+    ref.set_depth(r);
+    cand.set_depth(r);
+    const std::vector<RowRecord> at = compare_models(ref, cand, seqs, 2);
+    for (const RowRecord& row : at) EXPECT_EQ(row.info.depth, r);
+    const auto V = static_cast<size_t>(c.vocab_size);
+    const std::vector<float> za = forward_alone(ref, seqs[0].tokens), zb = forward_alone(cand, seqs[0].tokens);
+    EXPECT_EQ(at[0].div.osc, row_divergence(std::span<const float>(za).subspan(0, V),
+                                            std::span<const float>(zb).subspan(0, V), seqs[0].tokens[1]).osc);
+    rows.insert(rows.end(), at.begin(), at.end());
+  }
+  const Measurement m = measure(rows, SliceOptions{}, "fp32", "mxfp8", c.vocab_size);
+  std::vector<std::string> depth_slices;
+  for (const SliceStats& s : m.slices)
+    if (s.slice.starts_with("depth:")) depth_slices.push_back(s.slice);
+  EXPECT_EQ(depth_slices, (std::vector<std::string>{"depth:1", "depth:12"}));
+  EXPECT_EQ(m.find("depth:1")->rows * 2, m.find("all")->rows);
+  cand.set_depth(3);
+  EXPECT_THROW(compare_models(ref, cand, seqs, 2), InputError);
+  Model dense = make_model("fp32");
+  EXPECT_THROW(compare_models(ref, dense, seqs, 2), InputError);
+}
+
 TEST(Measure, BatchInvariantKernelsDoNotDependOnBatch) {
   const std::vector<EvalSequence> seqs = test_sequences(6, 4);
   Model ref = make_model("fp32"), cand = make_model("fp32-reversed");

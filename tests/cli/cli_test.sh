@@ -108,6 +108,18 @@ contract check|--contract c --ref a --cand b|--batch|0|an integer >= 1
 contract check|--contract c --ref a --cand b|--decided-margin|-0.5|a number >= 0
 contract check|--contract c --ref a --cand b|--position-edges|0|an integer in [1, 2^31 - 1]
 contract check|--contract c --ref a --cand b|--prompt-length-edges|-16|an integer in [1, 2^31 - 1]
+generate|--model m --prompt p|--depth|0|an integer in [1, 4096]
+generate|--model m --prompt p|--exit-kl|-1|a number >= 0
+generate|--model m --prompt p|--max-depth|0|an integer in [1, 4096]
+generate|--model m --prompt p|--kv-core-slots|5000|an integer in [1, 4096]
+contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
+contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]
+eval|--run r|--depths|0|an integer in [1, 4096]
+eval|--run r|--exit-kl|-0.1|a number >= 0
+eval|--run r|--max-depth|0|an integer in [1, 4096]
+eval|--run r|--decode-rows|0|an integer in [1, 1048576]
+eval|--run r|--addition|19|an integer in [1, 18]
+eval|--run r|--problems|0|an integer in [1, 100000]
 TABLE
 bad_flag_values "$WORK/flags.table"
 expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
@@ -631,5 +643,56 @@ expect_error "router stats of a dense model" "has no router" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --router-stats "$WORK/none.json"
 expect_error "GGUF export of a Qwen3-MoE with a dense layer (llama.cpp's qwen3moe has none)" "layer 0 is dense" \
   "$CONCORD" export --model "$WORK/moe/final" --to gguf --out "$WORK/moe.gguf"
+
+# ---- issue 18: a depth-recurrent model trained with randomized depth, generated, evaluated ----
+cat >"$WORK/rec.json" <<JSON
+{"name": "cli-rec", "model": {"architectures": ["ConcordRecurrentForCausalLM"], "vocab_size": 259, "hidden_size": 32,
+ "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1,
+ "head_dim": 16, "max_position_embeddings": 64, "n_layers_in_prelude": 1, "n_layers_in_recurrent_block": 1,
+ "n_layers_in_coda": 1, "mean_recurrence": 3},
+ "depth": {"sigma": 0.5, "backprop": 2},
+ "data": {"corpus": "$WORK/corpus.txt", "chunk": 256, "validation_fraction": 0.1},
+ "train": {"batch_size": 2, "seq_len": 32, "steps": 4, "warmup_steps": 1},
+ "eval": {"every": 2, "batches": 1}, "checkpoint": {"every": 2, "keep": 1}, "out": "$WORK/rec"}
+JSON
+if "$CONCORD" train --config "$WORK/rec.json" --quiet >"$WORK/train.out" 2>"$WORK/train.err" \
+   && python3 - "$WORK/rec/metrics.jsonl" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert len(steps) == 4 and all(s["depth"] >= 1 for s in steps), steps
+PY
+then
+  pass "train runs a depth-recurrent model and writes each step's depth"
+else
+  fail "recurrent train: $(cat "$WORK/train.out" "$WORK/train.err")"
+fi
+if "$CONCORD" generate --model "$WORK/rec/final" --prompt "And it came" --max-tokens 5 --temp 0 --exit-kl 1e-3 \
+     --max-depth 6 >/dev/null 2>"$WORK/err" && grep -q "depth: at most 6 core iterations per token, adaptive exit" "$WORK/err" \
+   && "$CONCORD" generate --model "$WORK/rec/final" --prompt "And it came" --max-tokens 5 --temp 0 --depth 5 \
+     --kv-core-slots 2 >/dev/null 2>"$WORK/err2" && grep -q "depth: 5 core iterations per token" "$WORK/err2"; then
+  pass "generate --depth, --kv-core-slots and --exit-kl report the core iterations per token"
+else
+  fail "recurrent generate: $(cat "$WORK/err" "$WORK/err2")"
+fi
+if "$CONCORD" eval --run "$WORK/rec" --depths 1,3 --exit-kl 0.01 --max-depth 4 --decode-rows 1 --json "$WORK/eval.json" \
+     >"$WORK/eval.out" 2>"$WORK/err" \
+   && python3 - "$WORK/eval.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert [r["depth"] for r in d["depths"]] == [1, 3] and all(r["loss"] > 0 for r in d["depths"]), d
+a = d["decode"]["adaptive"][0]
+assert d["decode"]["max_depth"] == 4 and 2 <= a["iterations_per_token"] <= 4 and a["loss"] > 0, d
+PY
+then
+  pass "eval reports the held-out loss by depth and adaptive-exit decoding"
+else
+  fail "recurrent eval: $(cat "$WORK/eval.out" "$WORK/err")"
+fi
+expect_error "--depth of a dense model" "are for a depth-recurrent model" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --depth 3
+expect_error "--max-depth without --exit-kl" "--max-depth needs --exit-kl" \
+  "$CONCORD" generate --model "$WORK/rec/final" --prompt hi --max-tokens 1 --max-depth 3
+expect_error "GGUF export of a depth-recurrent model" "has no llama.cpp architecture" \
+  "$CONCORD" export --model "$WORK/rec/final" --to gguf --out "$WORK/rec.gguf"
 
 finish "CLI"

@@ -4,9 +4,14 @@
 
 #include <cmath>
 #include <map>
+#include <sstream>
+#include <string>
 
 #include "concord/numerics/check.h"
+#include "concord/model/model.h"
+#include "concord/train/data.h"
 #include "concord/train/depth.h"
+#include "concord/train/depth_eval.h"
 
 namespace concord::train {
 namespace {
@@ -73,6 +78,77 @@ TEST(DepthSampler, DrawsDependOnSeedAndStepOnly) {
   EXPECT_EQ(d.at(7, 3), 9);
   d.kind = "poisson";
   EXPECT_THROW(d.validate("cfg.json"), InputError);
+}
+
+// The addition corpus: "a+b=c" lines with the right sums, operands of the asked digit counts,
+// every count present, the same text for the same seed.
+TEST(AdditionCorpus, LinesAreCorrectSumsOfTheAskedDigitCounts) {
+  const std::string text = addition_problems(3000, 2, 5, 9);
+  EXPECT_EQ(text, addition_problems(3000, 2, 5, 9));
+  EXPECT_NE(text, addition_problems(3000, 2, 5, 10));
+  std::istringstream lines(text);
+  std::string line;
+  std::map<size_t, int> digit_counts;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    const size_t plus = line.find('+'), eq = line.find('=');
+    ASSERT_NE(plus, std::string::npos);
+    ASSERT_NE(eq, std::string::npos);
+    const std::string a = line.substr(0, plus), b = line.substr(plus + 1, eq - plus - 1), c = line.substr(eq + 1);
+    for (const std::string& x : {a, b}) {
+      ASSERT_GE(x.size(), 2u);
+      ASSERT_LE(x.size(), 5u);
+      EXPECT_NE(x[0], '0') << line;
+      ++digit_counts[x.size()];
+    }
+    EXPECT_EQ(std::stoull(a) + std::stoull(b), std::stoull(c)) << line;
+  }
+  EXPECT_EQ(n, 3000);
+  EXPECT_EQ(digit_counts.size(), 4u);
+  EXPECT_EQ(load_corpus("addition:3").substr(0, 50), addition_problems(400000, 1, 3, 1).substr(0, 50));
+  EXPECT_THROW(load_corpus("addition:0"), InputError);
+  EXPECT_THROW(load_corpus("addition:x"), InputError);
+  EXPECT_THROW(addition_problems(1, 3, 19, 1), InputError);
+}
+
+// Decoding token by token through the KV cache scores exactly what the full forward scores (its
+// logits are the same bits); adaptive exit with threshold 0 runs every iteration.
+TEST(DepthEval, DecodingScoresWhatTheFullForwardScores) {
+  model::ModelConfig c;
+  c.architecture = "ConcordRecurrentForCausalLM";
+  c.vocab_size = 259;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 16;
+  c.max_position_embeddings = 64;
+  c.n_layers_in_prelude = 1;
+  c.n_layers_in_recurrent_block = 1;
+  c.n_layers_in_coda = 1;
+  c.mean_recurrence = 3;
+  c.max_recurrence = 8;
+  c.state_init_std = 0.2;
+  model::Model m(c);
+  m.init_random(3, 0.1f);
+  const ByteTokenizer tokenizer;
+  const std::vector<Batch> batches =
+      validation_batches(tokenizer.encode(addition_problems(200, 1, 3, 4)), 2, 24, 2);
+  const double full = mean_loss(m, batches);
+  const DecodeEval fixed = decode_eval(m, batches, 4, std::nullopt);
+  EXPECT_EQ(fixed.tokens, 4 * 24);
+  EXPECT_NEAR(fixed.loss, full, 1e-12 * full);
+  EXPECT_DOUBLE_EQ(fixed.iterations_per_token, 3.0);
+  const DecodeEval exhaustive = decode_eval(m, batches, 4, model::Model::AdaptiveExit{0.0, 3});
+  EXPECT_NEAR(exhaustive.loss, full, 1e-12 * full);
+  EXPECT_DOUBLE_EQ(exhaustive.iterations_per_token, 3.0);
+  const DecodeEval eager = decode_eval(m, batches, 4, model::Model::AdaptiveExit{INFINITY, 6});
+  EXPECT_DOUBLE_EQ(eager.iterations_per_token, 2.0);
+  const double acc = addition_accuracy(m, 2, 10, 5);
+  EXPECT_GE(acc, 0.0);
+  EXPECT_LE(acc, 1.0);
 }
 
 }  // namespace

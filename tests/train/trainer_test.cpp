@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -189,6 +190,20 @@ TEST(Trainer, RecurrentResumedRunEqualsUninterruptedRun) {
   nlohmann::json bad = j;
   bad["depth"]["sampler"] = "poisson";
   EXPECT_THROW(TrainConfig::from_json(bad, "t"), InputError);
+}
+
+// Every config the repository ships (configs/*.json) is a valid training config.
+TEST(Trainer, EveryShippedConfigLoads) {
+  const char* golden = std::getenv("CONCORD_GOLDEN_DIR");
+  ASSERT_NE(golden, nullptr) << "CONCORD_GOLDEN_DIR is not set (ctest sets it to tests/golden)";
+  const fs::path dir = fs::path(golden).parent_path().parent_path() / "configs";
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    EXPECT_NO_THROW(TrainConfig::load(entry.path())) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 7);
 }
 
 TEST(Trainer, ResumingUnderAnotherConfigIsAnError) {

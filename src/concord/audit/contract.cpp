@@ -332,6 +332,7 @@ std::vector<std::string> slices_of(const RowInfo& info, const RowDivergence& div
   names.emplace_back(is_decided(div, options) ? "margin:decided" : "margin:undecided");
   if (!info.task.empty()) names.push_back("task:" + info.task);
   if (!info.label.empty()) names.push_back("label:" + info.label);
+  if (info.depth > 0) names.push_back("depth:" + std::to_string(info.depth));
   return names;
 }
 
@@ -349,6 +350,7 @@ Measurement measure(std::span<const RowRecord> rows, const SliceOptions& options
   std::vector<SliceAccumulator> position(options.position_edges.size() + 1, fresh());
   SliceAccumulator undecided = fresh(), decided = fresh();
   std::map<std::string, SliceAccumulator> tasks, labels;  // sorted by name
+  std::map<int32_t, SliceAccumulator> depths;              // by depth
 
   for (const RowRecord& row : rows) {
     validate_row(row.info, row.div);
@@ -361,6 +363,7 @@ Measurement measure(std::span<const RowRecord> rows, const SliceOptions& options
     add(is_decided(row.div, options) ? decided : undecided);
     if (!row.info.task.empty()) add(tasks.try_emplace(row.info.task, fresh()).first->second);
     if (!row.info.label.empty()) add(labels.try_emplace(row.info.label, fresh()).first->second);
+    if (row.info.depth > 0) add(depths.try_emplace(row.info.depth, fresh()).first->second);
   }
 
   Measurement m;
@@ -382,6 +385,7 @@ Measurement measure(std::span<const RowRecord> rows, const SliceOptions& options
   emit(decided, "margin:decided");
   for (auto& [name, acc] : tasks) emit(acc, "task:" + name);
   for (auto& [name, acc] : labels) emit(acc, "label:" + name);
+  for (auto& [depth, acc] : depths) emit(acc, "depth:" + std::to_string(depth));
   return m;
 }
 

@@ -11,6 +11,8 @@
 //   margin:decided       margin > decided_margin
 //   task:NAME            rows of task NAME (rows without a task: no task slice)
 //   label:NAME           rows with a user label
+//   depth:R              rows of a depth-recurrent model run at R core iterations (the drift of
+//                        the iterates under a precision as depth grows; docs/recurrence.md)
 // e.g. "position:[64,inf)". Names are stable: a contract fitted on one run checks another.
 //
 // Contract JSON (docs/contracts.md):

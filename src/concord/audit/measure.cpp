@@ -174,6 +174,10 @@ std::vector<RowRecord> compare_models(model::Model& ref, model::Model& cand,
   if (ref.config().vocab_size != cand.config().vocab_size)
     throw InputError(fmt::format("[audit] the models' vocabularies differ ({} vs {})",
                                  ref.config().vocab_size, cand.config().vocab_size));
+  const bool recurrent = ref.config().recurrent();
+  if (recurrent != cand.config().recurrent() || (recurrent && ref.depth() != cand.depth()))
+    throw InputError(fmt::format("[audit] the models must run at the same depth (reference {}, candidate {})",
+                                 recurrent ? ref.depth() : 0, cand.config().recurrent() ? cand.depth() : 0));
   std::vector<RowRecord> records;
   if (sequences.empty()) return records;
   const int64_t V = ref.config().vocab_size;
@@ -194,6 +198,7 @@ std::vector<RowRecord> compare_models(model::Model& ref, model::Model& cand,
         const auto offset = static_cast<size_t>((row + p) * V);
         RowRecord r;
         r.info = row_info(s, i, p);
+        if (recurrent) r.info.depth = static_cast<int32_t>(ref.depth());
         r.div = row_divergence(
             std::span<const float>(ref_logits).subspan(offset, static_cast<size_t>(V)),
             std::span<const float>(cand_logits).subspan(offset, static_cast<size_t>(V)),

@@ -50,7 +50,8 @@ void teacher_forced_logits(model::Model& model, std::span<const EvalSequence> se
                            int64_t batch, const RowSink& sink);
 
 using Progress = std::function<void(int64_t done, int64_t total)>;
-// ref and cand are two models with the same weights, each with its kernel applied.
+// ref and cand are two models with the same weights, each with its kernel applied. Depth-recurrent
+// models must run at the same depth; their rows carry it (the depth:R slice).
 std::vector<RowRecord> compare_models(model::Model& ref, model::Model& cand,
                                       std::span<const EvalSequence> sequences, int64_t batch,
                                       const Progress& progress = {});

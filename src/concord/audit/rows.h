@@ -16,6 +16,7 @@ struct RowInfo {
   int32_t next = -1;          // the token that follows (teacher-forced or sampled; -1: none)
   std::string task;           // task name ("" when none)
   std::string label;          // any user label ("" when none)
+  int32_t depth = 0;          // a depth-recurrent model's core iterations for the row (0: none)
   friend bool operator==(const RowInfo&, const RowInfo&) = default;
 };
 

@@ -16,5 +16,6 @@ void add_generate_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_contract_command(CLI::App& app);
 void add_rl_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 }  // namespace concord::cli

@@ -55,6 +55,7 @@ struct MeasureArgs {
   SourceArgs source;
   double headroom = 2.0, quantile = 0.99, decided_margin = 1.0;
   std::vector<int32_t> position_edges{16, 64}, prompt_length_edges{16, 64};
+  std::vector<int32_t> depths;  // a depth-recurrent model: measure at each (the depth:R slices)
 };
 
 void add_source_options(CLI::App* cmd, SourceArgs& s) {
@@ -231,6 +232,8 @@ audit::Measurement measure_sides(const MeasureArgs& a) {
                                    "side is a kernel name or a logit dump (.npy, .safetensors)",
                                    flag, *side));
   const bool ref_dump = is_dump_path(a.ref), cand_dump = is_dump_path(a.cand);
+  if ((ref_dump || cand_dump) && !a.depths.empty())
+    throw InputError("[contract] --depths needs two kernel sides (a dump holds logits of one depth)");
   std::vector<audit::RowRecord> rows;
   int64_t vocab = 0;
   if (ref_dump && cand_dump) {
@@ -268,7 +271,20 @@ audit::Measurement measure_sides(const MeasureArgs& a) {
                             : copy_weights(m.model);
     audit::apply_kernel(cand, cand_kernel);
     Progress progress("scoring", a.source.quiet);
-    rows = audit::compare_models(m.model, cand, sequences, a.source.batch, std::ref(progress));
+    if (!a.depths.empty() && !m.model.config().recurrent())
+      throw InputError(fmt::format("[contract] --depths: {} is a {}, not a depth-recurrent model", a.model,
+                                   m.model.config().architecture));
+    // A depth-recurrent model: the sequences completed at its mean depth, scored at each depth.
+    const std::vector<int32_t> depths =
+        a.depths.empty() ? std::vector<int32_t>{0} : a.depths;
+    for (int32_t depth : depths) {
+      if (depth > 0) {
+        m.model.set_depth(depth);
+        cand.set_depth(depth);
+      }
+      std::vector<audit::RowRecord> at = audit::compare_models(m.model, cand, sequences, a.source.batch, std::ref(progress));
+      rows.insert(rows.end(), std::make_move_iterator(at.begin()), std::make_move_iterator(at.end()));
+    }
     vocab = m.model.config().vocab_size;
   }
   return audit::measure(rows, slices, a.ref, a.cand, vocab);
@@ -430,6 +446,9 @@ void add_measure_options(CLI::App* cmd, MeasureArgs& a) {
                 "top-1 margin (nats) above which a token counts as decided (default 1)");
   add_integer_list_flag(cmd, "--position-edges", a.position_edges, at_least(1),
                         "position slice edges, ascending (default 16,64)");
+  add_integer_list_flag(cmd, "--depths", a.depths, between(1, 4096),
+                        "a depth-recurrent model: score at each of these depths (slices depth:R; two "
+                        "kernel sides only)");
   add_integer_list_flag(cmd, "--prompt-length-edges", a.prompt_length_edges, at_least(1),
                         "prompt-length slice edges, ascending (default 16,64)");
 }

@@ -115,4 +115,17 @@ CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::
       ->delimiter(',');
 }
 
+CLI::Option* add_real_list_flag(CLI::App* cmd, const std::string& name, std::vector<double>& out, RealDomain domain,
+                                const std::string& help) {
+  return cmd
+      ->add_option_function<std::vector<std::string>>(
+          name, [&out, name, domain](const std::vector<std::string>& texts) {
+            out.clear();
+            for (const std::string& text : texts) out.push_back(flags_detail::parse_real(name, text, domain, false));
+          },
+          flags_detail::with_domain(help, "comma-separated, each " + domain.text()))
+      ->type_name("FLOAT,...")
+      ->delimiter(',');
+}
+
 }  // namespace concord::cli

@@ -115,4 +115,8 @@ void check_text_values(CLI::App& app);
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
                                    IntegerDomain domain, const std::string& help);
 
+// A comma-separated list of reals (doubles), each in `domain`.
+CLI::Option* add_real_list_flag(CLI::App* cmd, const std::string& name, std::vector<double>& out, RealDomain domain,
+                                const std::string& help);
+
 }  // namespace concord::cli

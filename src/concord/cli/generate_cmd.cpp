@@ -43,6 +43,8 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats;
+    std::optional<int64_t> depth, max_depth, kv_core_slots;
+    std::optional<double> exit_kl;
     bool chat = false, no_think = false, json = false, echo = false;
     std::vector<std::string> stops;
     std::optional<int32_t> top_logprobs;
@@ -91,6 +93,17 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--router-stats", a->router_stats,
                   "an MoE model (Qwen3-MoE): write the tokens routed to each expert of each MoE layer, "
                   "prompt and generated tokens together, to this JSON file");
+  add_integer_flag(cmd, "--depth", a->depth, between(1, 4096),
+                   "a depth-recurrent model: core iterations per token (default: its mean_recurrence)");
+  add_real_flag(cmd, "--exit-kl", a->exit_kl, non_negative(),
+                "a depth-recurrent model: adaptive exit, stop iterating a token once the KL divergence of "
+                "successive iterates' next-token distributions falls below this (the prompt then runs token "
+                "by token); iterations per token go to stderr");
+  add_integer_flag(cmd, "--max-depth", a->max_depth, between(1, 4096),
+                   "with --exit-kl: the most iterations a token may run (default: --depth)");
+  add_integer_flag(cmd, "--kv-core-slots", a->kv_core_slots, between(1, 4096),
+                   "a depth-recurrent model: KV-cache slots per core layer (default: one per iteration up to "
+                   "max_recurrence; fewer: Huginn's fixed budget, iterations share slots)");
   cmd->callback([a]() {
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
     if (a->top_logprobs && !a->json) throw InputError("[generate] --top-logprobs needs --json");
@@ -145,7 +158,21 @@ void add_generate_command(CLI::App& app) {
                                      "models do)", a->model, loaded.model.config().architecture));
       loaded.model.set_router_stats(true);
     }
-    serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = a->prefill_chunk});
+    const bool recurrent = loaded.model.config().recurrent();
+    if (!recurrent && (a->depth || a->exit_kl || a->max_depth || a->kv_core_slots))
+      throw InputError(fmt::format("[generate] --depth, --exit-kl, --max-depth and --kv-core-slots are for a "
+                                   "depth-recurrent model; {} is a {}", a->model, loaded.model.config().architecture));
+    if (a->max_depth && !a->exit_kl) throw InputError("[generate] --max-depth needs --exit-kl");
+    int64_t prefill_chunk = a->prefill_chunk;
+    if (recurrent) {
+      if (a->depth) loaded.model.set_depth(*a->depth);
+      if (a->exit_kl) {
+        loaded.model.set_adaptive_exit(model::Model::AdaptiveExit{*a->exit_kl, a->max_depth.value_or(0)});
+        prefill_chunk = 1;  // adaptive exit decides per token
+      }
+    }
+    serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = prefill_chunk,
+                                        .kv_core_slots = a->kv_core_slots.value_or(0)});
     serve::Utf8Stream out;
     std::string generated;  // --json: the whole text
     // Text through the UTF-8 stream, then the stop strings; streamed, or kept for --json.
@@ -225,6 +252,15 @@ void add_generate_command(CLI::App& app) {
                              stopped_by_string ? "stop" : serve::finish_reason_name(done.finish),
                              rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name)
                      .c_str());
+    if (recurrent && s.iterated_tokens > 0)
+      std::fprintf(stderr, "%s\n",
+                   fmt::format("depth: {} core iterations per token{} ({:.2f} on average over {} tokens)",
+                               a->exit_kl ? fmt::format("at most {}", a->max_depth.value_or(loaded.model.depth()))
+                                          : std::to_string(loaded.model.depth()),
+                               a->exit_kl ? fmt::format(", adaptive exit at KL < {:g}", *a->exit_kl) : "",
+                               static_cast<double>(s.core_iterations) / static_cast<double>(s.iterated_tokens),
+                               s.iterated_tokens)
+                       .c_str());
   });
 }
 

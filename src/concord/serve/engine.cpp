@@ -68,7 +68,7 @@ static const EngineOptions& checked_options(const EngineOptions& o) {
 Engine::Engine(model::Model& model, EngineOptions options)
     : model_(model),
       options_(checked_options(options)),
-      cache_(model.config(), options_.max_sequences, options_.max_context) {
+      cache_(model.config(), options_.max_sequences, options_.max_context, options_.kv_core_slots) {
   options_.max_context = cache_.capacity();
   running_.resize(static_cast<size_t>(options_.max_sequences));
 }
@@ -217,6 +217,11 @@ bool Engine::step() {
   logits_.resize(static_cast<size_t>(model::logit_rows(inputs) * V));
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward_cached(cache_, inputs, logits_);
+  if (model_.config().recurrent())
+    for (int32_t n : model_.last_iterations()) {
+      stats_.core_iterations += n;
+      ++stats_.iterated_tokens;
+    }
 
   // The sampling loop; callbacks may cancel or finish sequences (retired_ keeps them alive).
   struct StepScope {

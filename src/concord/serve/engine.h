@@ -37,6 +37,9 @@ struct EngineOptions {
   int64_t max_sequences = 8;    // sequences decoded together (KV-cache slots)
   int64_t prefill_chunk = 512;  // prompt tokens of one sequence per forward pass
   int64_t max_context = 0;      // prompt + generated tokens per sequence; 0: max_position_embeddings
+  // A depth-recurrent model: the KV cache's core iteration slots (model/kv_cache.h; 0: one per
+  // iteration up to max_recurrence, fewer: Huginn's fixed budget).
+  int64_t kv_core_slots = 0;
 };
 
 inline constexpr int32_t kMaxTopLogprobs = 20;  // OpenAI's limit for top_logprobs
@@ -105,6 +108,11 @@ struct EngineStats {
   double decode_seconds = 0;
   int64_t generated_tokens = 0;  // tokens sampled (each ends a prefill or a decode step's row)
   int64_t steps = 0;
+  // A depth-recurrent model: core iterations summed over the last token of every input of every
+  // step, and those tokens (with adaptive exit every token is one; their mean is iterations per
+  // token).
+  int64_t core_iterations = 0;
+  int64_t iterated_tokens = 0;
 };
 
 class Engine {

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -119,7 +120,40 @@ std::string load_kjv(const fs::path& bible_tool, const fs::path& cache_file) {
   return text;
 }
 
+std::string addition_problems(int64_t count, int min_digits, int max_digits, uint64_t seed) {
+  if (min_digits < 1 || max_digits > 18 || min_digits > max_digits || count < 0)
+    throw InputError(fmt::format("[corpus] addition: digits {}..{} must lie within 1..18 and count {} >= 0",
+                                 min_digits, max_digits, count));
+  const numerics::RandomStream rng{seed, 0x41444431u /* "ADD1" */};
+  std::string text;
+  uint64_t counter = 0;
+  auto uniform = [&](uint64_t n) {  // in [0, n), from 64 bits (bias below 2^-40 for n < 2^24)
+    const numerics::PhiloxBlock w = rng.block(counter++);
+    return ((static_cast<uint64_t>(w[0]) << 32) | w[1]) % n;
+  };
+  auto operand = [&]() {
+    const auto digits = static_cast<int>(min_digits + static_cast<int>(uniform(static_cast<uint64_t>(max_digits - min_digits + 1))));
+    uint64_t v = 1 + uniform(9);  // no leading zero (1-digit operands: 1..9 and 0 below)
+    for (int d = 1; d < digits; ++d) v = v * 10 + uniform(10);
+    if (digits == 1 && uniform(10) == 0) v = 0;
+    return v;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t a = operand(), b = operand();
+    text += fmt::format("{}+{}={}\n", a, b, a + b);
+  }
+  return text;
+}
+
 std::string load_corpus(std::string_view spec) {
+  if (spec.starts_with("addition:")) {
+    int n = 0;
+    const std::string_view digits = spec.substr(9);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (ec != std::errc() || end != digits.data() + digits.size() || n < 1 || n > 18)
+      throw InputError(fmt::format("[corpus] '{}': give addition:N with N in 1..18 (the most digits per operand)", spec));
+    return addition_problems(400000, 1, n, 1);
+  }
   if (spec == "kjv") {
     const fs::path dir = corpus_cache_dir();
     return load_kjv(fs::path(kBibleTool), dir.empty() ? fs::path() : dir / "kjv.txt");

@@ -20,11 +20,18 @@ namespace concord::train {
 // "kjv": the King James Bible, from Debian's bible-kjv (`/usr/bin/bible -f Gen1:1-Rev22:21`:
 // one verse per line, "Ge1:1 In the beginning God created the heaven and the earth.", 31,102
 // lines, 4,404,412 bytes), cached in corpus_cache_dir()/kjv.txt after the first call.
+// "addition:N": the arithmetic task of docs/recurrence.md, generated (addition_problems, seed 1):
+// 400,000 lines "a+b=c", the digit count of each operand uniform in 1..N (1 <= N <= 18).
 // Anything else: the path of a UTF-8 text file.
 // Throws InputError when the tool is missing ("install bible-kjv: run scripts/setup"), fails or
 // prints something other than the whole Bible, or when the file is unreadable, empty or not
 // UTF-8.
 std::string load_corpus(std::string_view spec);
+
+// `count` lines "a+b=c\n" in decimal: each operand has a digit count uniform in
+// [min_digits, max_digits] (no leading zeros; 1..18 digits) and uniform digits, drawn from a
+// Philox stream keyed by `seed`. A problem's prompt is the line up to '=' inclusive.
+std::string addition_problems(int64_t count, int min_digits, int max_digits, uint64_t seed);
 
 // The pieces of load_corpus("kjv"), exposed for tests: runs `bible_tool`, checks the text and
 // writes it atomically to `cache_file` (an empty path: no cache); a valid cache is read instead
