@@ -688,6 +688,17 @@ then
 else
   fail "recurrent eval: $(cat "$WORK/eval.out" "$WORK/err")"
 fi
+printf 'And it came to pass\nIn the beginning\n' >"$WORK/rec_prompts.txt"
+if "$CONCORD" contract measure --model "$WORK/rec/final" --ref fp32 --cand bf16 --prompts "$WORK/rec_prompts.txt" \
+     --max-new 4 --depths 1,3 --out "$WORK/rec_contract" --quiet >/dev/null 2>"$WORK/err" \
+   && json_check "contract measure --depths gives a depth:R slice per depth" "$WORK/rec_contract/measurement.json" \
+        "[s['slice'] for s in j['slices'] if s['slice'].startswith('depth:')] == ['depth:1', 'depth:3']"; then :
+else
+  fail "contract measure --depths: $(cat "$WORK/err")"
+fi
+expect_error "contract --depths of a dense model" "not a depth-recurrent model" \
+  "$CONCORD" contract measure --model "$WORK/run/final" --ref fp32 --cand bf16 --prompts "$WORK/rec_prompts.txt" \
+  --depths 2 --out "$WORK/none_contract" --quiet
 expect_error "--depth of a dense model" "are for a depth-recurrent model" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --depth 3
 expect_error "--max-depth without --exit-kl" "--max-depth needs --exit-kl" \
