@@ -1,6 +1,7 @@
 // The training loop: export master -> served copy, forward/backward, the optimizer, validation,
 // metrics, checkpoints, resume.
 #include "concord/train/trainer.h"
+#include "concord/train/depth_eval.h"
 
 #include <sys/resource.h>
 
@@ -47,21 +48,11 @@ size_t peak_rss_bytes() {
 }
 
 double validation_loss(model::Model& m, const std::vector<Batch>& batches) {
-  const int64_t V = m.config().vocab_size;
   if (m.config().recurrent()) {  // at the model's mean depth, from the inference s0
     m.set_depth(m.config().mean_recurrence);
     m.set_state_seed(0);
   }
-  double sum = 0;
-  int64_t count = 0;
-  std::vector<float> logits;
-  for (const Batch& b : batches) {
-    logits.resize(static_cast<size_t>(b.B * b.T * V));
-    m.forward(b.inputs, b.B, b.T, logits);
-    sum += model::cross_entropy_forward<float>(nullptr, logits.data(), b.targets.data(), b.B * b.T, V);
-    for (int32_t t : b.targets) count += t >= 0;
-  }
-  return count > 0 ? sum / static_cast<double>(count) : 0.0;
+  return mean_loss(m, batches);
 }
 
 // The files of a run directory, config.json first (train::discard_run_files).
