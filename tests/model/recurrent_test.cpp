@@ -55,15 +55,7 @@ ModelConfig recurrent(int64_t mean = 3, const char* init = "random") {
   return c;
 }
 
-void randomize(Model& m, uint64_t seed) {
-  m.init_random(seed, 0.1f);
-  std::mt19937_64 rng(seed + 1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const ParamSpec& s : m.params())
-    if (!s.is_matrix())
-      for (float& v : m.param(s.name)) v = 1.0f + 0.1f * normal(rng);
-  m.weights_changed();
-}
+void randomize(Model& m, uint64_t seed) { concord_test::randomize_weights(m, seed); }
 
 // s0 of B sequences of T tokens (positions 0..T-1), as the reference takes it.
 std::vector<double> initial_state(const ModelConfig& c, uint64_t seed, int64_t B, int64_t T) {

@@ -49,16 +49,7 @@ ModelConfig tiny(int layers) {
   return c;
 }
 
-// Random weights with norms away from 1 (so that norm gradients are not degenerate).
-void randomize(Model& m, uint64_t seed) {
-  m.init_random(seed, 0.1f);
-  std::mt19937_64 rng(seed + 1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const ParamSpec& s : m.params())
-    if (!s.is_matrix())
-      for (float& v : m.param(s.name)) v = 1.0f + 0.1f * normal(rng);
-  m.weights_changed();
-}
+void randomize(Model& m, uint64_t seed) { concord_test::randomize_weights(m, seed); }
 
 // The identity written out as a schedule is the model without one, to the bit, including the
 // stochastic rounding of nvfp4's backward (whose streams are keyed by parameter).
