@@ -2,6 +2,7 @@
 // the Poisson inversion against the pmf, and determinism per (seed, step).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -108,8 +109,35 @@ TEST(AdditionCorpus, LinesAreCorrectSumsOfTheAskedDigitCounts) {
   EXPECT_EQ(digit_counts.size(), 4u);
   EXPECT_EQ(load_corpus("addition:3").substr(0, 50), addition_problems(400000, 1, 3, 1).substr(0, 50));
   EXPECT_THROW(load_corpus("addition:0"), InputError);
+  EXPECT_THROW(load_corpus("addition-reversed:19"), InputError);
+  EXPECT_FALSE(addition_corpus("kjv").has_value());
+  EXPECT_EQ(addition_corpus("addition-reversed:4")->max_digits, 4);
+  EXPECT_EQ(addition_corpus("addition-reversed:4")->order, SumOrder::lsb_first);
+  EXPECT_EQ(addition_corpus("addition:4")->order, SumOrder::msb_first);
   EXPECT_THROW(load_corpus("addition:x"), InputError);
   EXPECT_THROW(addition_problems(1, 3, 19, 1), InputError);
+}
+
+// The reversed corpus holds the same problems, each sum written least significant digit first.
+TEST(AdditionCorpus, ReversedSumsAreTheSameSumsDigitsReversed) {
+  std::istringstream msb(addition_problems(2000, 1, 6, 3)), lsb(addition_problems(2000, 1, 6, 3, SumOrder::lsb_first));
+  std::string a, b;
+  int n = 0, differ = 0;
+  while (std::getline(msb, a)) {
+    ASSERT_TRUE(std::getline(lsb, b));
+    const size_t eq = a.find('=');
+    ASSERT_EQ(a.substr(0, eq + 1), b.substr(0, eq + 1));
+    std::string sum = b.substr(eq + 1);
+    differ += sum != a.substr(eq + 1);
+    std::reverse(sum.begin(), sum.end());
+    EXPECT_EQ(sum, a.substr(eq + 1)) << b;
+    ++n;
+  }
+  EXPECT_FALSE(std::getline(lsb, b));
+  EXPECT_EQ(n, 2000);
+  EXPECT_GT(differ, 1000);  // most sums are not palindromes
+  EXPECT_EQ(load_corpus("addition-reversed:3").substr(0, 60),
+            addition_problems(400000, 1, 3, 1, SumOrder::lsb_first).substr(0, 60));
 }
 
 // Decoding token by token through the KV cache scores exactly what the full forward scores (its

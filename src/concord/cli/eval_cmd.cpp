@@ -45,7 +45,7 @@ void add_eval_command(CLI::App& app) {
                    "with --exit-kl: validation rows decoded token by token (default 4)");
   add_integer_list_flag(cmd, "--addition", a->addition, between(1, 18),
                         "exact-match accuracy on additions whose operands have these digit counts (greedy; a "
-                        "model trained on the addition:N corpus), at every depth");
+                        "run trained on an addition:N or addition-reversed:N corpus, the sum written as it was), at every depth");
   add_integer_flag(cmd, "--problems", a->problems, between(1, 100000), "with --addition: problems per digit count (default 200)");
   cmd->add_option("--json", a->json, "write the figures to this JSON file");
   cmd->callback([a]() {
@@ -66,6 +66,11 @@ void add_eval_command(CLI::App& app) {
       out["loss"] = loss;
     } else {
       std::vector<int64_t> depths(a->depths.begin(), a->depths.end());
+      std::optional<train::AdditionCorpus> add;
+      if (!a->addition.empty() && !(add = train::addition_corpus(run.config.corpus)))
+        throw InputError(fmt::format("[eval] --addition is for a run trained on an addition corpus; {} was trained on '{}'",
+                                     a->run, run.config.corpus));
+      const train::SumOrder add_order = add ? add->order : train::SumOrder::msb_first;
       if (depths.empty())
         for (int64_t r = 1; r <= 4 * c.mean_recurrence; r *= 2) depths.push_back(r);
       std::printf("%s\n", fmt::format("{} ({}, r̄ = {}): held-out loss by test depth", a->run, m.policy().name,
@@ -78,7 +83,7 @@ void add_eval_command(CLI::App& app) {
         nlohmann::ordered_json row = {{"depth", r}, {"loss", loss}};
         std::string line = fmt::format("  depth {:>4}: {:.4f} nats/byte", r, loss);
         for (int32_t d : a->addition) {
-          const double acc = train::addition_accuracy(m, d, a->problems, 2);
+          const double acc = train::addition_accuracy(m, d, a->problems, 2, add_order);
           line += fmt::format(", {}-digit accuracy {:.3f}", d, acc);
           row["addition"][std::to_string(d)] = acc;
         }

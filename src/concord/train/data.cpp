@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -120,7 +121,7 @@ std::string load_kjv(const fs::path& bible_tool, const fs::path& cache_file) {
   return text;
 }
 
-std::string addition_problems(int64_t count, int min_digits, int max_digits, uint64_t seed) {
+std::string addition_problems(int64_t count, int min_digits, int max_digits, uint64_t seed, SumOrder order) {
   if (min_digits < 1 || max_digits > 18 || min_digits > max_digits || count < 0)
     throw InputError(fmt::format("[corpus] addition: digits {}..{} must lie within 1..18 and count {} >= 0",
                                  min_digits, max_digits, count));
@@ -140,20 +141,34 @@ std::string addition_problems(int64_t count, int min_digits, int max_digits, uin
   };
   for (int64_t i = 0; i < count; ++i) {
     const uint64_t a = operand(), b = operand();
-    text += fmt::format("{}+{}={}\n", a, b, a + b);
+    std::string sum = std::to_string(a + b);
+    if (order == SumOrder::lsb_first) std::reverse(sum.begin(), sum.end());
+    text += fmt::format("{}+{}={}\n", a, b, sum);
   }
   return text;
 }
 
-std::string load_corpus(std::string_view spec) {
+std::optional<AdditionCorpus> addition_corpus(std::string_view spec) {
+  AdditionCorpus c;
+  std::string_view digits;
   if (spec.starts_with("addition:")) {
-    int n = 0;
-    const std::string_view digits = spec.substr(9);
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    if (ec != std::errc() || end != digits.data() + digits.size() || n < 1 || n > 18)
-      throw InputError(fmt::format("[corpus] '{}': give addition:N with N in 1..18 (the most digits per operand)", spec));
-    return addition_problems(400000, 1, n, 1);
+    digits = spec.substr(9);
+  } else if (spec.starts_with("addition-reversed:")) {
+    digits = spec.substr(18);
+    c.order = SumOrder::lsb_first;
+  } else {
+    return std::nullopt;
   }
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), c.max_digits);
+  if (ec != std::errc() || end != digits.data() + digits.size() || c.max_digits < 1 || c.max_digits > 18)
+    throw InputError(fmt::format("[corpus] '{}': give addition:N or addition-reversed:N with N in 1..18 (the most "
+                                 "digits per operand)", spec));
+  return c;
+}
+
+std::string load_corpus(std::string_view spec) {
+  if (const std::optional<AdditionCorpus> add = addition_corpus(spec))
+    return addition_problems(400000, 1, add->max_digits, 1, add->order);
   if (spec == "kjv") {
     const fs::path dir = corpus_cache_dir();
     return load_kjv(fs::path(kBibleTool), dir.empty() ? fs::path() : dir / "kjv.txt");

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,16 +23,31 @@ namespace concord::train {
 // lines, 4,404,412 bytes), cached in corpus_cache_dir()/kjv.txt after the first call.
 // "addition:N": the arithmetic task of docs/recurrence.md, generated (addition_problems, seed 1):
 // 400,000 lines "a+b=c", the digit count of each operand uniform in 1..N (1 <= N <= 18).
+// "addition-reversed:N": the same problems with the sum written least significant digit first
+// ("57+68=521" for 125), the order in which a left-to-right decoder can carry.
 // Anything else: the path of a UTF-8 text file.
 // Throws InputError when the tool is missing ("install bible-kjv: run scripts/setup"), fails or
 // prints something other than the whole Bible, or when the file is unreadable, empty or not
 // UTF-8.
 std::string load_corpus(std::string_view spec);
 
+// The order the sum of an addition problem is written in.
+enum class SumOrder { msb_first, lsb_first };
+
 // `count` lines "a+b=c\n" in decimal: each operand has a digit count uniform in
 // [min_digits, max_digits] (no leading zeros; 1..18 digits) and uniform digits, drawn from a
-// Philox stream keyed by `seed`. A problem's prompt is the line up to '=' inclusive.
-std::string addition_problems(int64_t count, int min_digits, int max_digits, uint64_t seed);
+// Philox stream keyed by `seed`; c in `order` (the operands always most significant digit first;
+// both orders draw the same problems). A problem's prompt is the line up to '=' inclusive.
+std::string addition_problems(int64_t count, int min_digits, int max_digits, uint64_t seed,
+                              SumOrder order = SumOrder::msb_first);
+
+// The addition corpus a spec names ("addition:N", "addition-reversed:N"), or nullopt for any
+// other spec; throws InputError for an addition spec with a bad N.
+struct AdditionCorpus {
+  int max_digits = 0;
+  SumOrder order = SumOrder::msb_first;
+};
+std::optional<AdditionCorpus> addition_corpus(std::string_view spec);
 
 // The pieces of load_corpus("kjv"), exposed for tests: runs `bible_tool`, checks the text and
 // writes it atomically to `cache_file` (an empty path: no cache); a valid cache is read instead

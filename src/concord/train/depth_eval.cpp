@@ -78,8 +78,8 @@ DecodeEval decode_eval(model::Model& m, const std::vector<Batch>& batches, int64
   return out;
 }
 
-double addition_accuracy(model::Model& m, int digits, int64_t problems, uint64_t seed) {
-  const std::string text = addition_problems(problems, digits, digits, seed);
+double addition_accuracy(model::Model& m, int digits, int64_t problems, uint64_t seed, SumOrder order) {
+  const std::string text = addition_problems(problems, digits, digits, seed, order);
   const int64_t V = m.config().vocab_size;
   const ByteTokenizer tokenizer;
   model::KvCache cache(m.config(), 1);

@@ -42,8 +42,10 @@ DecodeEval decode_eval(model::Model& m, const std::vector<Batch>& batches, int64
                        std::optional<model::Model::AdaptiveExit> exit);
 
 // Exact-match accuracy on `problems` additions whose operands have exactly `digits` digits
-// (addition_problems with `seed`): the prompt "\na+b=" (a line start, as in the training text),
-// then greedy decoding until '\n' or digits + 2 tokens, at the model's current depth.
-double addition_accuracy(model::Model& m, int digits, int64_t problems, uint64_t seed);
+// (addition_problems with `seed`, the sum in `order`): the prompt "\na+b=" (a line start, as in
+// the training text), then greedy decoding until '\n' or digits + 2 tokens, at the model's
+// current depth.
+double addition_accuracy(model::Model& m, int digits, int64_t problems, uint64_t seed,
+                         SumOrder order = SumOrder::msb_first);
 
 }  // namespace concord::train

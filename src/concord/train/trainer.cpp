@@ -47,9 +47,11 @@ size_t peak_rss_bytes() {
   return static_cast<size_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-double validation_loss(model::Model& m, const std::vector<Batch>& batches) {
-  if (m.config().recurrent()) {  // at the model's mean depth, from the inference s0
-    m.set_depth(m.config().mean_recurrence);
+// A depth-recurrent model is validated from the inference s0 at the depth it trains at: the
+// fixed depth of a fixed-depth run, the model's mean depth (its default test depth) otherwise.
+double validation_loss(model::Model& m, const std::vector<Batch>& batches, const DepthSampler& depth) {
+  if (m.config().recurrent()) {
+    m.set_depth(depth.kind == "fixed" ? depth.at(0, 0) : m.config().mean_recurrence);
     m.set_state_seed(0);
   }
   return mean_loss(m, batches);
@@ -361,7 +363,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const bool last = step + 1 == config.steps;
     if ((config.eval_every > 0 && (step + 1) % config.eval_every == 0) || last) {
       export_served(step + 1);
-      result.last_validation_loss = validation_loss(m, validation);
+      result.last_validation_loss = validation_loss(m, validation, config.depth);
       metrics.write({{"step", step + 1}, {"val_loss", result.last_validation_loss}});
       if (options.progress)
         progress.message(fmt::format("step {}: validation loss {:.4f} nats/byte", step + 1,
