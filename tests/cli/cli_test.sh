@@ -703,6 +703,8 @@ expect_error "--depth of a dense model" "are for a depth-recurrent model" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --depth 3
 expect_error "--max-depth without --exit-kl" "--max-depth needs --exit-kl" \
   "$CONCORD" generate --model "$WORK/rec/final" --prompt hi --max-tokens 1 --max-depth 3
+expect_error "eval --addition of a run not trained on additions" "is for a run trained on an addition corpus" \
+  "$CONCORD" eval --run "$WORK/rec" --depths 1 --addition 2
 expect_error "GGUF export of a depth-recurrent model" "has no llama.cpp architecture" \
   "$CONCORD" export --model "$WORK/rec/final" --to gguf --out "$WORK/rec.gguf"
 
