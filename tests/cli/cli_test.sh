@@ -112,6 +112,7 @@ generate|--model m --prompt p|--depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--exit-kl|-1|a number >= 0
 generate|--model m --prompt p|--max-depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--kv-core-slots|5000|an integer in [1, 4096]
+generate|--model m --prompt p|--draft-tokens|0|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
 contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]
 eval|--run r|--depths|0|an integer in [1, 4096]
@@ -465,6 +466,29 @@ b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --se
 c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 [[ -n "$a" && "$a" == "$c" && -n "$b" ]] && pass "generate is reproducible by seed; runs at mxfp8" \
   || fail "generate seeds: '$a' vs '$c' (mxfp8: '$b')"
+# Speculative decoding (issue 16): greedy output with any drafter is the plain greedy output; a
+# GGUF-served target has no fp32 weights for a self drafter; a drafter of another vocabulary is
+# refused naming both.
+"$CONCORD" generate --model "$WORK/run" --prompt "And God said" --max-tokens 24 --temp 0 --json >"$WORK/plain.json" 2>/dev/null
+for d in ngram self:bf16 self:layers=1 "$WORK/run.gguf"; do
+  if "$CONCORD" generate --model "$WORK/run" --prompt "And God said" --max-tokens 24 --temp 0 --json --draft "$d" \
+       --draft-tokens 3 --stats >"$WORK/spec.json" 2>"$WORK/spec.err" \
+     && python3 -c 'import json, sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); sys.exit(0 if a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"] else 1)' \
+       "$WORK/plain.json" "$WORK/spec.json" \
+     && grep -q "^speculation: drafter" "$WORK/spec.err" && grep -q "^acceptance by draft position:" "$WORK/spec.err"; then
+    pass "generate --draft $(basename "$d"): the greedy tokens and log-probs of plain decoding, with --stats"
+  else
+    fail "generate --draft $d: $(cat "$WORK/spec.err")"
+  fi
+done
+expect_error "a self drafter of a GGUF-served target" "needs the target's fp32 weights" \
+  "$CONCORD" generate --model "$WORK/run_q4_0.gguf" --prompt hi --max-tokens 2 --draft self:bf16
+expect_error "--stats without --draft" "need --draft" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 2 --stats
+expect_error "self:layers beyond the model" "must lie in 1.." \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 2 --draft self:layers=99
+expect_error "an unknown drafter" "--draft" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 2 --draft "$WORK/no-such-model"
 # At a huge temperature the byte-level model samples arbitrary bytes; stdout stays valid UTF-8
 # (invalid bytes become U+FFFD) (issue 26 item 10).
 if "$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 48 --temp 1e30 --seed 3 \

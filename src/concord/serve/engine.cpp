@@ -10,6 +10,7 @@
 
 #include "concord/numerics/check.h"
 #include "concord/serve/logprob.h"
+#include "concord/serve/speculative.h"
 
 namespace concord::serve {
 
@@ -21,6 +22,12 @@ struct Engine::Sequence {
   int32_t next_input = 0;  // the last sampled token, fed by the next decode step
   bool done = false;       // finished or cancelled (its completion is in done_)
   Completion completion;
+  // Speculation: the prompt and the generated tokens, the drafts per round (γ), this step's
+  // draft (index into drafts_, -1: none) and its input (the pending token, then the drafts).
+  std::vector<int32_t> context;
+  int gamma = 0;
+  int draft = -1;
+  std::vector<int32_t> spec_input;
 };
 
 const char* finish_reason_name(FinishReason r) {
@@ -96,6 +103,8 @@ int64_t Engine::submit(Request request) {
   auto s = std::make_unique<Sequence>();
   s->id = next_id_++;
   s->request = std::move(request);
+  s->context = s->request.prompt;
+  s->gamma = speculation_.draft_tokens;
   const bool scores_prompt = s->request.prompt_logprobs && s->request.prompt.size() >= 2;
   if (s->request.max_tokens == 0 && !scores_prompt) {
     done_[s->id] = Completion{};
@@ -115,7 +124,8 @@ void Engine::admit() {
 }
 
 // Records the sampled token; true when the sequence is done.
-bool Engine::finish_if_done(Sequence& s, int32_t token) {
+// `cached`: the sequence's tokens in the cache, the token not yet fed.
+bool Engine::finish_if_done(Sequence& s, int32_t token, int64_t cached) {
   Completion& c = s.completion;
   const Request& r = s.request;
   if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end()) {
@@ -126,7 +136,7 @@ bool Engine::finish_if_done(Sequence& s, int32_t token) {
     c.finish = FinishReason::length;
     return true;
   }
-  if (cache_.length(s.slot) + 1 > options_.max_context) {  // no room to feed the token back
+  if (cached + 1 > options_.max_context) {  // no room to feed the token back
     c.finish = FinishReason::context;
     return true;
   }
@@ -137,6 +147,7 @@ void Engine::finish(Sequence& s, FinishReason reason) {
   s.completion.finish = reason;
   s.done = true;
   cache_.release(s.slot);
+  if (drafter_) drafter_->release(s.id);
   done_[s.id] = std::move(s.completion);
   std::unique_ptr<Sequence>& owner = running_[static_cast<size_t>(s.slot)];
   // During step()'s sampling loop the loop still points at the sequence: keep it until the end.
@@ -178,11 +189,35 @@ void Engine::record_prompt_logprobs(Sequence& s, std::span<const float> logits, 
 bool Engine::step() {
   CONCORD_CHECK(!in_step_, "Engine::step() called from the token callback");
   admit();
+  // Drafts for every decoding sequence, from one drafter call.
+  drafts_.clear();
+  if (drafter_) {
+    for (auto& slot : running_) {
+      if (!slot) continue;
+      Sequence& s = *slot;
+      s.draft = -1;
+      if (s.prefilled < static_cast<int64_t>(s.request.prompt.size())) continue;
+      const auto generated = static_cast<int64_t>(s.completion.tokens.size());
+      // Room: tokens still to generate beyond the one the round always emits, and context for
+      // the pending token and the drafts.
+      const int64_t gamma = std::min({static_cast<int64_t>(s.gamma), s.request.max_tokens - generated - 1,
+                                      options_.max_context - cache_.length(s.slot) - 1});
+      if (gamma <= 0) continue;
+      s.draft = static_cast<int>(drafts_.size());
+      DraftRequest& r = drafts_.emplace_back();
+      r.id = s.id;
+      r.context = s.context;
+      r.sampling = &s.request.sampling;
+      r.position = static_cast<uint64_t>(generated);
+      r.gamma = static_cast<int>(gamma);
+    }
+    drafter_->propose(drafts_);
+  }
   std::vector<model::CachedInput> inputs;
   std::vector<Sequence*> owners;
   std::vector<int64_t> prompt_first;  // per input: its first prompt position, -1 for decode rows
   std::vector<bool> samples;          // per input: its last logits row is sampled
-  int64_t prefill_rows = 0, decode_rows = 0;
+  int64_t prefill_rows = 0, decode_emitted = 0;
   for (auto& slot : running_) {
     if (!slot) continue;
     Sequence& s = *slot;
@@ -201,12 +236,20 @@ bool Engine::step() {
       samples.push_back(last_chunk && s.request.max_tokens > 0);
       s.prefilled += n;
       prefill_rows += n;
+    } else if (s.draft >= 0 && !drafts_[static_cast<size_t>(s.draft)].tokens.empty()) {
+      const std::vector<int32_t>& d = drafts_[static_cast<size_t>(s.draft)].tokens;
+      s.spec_input.assign(1, s.next_input);
+      s.spec_input.insert(s.spec_input.end(), d.begin(), d.end());
+      in.tokens = s.spec_input;
+      in.logits = model::LogitRows::all;
+      prompt_first.push_back(-1);
+      samples.push_back(true);
     } else {
+      if (drafter_) s.draft = -1;
       in.tokens = std::span<const int32_t>(&s.next_input, 1);
       in.logits = model::LogitRows::last;
       prompt_first.push_back(-1);
       samples.push_back(true);
-      decode_rows += 1;
     }
     inputs.push_back(in);
     owners.push_back(&s);
@@ -250,10 +293,34 @@ bool Engine::step() {
     if (!samples[k]) continue;
     try {
       const Sequence& s = *owners[k];
-      const std::span<const float> logits(logits_.data() + (first_row[k] + rows_of[k] - 1) * V,
-                                          static_cast<size_t>(V));
       const SamplingParams& p = s.request.sampling;
       Draw& d = draws_[k];
+      if (prompt_first[k] < 0 && s.draft >= 0) {  // a speculative round: verify the drafts
+        const DraftRequest& r = drafts_[static_cast<size_t>(s.draft)];
+        const size_t gamma = r.tokens.size();
+        std::vector<std::vector<double>> ps(gamma + 1), qs(gamma);
+        for (size_t j = 0; j <= gamma; ++j)
+          ps[j] = processed_distribution(
+              std::span<const float>(logits_.data() + (first_row[k] + static_cast<int64_t>(j)) * V, static_cast<size_t>(V)), p);
+        for (size_t j = 0; j < gamma; ++j) qs[j] = r.q.empty() ? one_hot(V, r.tokens[j]) : r.q[j];
+        PhiloxChoices choices(p.seed);
+        const Verdict v = verify_draft(r.tokens, qs, ps, choices, r.position);
+        d.accepted = v.accepted;
+        d.tokens = v.tokens;
+        d.logprobs.resize(v.tokens.size());
+        d.tops.resize(v.tokens.size());
+        for (size_t j = 0; j < v.tokens.size(); ++j) {
+          const std::span<const float> row(logits_.data() + (first_row[k] + static_cast<int64_t>(j)) * V,
+                                           static_cast<size_t>(V));
+          const SoftmaxStats stats = softmax_stats(row, p.temperature);
+          d.logprobs[j] = stats.logprob(row[static_cast<size_t>(v.tokens[j])]);
+          d.tops[j].clear();
+          if (s.request.top_logprobs > 0) top_logprobs(row, stats, s.request.top_logprobs, d.tops[j]);
+        }
+        continue;
+      }
+      const std::span<const float> logits(logits_.data() + (first_row[k] + rows_of[k] - 1) * V,
+                                          static_cast<size_t>(V));
       d.token = sample_token(logits, p, s.completion.tokens.size());
       // stats.logprob(logits[token]) is token_logprob(logits, token, T), computed once per row.
       const SoftmaxStats stats = softmax_stats(logits, p.temperature);
@@ -280,6 +347,10 @@ bool Engine::step() {
         finish(s, FinishReason::length);  // max_tokens = 0: the prompt is scored, nothing drawn
       continue;
     }
+    if (prompt_first[i] < 0 && s.draft >= 0) {
+      decode_emitted += emit_speculative(s, block, draws_[i]);
+      continue;
+    }
     const std::span<const float> logits = block.last(static_cast<size_t>(V));
     Completion& c = s.completion;
     const Request& r = s.request;
@@ -293,8 +364,10 @@ bool Engine::step() {
     }
     if (r.top_logprobs > 0) c.top_logprobs.push_back(d.top);
     s.next_input = token;
+    s.context.push_back(token);
     ++stats_.generated_tokens;
-    const bool ended = finish_if_done(s, token);
+    if (prompt_first[i] < 0) ++decode_emitted;
+    const bool ended = finish_if_done(s, token, cache_.length(s.slot));
     const FinishReason reason = c.finish;
     if (ended) finish(s, reason);  // before the event: cancel() from it returns false
     if (on_token_) on_token_(TokenEvent{s.id, token, d.logprob, d.top, ended, reason});
@@ -306,10 +379,70 @@ bool Engine::step() {
     stats_.prefill_tokens += prefill_rows;
     stats_.prefill_seconds += seconds;
   } else {
-    stats_.decode_tokens += decode_rows;
+    stats_.decode_tokens += decode_emitted;
     stats_.decode_seconds += seconds;
   }
   return true;
+}
+
+// Emits a speculative round's tokens (Draw::tokens) in order, as the plain path emits one:
+// the cache keeps the pending token and the accepted drafts; a stop, the length limit or a
+// cancel from the callback ends the sequence at that token. Returns the tokens emitted.
+int64_t Engine::emit_speculative(Sequence& s, std::span<const float> block, const Draw& d) {
+  const int64_t V = model_.config().vocab_size;
+  const DraftRequest& r = drafts_[static_cast<size_t>(s.draft)];
+  const auto gamma = static_cast<int64_t>(r.tokens.size());
+  const int64_t before = cache_.length(s.slot) - 1 - gamma;  // the cache before this step
+  cache_.truncate(s.slot, before + 1 + d.accepted);
+  SpeculationStats& st = stats_.speculation;
+  ++st.rounds;
+  st.drafted += std::min<int64_t>(gamma, d.accepted + 1);
+  st.accepted += d.accepted;
+  if (st.verified_at.size() < static_cast<size_t>(gamma)) {
+    st.verified_at.resize(static_cast<size_t>(gamma));
+    st.accepted_at.resize(static_cast<size_t>(gamma));
+  }
+  for (int64_t j = 0; j < std::min<int64_t>(gamma, d.accepted + 1); ++j) {
+    ++st.verified_at[static_cast<size_t>(j)];
+    st.accepted_at[static_cast<size_t>(j)] += j < d.accepted;
+  }
+  if (speculation_.adaptive)
+    s.gamma = d.accepted == gamma ? std::min(speculation_.draft_tokens, s.gamma + 2) : std::max(1, s.gamma - 1);
+  Completion& c = s.completion;
+  const Request& req = s.request;
+  int64_t emitted = 0;
+  for (size_t j = 0; j < d.tokens.size(); ++j) {
+    const int32_t token = d.tokens[j];
+    c.tokens.push_back(token);
+    c.logprobs.push_back(d.logprobs[j]);
+    if (req.full_logprobs) {
+      c.full_logprobs.emplace_back(static_cast<size_t>(V));
+      full_logprobs(block.subspan(j * static_cast<size_t>(V), static_cast<size_t>(V)), req.sampling.temperature,
+                    c.full_logprobs.back());
+    }
+    if (req.top_logprobs > 0) c.top_logprobs.push_back(d.tops[j]);
+    s.next_input = token;
+    s.context.push_back(token);
+    ++stats_.generated_tokens;
+    ++st.emitted;
+    ++emitted;
+    const bool ended = finish_if_done(s, token, before + 1 + static_cast<int64_t>(j));
+    const FinishReason reason = c.finish;
+    if (ended) finish(s, reason);
+    if (on_token_) on_token_(TokenEvent{s.id, token, d.logprobs[j], d.tops[j], ended, reason});
+    if (s.done) break;
+  }
+  return emitted;
+}
+
+void Engine::set_drafter(std::shared_ptr<Drafter> drafter, SpeculationOptions options) {
+  if (options.draft_tokens < 1)
+    throw InputError(fmt::format("[engine] draft_tokens must be >= 1, got {}", options.draft_tokens));
+  drafter_ = std::move(drafter);
+  speculation_ = options;
+  for (auto& slot : running_)
+    if (slot) slot->gamma = options.draft_tokens;
+  for (auto& s : waiting_) s->gamma = options.draft_tokens;
 }
 
 void Engine::run() {

@@ -28,6 +28,7 @@
 
 #include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
+#include "concord/serve/drafter.h"
 #include "concord/serve/logprob.h"
 #include "concord/serve/sampling.h"
 
@@ -99,12 +100,30 @@ struct TokenEvent {
   FinishReason finish = FinishReason::length;  // ... for this reason (meaningful when finished)
 };
 
+// Speculative decoding (Engine::set_drafter; speculative.h).
+struct SpeculationOptions {
+  int draft_tokens = 4;  // γ: drafts per round at most (and at the start)
+  // γ per sequence from its last round (Hugging Face's heuristic): +2 after a round that
+  // accepted every draft, −1 otherwise, within 1 .. draft_tokens. Off: always draft_tokens.
+  bool adaptive = false;
+};
+struct SpeculationStats {
+  int64_t rounds = 0;    // verifications (a decode row with at least one draft)
+  int64_t drafted = 0;   // draft tokens verified
+  int64_t accepted = 0;  // of them accepted
+  int64_t emitted = 0;   // tokens the rounds emitted (accepted + one each, fewer at a stop)
+  // Per draft position i: rounds that verified draft i (every earlier one accepted), and those
+  // that accepted it; their ratio estimates α at position i.
+  std::vector<int64_t> verified_at, accepted_at;
+};
+
 // Throughput counters. A step that processes prompt tokens counts as prefill time; a step with
 // decode rows only counts as decode time (mixed steps count their decode rows as prefill time).
 struct EngineStats {
   int64_t prefill_tokens = 0;
   double prefill_seconds = 0;
-  int64_t decode_tokens = 0;     // rows of decode-only steps
+  int64_t decode_tokens = 0;     // tokens emitted by decode-only steps (with speculation, several
+                                 // per row)
   double decode_seconds = 0;
   int64_t generated_tokens = 0;  // tokens sampled (each ends a prefill or a decode step's row)
   int64_t steps = 0;
@@ -113,6 +132,7 @@ struct EngineStats {
   // token).
   int64_t core_iterations = 0;
   int64_t iterated_tokens = 0;
+  SpeculationStats speculation;
 };
 
 class Engine {
@@ -154,6 +174,15 @@ class Engine {
   using TokenCallback = std::function<void(const TokenEvent&)>;
   void set_token_callback(TokenCallback callback) { on_token_ = std::move(callback); }
 
+  // Speculative decoding from now on: each decode row feeds the sequence's pending token and the
+  // drafter's proposals (capped by max_tokens and the context), verified by speculative.h's
+  // rule against the target's processed distributions with the request's seed; the KV cache
+  // drops the rejected drafts. A request's tokens then depend on its seed, the drafter and
+  // the draft lengths — not on the batch or thread count — and follow the target's
+  // distribution; greedy requests emit the non-speculative tokens exactly. Log-probabilities
+  // stay the target's. nullptr: off.
+  void set_drafter(std::shared_ptr<Drafter> drafter, SpeculationOptions options = {});
+
   const EngineStats& stats() const { return stats_; }
   const EngineOptions& options() const { return options_; }
   model::KvCache& cache() { return cache_; }
@@ -161,10 +190,12 @@ class Engine {
  private:
   struct Sequence;
   void admit();
-  bool finish_if_done(Sequence& s, int32_t token);
+  bool finish_if_done(Sequence& s, int32_t token, int64_t cached);
   void record_prompt_logprobs(Sequence& s, std::span<const float> logits, int64_t first_row,
                               int64_t rows);
   void finish(Sequence& s, FinishReason reason);
+  struct Draw;
+  int64_t emit_speculative(Sequence& s, std::span<const float> block, const Draw& d);
 
   model::Model& model_;
   EngineOptions options_;
@@ -179,6 +210,11 @@ class Engine {
     int32_t token = 0;
     double logprob = 0;
     std::vector<TopLogprob> top;
+    // A speculative row: every emitted token with its log-prob and top entries.
+    int accepted = 0;
+    std::vector<int32_t> tokens;
+    std::vector<double> logprobs;
+    std::vector<std::vector<TopLogprob>> tops;
   };
   std::vector<Draw> draws_;
   bool in_step_ = false;
@@ -187,6 +223,9 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> retired_;
   TokenCallback on_token_;
   EngineStats stats_;
+  std::shared_ptr<Drafter> drafter_;
+  SpeculationOptions speculation_;
+  std::vector<DraftRequest> drafts_;
 };
 
 }  // namespace concord::serve

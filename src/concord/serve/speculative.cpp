@@ -55,7 +55,7 @@ double unit(uint32_t hi, uint32_t lo) {  // 53 bits in [0, 1)
 }  // namespace
 
 bool PhiloxChoices::bernoulli(double prob, uint64_t t) {
-  const numerics::PhiloxBlock w = numerics::RandomStream{seed_, kSpeculativeStream}.block(t);
+  const numerics::PhiloxBlock w = numerics::RandomStream{seed_, stream_}.block(t);
   return unit(w[0], w[1]) < prob;
 }
 
@@ -63,7 +63,7 @@ size_t PhiloxChoices::categorical(std::span<const double> weights, uint64_t t) {
   double total = 0.0;
   for (double x : weights) total += x;
   CONCORD_CHECK(total > 0.0, "categorical over weights that sum to 0");
-  const numerics::PhiloxBlock w = numerics::RandomStream{seed_, kSpeculativeStream}.block(t);
+  const numerics::PhiloxBlock w = numerics::RandomStream{seed_, stream_}.block(t);
   const double target = unit(w[2], w[3]) * total;
   double running = 0.0;
   size_t last = 0;

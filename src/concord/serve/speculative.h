@@ -59,16 +59,18 @@ class Choices {
   virtual size_t categorical(std::span<const double> weights, uint64_t t) = 0;
 };
 
-// bernoulli: u < prob with u from words 0-1 of Philox block t (53 bits, [0, 1)); categorical:
-// u from words 2-3, the first index (ascending) whose running sum of w exceeds u · Σw.
+// bernoulli: u < prob with u from words 0-1 of Philox block t of RandomStream{seed, stream}
+// (53 bits, [0, 1)); categorical: u from words 2-3, the first index (ascending) whose running
+// sum of w exceeds u · Σw. The verifier uses kSpeculativeStream, a sampling drafter kDraftStream.
 class PhiloxChoices final : public Choices {
  public:
-  explicit PhiloxChoices(uint64_t seed) : seed_(seed) {}
+  explicit PhiloxChoices(uint64_t seed, uint32_t stream = kSpeculativeStream) : seed_(seed), stream_(stream) {}
   bool bernoulli(double prob, uint64_t t) override;
   size_t categorical(std::span<const double> weights, uint64_t t) override;
 
  private:
   uint64_t seed_;
+  uint32_t stream_;
 };
 
 struct Verdict {
