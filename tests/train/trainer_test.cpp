@@ -193,6 +193,57 @@ TEST(Trainer, RecurrentResumedRunEqualsUninterruptedRun) {
 }
 
 // Every config the repository ships (configs/*.json) is a valid training config.
+// Distillation (a draft model for speculative decoding): a smaller student trained to a trained
+// teacher's distributions ends closer to it (validation KL falls), carries the teacher's
+// tokenizer, and resumes bit-identically; a student of another vocabulary is refused.
+TEST(Trainer, DistilledStudentApproachesTheTeacher) {
+  const TempDir tmp;
+  TrainConfig t = tiny_config(tmp.path);
+  t.steps = 40;
+  t.eval_every = 0;
+  TrainOptions o;
+  o.progress = false;
+  o.out = tmp.path / "teacher";
+  train(t, o);
+  TrainConfig c = tiny_config(tmp.path);
+  c.model.hidden_size = 32;
+  c.model.head_dim = 8;
+  c.model.num_hidden_layers = 1;
+  c.distill_from = (tmp.path / "teacher" / "final").string();
+  c.steps = 24;
+  c.eval_every = 4;
+  c = TrainConfig::from_json(c.to_json(), "test");  // the "distill" section round-trips
+  EXPECT_EQ(c.distill_from, (tmp.path / "teacher" / "final").string());
+  o.out = tmp.path / "student";
+  const TrainResult whole = train(c, o);
+  std::vector<double> kl;
+  std::ifstream metrics(tmp.path / "student/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) kl.push_back(j["val_loss"].get<double>());
+  }
+  ASSERT_EQ(kl.size(), 6u);
+  EXPECT_LT(kl.back(), 0.8 * kl.front());
+  EXPECT_GT(kl.back(), 0.0);
+  EXPECT_EQ(read_file(tmp.path / "student/final/tokenizer.json"), read_file(tmp.path / "teacher/final/tokenizer.json"));
+  o.out = tmp.path / "killed";
+  o.stop_after = 10;
+  train(c, o);
+  o.stop_after.reset();
+  const TrainResult resumed = train(c, o);
+  std::vector<float> tail(whole.losses.begin() + 8, whole.losses.end());
+  EXPECT_TRUE(same_bits(resumed.losses, tail));
+  c.model.vocab_size = 300;
+  o.out = tmp.path / "wrong";
+  try {
+    train(c, o);
+    ADD_FAILURE() << "a student of another vocabulary trained";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("set model.vocab_size to 259"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, EveryShippedConfigLoads) {
   const char* golden = std::getenv("CONCORD_GOLDEN_DIR");
   ASSERT_NE(golden, nullptr) << "CONCORD_GOLDEN_DIR is not set (ctest sets it to tests/golden)";

@@ -17,6 +17,7 @@ void add_train_command(CLI::App& app) {
     std::string out;
     std::string policy;
     std::string export_rule;
+    std::string distill_from;
     std::optional<int64_t> steps;
     std::optional<uint64_t> seed;
     bool no_resume = false;
@@ -38,6 +39,10 @@ void add_train_command(CLI::App& app) {
                    "number of optimizer steps (default: the config's train.steps)");
   add_seed_flag(cmd, "--seed", args->seed,
                 "seed for init, batches and stochastic rounding (default: the config's train.seed)");
+  cmd->add_option("--distill-from", args->distill_from,
+                  "train a draft model for speculative decoding: the loss is the KL divergence to this teacher "
+                  "model's next-token distributions (a model folder or GGUF; the corpus is tokenized by its "
+                  "tokenizer, model.vocab_size must be its vocabulary's; default: the config's distill.from)");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args]() {
@@ -47,6 +52,7 @@ void add_train_command(CLI::App& app) {
     if (args->steps) config.steps = *args->steps;
     if (args->seed) config.seed = *args->seed;
     if (!args->out.empty()) config.out = args->out;
+    if (!args->distill_from.empty()) config.distill_from = args->distill_from;
     // Re-validate what the overrides touched.
     config = train::TrainConfig::from_json(config.to_json(), args->config);
     train::TrainOptions options;
@@ -59,11 +65,12 @@ void add_train_command(CLI::App& app) {
       return;
     }
     std::printf("%s\n", fmt::format("trained {} ({}, {} params) steps {}..{}: final loss {:.4f}, "
-                                    "validation loss {:.4f} nats/byte, {:.0f} tokens/s, {:.1f} s, "
+                                    "validation {} {:.4f} nats/{}, {:.0f} tokens/s, {:.1f} s, "
                                     "peak RSS {:.0f} MiB -> {}",
                                     config.name, config.policy.name, config.model.parameter_count(),
                                     r.start_step, r.steps_done,
-                                    r.losses.back(), r.last_validation_loss,
+                                    r.losses.back(), config.distill_from.empty() ? "loss" : "KL to the teacher",
+                                    r.last_validation_loss, config.distill_from.empty() ? "byte" : "token",
                                     r.tokens_per_second, r.seconds,
                                     static_cast<double>(r.peak_rss_bytes) / (1 << 20),
                                     r.run_dir.string())

@@ -61,4 +61,16 @@ void full_logprobs(std::span<const float> logits, float temperature, std::span<f
   for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(s.logprob(logits[i]));
 }
 
+double kl_divergence(std::span<const float> p_logits, std::span<const float> q_logits) {
+  if (p_logits.size() != q_logits.size())
+    throw InputError(fmt::format("[logprob] KL of {} and {} logits", p_logits.size(), q_logits.size()));
+  const SoftmaxStats p = softmax_stats_unchecked(p_logits), q = softmax_stats_unchecked(q_logits);
+  double kl = 0.0;
+  for (size_t i = 0; i < p_logits.size(); ++i) {
+    const double lp = p.logprob(p_logits[i]), pi = std::exp(lp);
+    if (pi > 0.0) kl += pi * (lp - q.logprob(q_logits[i]));
+  }
+  return kl;
+}
+
 }  // namespace concord::model

@@ -43,4 +43,9 @@ double token_logprob(std::span<const float> logits, int32_t token, float tempera
 // logp of every token, out.size() == logits.size().
 void full_logprobs(std::span<const float> logits, float temperature, std::span<float> out);
 
+// KL(p || q) in nats for p = softmax(p_logits), q = softmax(q_logits) at T = 1, from their
+// softmax_stats_unchecked: Σ_i p_i (logp_i − logq_i) in ascending i, terms with p_i = 0 skipped
+// (distillation's loss, Model::forward_backward_distill). Sizes must match.
+double kl_divergence(std::span<const float> p_logits, std::span<const float> q_logits);
+
 }  // namespace concord::model

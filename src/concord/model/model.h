@@ -183,6 +183,14 @@ class Model {
   void set_router_stats(bool on);
   RouterStats router_stats() const;
 
+  // Distillation (a draft model for speculative decoding, serve/speculative.h): forward over
+  // (B, T), then the mean over the B*T rows of KL(p_teacher || p_model), p_teacher the softmax
+  // of `teacher_logits` (B*T, V) and p_model the model's, both at temperature 1, in double; the
+  // gradients of that mean are written (overwritten). Returns the mean KL in nats. InputError
+  // for sizes that do not match or non-finite teacher logits.
+  double forward_backward_distill(std::span<const int32_t> tokens, std::span<const float> teacher_logits,
+                                  int64_t B, int64_t T, uint64_t step = 0);
+
   // Policy-gradient pass (RL, rl/grpo.h): forward over (B, T), then `loss` is called once with
   // each row's log-prob of its target and the entropy of its distribution (both in double; rows
   // with target < 0 get 0 and must get coefficient 0) and fills coef[t] = ∂L/∂logp_t. The

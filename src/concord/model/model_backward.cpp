@@ -242,4 +242,47 @@ double Model::forward_backward_policy(std::span<const int32_t> tokens,
   return surrogate;
 }
 
+double Model::forward_backward_distill(std::span<const int32_t> tokens, std::span<const float> teacher_logits,
+                                       int64_t B, int64_t T, uint64_t step) {
+  Impl& m = *impl_;
+  m.require_fp32_values("forward_backward_distill");
+  const int64_t V = m.config.vocab_size;
+  if (B <= 0 || T <= 0 || static_cast<int64_t>(tokens.size()) != B * T)
+    throw InputError(fmt::format("[model] forward_backward_distill: {} tokens for B={} x T={}", tokens.size(), B, T));
+  if (static_cast<int64_t>(teacher_logits.size()) != B * T * V)
+    throw InputError(fmt::format("[model] forward_backward_distill: {} teacher logits for {} rows of a vocabulary of {}",
+                                 teacher_logits.size(), B * T, V));
+  for (const int32_t t : tokens)
+    if (t < 0 || t >= V)
+      throw InputError(fmt::format("[model] forward_backward_distill: token id {} outside the vocabulary [0, {})", t, V));
+  for (size_t i = 0; i < teacher_logits.size(); ++i)
+    if (!std::isfinite(teacher_logits[i]))
+      throw InputError(fmt::format("[model] forward_backward_distill: teacher logit {} of row {} is {}", i % V, i / V,
+                                   teacher_logits[i]));
+  m.run_forward(tokens.data(), B, T);
+  const int64_t rows = B * T;
+  float* dlogits = m.arena.alloc(rows * V);
+  std::vector<double> kl(static_cast<size_t>(rows));
+  const double inv_rows = 1.0 / static_cast<double>(rows);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    const std::span<const float> s(m.logits + t * V, static_cast<size_t>(V));
+    const std::span<const float> u(teacher_logits.data() + t * V, static_cast<size_t>(V));
+    // logprob.h's definitions: the KL is kl_divergence(u, s); its gradient in s is q − p.
+    const SoftmaxStats ss = softmax_stats_unchecked(s), su = softmax_stats_unchecked(u);
+    double k = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double lu = su.logprob(u[static_cast<size_t>(v)]), ls = ss.logprob(s[static_cast<size_t>(v)]);
+      const double pu = std::exp(lu);
+      if (pu > 0) k += pu * (lu - ls);
+      dlogits[t * V + v] = static_cast<float>((std::exp(ls) - pu) * inv_rows);
+    }
+    kl[static_cast<size_t>(t)] = k;
+  }
+  double total = 0;  // in ascending rows: independent of the thread count
+  for (const double k : kl) total += k;
+  m.backward_from_dlogits(tokens.data(), dlogits, step);
+  return total * inv_rows;
+}
+
 }  // namespace concord::model

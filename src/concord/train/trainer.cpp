@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "concord/io/safetensors.h"
 #include "concord/io/tokenizer.h"
 #include "concord/model/files.h"
+#include "concord/model/logprob.h"
 #include "concord/model/model.h"
 #include "concord/model/ops.h"
 #include "concord/numerics/check.h"
@@ -57,6 +59,23 @@ double validation_loss(model::Model& m, const std::vector<Batch>& batches, const
   return mean_loss(m, batches);
 }
 
+// Distillation's validation: the mean KL(p_teacher || p_model) per token over the batches.
+double distill_validation(model::Model& m, model::Model& teacher, const std::vector<Batch>& batches, int64_t B,
+                          int64_t T) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> u(static_cast<size_t>(B * T * V)), s(u.size());
+  double total = 0;
+  int64_t rows = 0;
+  for (const Batch& b : batches) {
+    teacher.forward(b.inputs, B, T, u);
+    m.forward(b.inputs, B, T, s);
+    for (int64_t r = 0; r < B * T; ++r, ++rows)
+      total += model::kl_divergence(std::span<const float>(u).subspan(static_cast<size_t>(r * V), static_cast<size_t>(V)),
+                                    std::span<const float>(s).subspan(static_cast<size_t>(r * V), static_cast<size_t>(V)));
+  }
+  return rows > 0 ? total / static_cast<double>(rows) : 0.0;
+}
+
 // The files of a run directory, config.json first (train::discard_run_files).
 const std::vector<std::string> kRunFiles = {"config.json", "checkpoints", "final", "metrics.jsonl"};
 constexpr const char* kFinalFiles[] = {"config.json", "model.safetensors", "tokenizer.json",
@@ -77,12 +96,13 @@ std::map<std::string, std::string> final_metadata(const TrainConfig& config, con
 }
 
 // final/: an HF-layout model folder of the served weights (fp32 values), with the byte
-// tokenizer as a tokenizer.json, so that `concord generate --model run/final` and HF tools read
-// it as they read any model folder. Written as a whole (io::write_directory_atomic): a final/ is
-// never half written.
-void write_served_model(const fs::path& dir, model::Model& m, const std::map<std::string, std::string>& metadata) {
+// tokenizer (a distilled model: the teacher's) as a tokenizer.json, so that `concord generate
+// --model run/final` and HF tools read it as they read any model folder. Written as a whole
+// (io::write_directory_atomic): a final/ is never half written.
+void write_served_model(const fs::path& dir, model::Model& m, const std::map<std::string, std::string>& metadata,
+                        const io::Tokenizer* tokenizer) {
   model::ExportOptions options;
-  options.tokenizer = io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
+  options.tokenizer = tokenizer ? *tokenizer : io::Tokenizer::byte_level({"<|bos|>", "<|eos|>", "<|pad|>"});
   options.metadata = metadata;
   io::write_directory_atomic(dir, [&](const fs::path& tmp) { model::export_model(m, tmp, options); });
 }
@@ -121,6 +141,12 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
                                           : model::PrecisionPolicy::from_json(value.object().json(), source + ": policy");
     else if (key == "export") c.export_rule = value.string();
     else if (key == "out") c.out = value.nonempty_string();
+    else if (key == "distill") {
+      value.each_member([&](const std::string&, const io::JsonValue& v) {
+        if (v.key() == "distill.from") c.distill_from = v.nonempty_string();
+        else v.fail_unknown("distill: from");
+      });
+    }
     else if (key == "depth") {
       depth_given = true;
       value.each_member([&](const std::string&, const io::JsonValue& v) {
@@ -173,7 +199,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
         else v.fail_unknown("checkpoint: every, keep");
       });
     } else {
-      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, depth, out");
+      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, depth, distill, out");
     }
   });
   if (c.model.recurrent()) {
@@ -189,7 +215,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   if (c.seq_len > c.model.max_position_embeddings)
     config_error(source, fmt::format("train.seq_len ({}) exceeds the model's max_position_embeddings ({})",
                                      c.seq_len, c.model.max_position_embeddings));
-  if (c.model.vocab_size < ByteTokenizer::vocab_size())
+  if (c.distill_from.empty() && c.model.vocab_size < ByteTokenizer::vocab_size())
     config_error(source, fmt::format("the byte-level tokenizer needs vocab_size >= {}",
                                      ByteTokenizer::vocab_size()));
   if (c.checkpoint_keep < 1) config_error(source, "checkpoint.keep must be at least 1");
@@ -220,6 +246,7 @@ json TrainConfig::to_json() const {
           {"eval", {{"every", eval_every}, {"batches", eval_batches}}},
           {"checkpoint", {{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
           {"out", out}};
+  if (!distill_from.empty()) j["distill"] = {{"from", distill_from}};
   if (model.recurrent())
     j["depth"] = {{"sampler", depth.kind}, {"mean", depth.mean}, {"sigma", depth.sigma}, {"fixed", depth.fixed},
                   {"backprop", depth.backprop}};
@@ -254,10 +281,29 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   if (!checkpoint) discard_run_files(run_dir, kRunFiles);
   io::write_file_atomic(config_path, config_json.dump(2) + "\n");
 
-  // Data: byte-level tokens of the corpus, an interleaved train/validation split.
+  // Distillation: the teacher, in its file's own precision, and its tokenizer.
+  std::optional<model::LoadedModel> teacher;
+  if (!config.distill_from.empty()) {
+    teacher.emplace(model::load_model(config.distill_from, "native"));
+    const model::ModelConfig& tc = teacher->model.config();
+    if (!teacher->source.tokenizer)
+      throw InputError(fmt::format("[train] distill.from {}: the teacher has no tokenizer", config.distill_from));
+    if (tc.vocab_size != config.model.vocab_size)
+      throw InputError(fmt::format("[train] distill.from {} has a vocabulary of {} tokens: set model.vocab_size to {} "
+                                   "(the config has {})", config.distill_from, tc.vocab_size, tc.vocab_size,
+                                   config.model.vocab_size));
+    if (config.seq_len > tc.max_position_embeddings)
+      throw InputError(fmt::format("[train] train.seq_len {} exceeds the teacher's max_position_embeddings {}",
+                                   config.seq_len, tc.max_position_embeddings));
+    teacher->model.prepare_weights();
+  }
+  const io::Tokenizer* teacher_tokenizer = teacher ? &*teacher->source.tokenizer : nullptr;
+
+  // Data: tokens of the corpus (byte-level, or the teacher's tokenizer), an interleaved
+  // train/validation split.
   const std::string text = load_corpus(config.corpus);
-  const ByteTokenizer tokenizer;
-  const TokenSplit split = split_tokens(tokenizer.encode(text), config.validation_fraction, config.split_chunk);
+  const TokenSplit split = split_tokens(teacher_tokenizer ? teacher_tokenizer->encode(text) : ByteTokenizer().encode(text),
+                                        config.validation_fraction, config.split_chunk);
   const int64_t B = config.batch_size, T = config.seq_len;
   const BatchSampler sampler(split.train, B, T, config.seed);
   const std::vector<Batch> validation = validation_batches(split.validation, B, T, config.eval_batches);
@@ -320,6 +366,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                  config.depth.backprop > 0 ? fmt::format("the last {} iterations", config.depth.backprop)
                                                            : std::string("every iteration")));
   const int64_t tokens_per_step = B * T;
+  std::vector<float> teacher_logits;
   double train_seconds = 0;
   int64_t steps_here = 0;
   for (; step < config.steps; ++step) {
@@ -336,7 +383,14 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       m.set_backprop_iterations(config.depth.backprop);
       m.set_state_seed(config.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step) + 1);
     }
-    const float loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
+    float loss = 0;
+    if (teacher) {
+      teacher_logits.resize(static_cast<size_t>(B * T * config.model.vocab_size));
+      teacher->model.forward(batch.inputs, B, T, teacher_logits);
+      loss = static_cast<float>(m.forward_backward_distill(batch.inputs, teacher_logits, B, T, static_cast<uint64_t>(step)));
+    } else {
+      loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
+    }
     const double lr = schedule.at(step);
     const double grad_norm = state.step(m, lr);
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
@@ -363,11 +417,12 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const bool last = step + 1 == config.steps;
     if ((config.eval_every > 0 && (step + 1) % config.eval_every == 0) || last) {
       export_served(step + 1);
-      result.last_validation_loss = validation_loss(m, validation, config.depth);
+      result.last_validation_loss = teacher ? distill_validation(m, teacher->model, validation, B, T)
+                                            : validation_loss(m, validation, config.depth);
       metrics.write({{"step", step + 1}, {"val_loss", result.last_validation_loss}});
       if (options.progress)
-        progress.message(fmt::format("step {}: validation loss {:.4f} nats/byte", step + 1,
-                                     result.last_validation_loss));
+        progress.message(fmt::format("step {}: validation {} {:.4f} nats/{}", step + 1, teacher ? "KL to the teacher" : "loss",
+                                     result.last_validation_loss, teacher ? "token" : "byte"));
     }
     if (saves_at(step + 1)) save(step + 1);
     if (options.stop_after && steps_here >= *options.stop_after) {
@@ -385,7 +440,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   if (step == config.steps && (steps_here > 0 || !final_is_current(run_dir / "final", metadata))) {
     result.final_rebuilt = steps_here == 0;
     export_served(step);
-    write_served_model(run_dir / "final", m, metadata);
+    write_served_model(run_dir / "final", m, metadata, teacher_tokenizer);
   }
   result.tokens_per_second = train_seconds > 0 ? static_cast<double>(steps_here * tokens_per_step) / train_seconds : 0;
   result.seconds = std::chrono::duration<double>(clock::now() - t_start).count();

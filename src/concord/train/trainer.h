@@ -57,6 +57,13 @@ struct TrainConfig {
   double init_std = 0.02;
   // depth of each step of a depth-recurrent model (depth.h; the "depth" section, only for one)
   DepthSampler depth;
+  // Distillation ("distill": {"from": PATH}, `concord train --distill-from PATH`): train to the
+  // teacher model's next-token distributions (loss: KL(p_teacher || p_model), Model::
+  // forward_backward_distill) over the corpus tokenized by the teacher's tokenizer, which
+  // final/ then carries — a draft model for speculative decoding (docs/speculative.md). The
+  // teacher (a model folder or GGUF, served in its own precision) must have model.vocab_size
+  // tokens; validation reports the mean KL in nats per token.
+  std::string distill_from;
   // evaluation and checkpoints (0 disables the periodic ones; the last step always does both)
   int64_t eval_every = 100;
   int64_t eval_batches = 8;
