@@ -172,8 +172,21 @@ TEST(SpeculativeEngine, SampledTokensFollowTheTargetDistribution) {
     Engine e(*target, {.max_sequences = 64, .prefill_chunk = 16});
     e.set_drafter(drafter, {.draft_tokens = 2});
     const std::vector<Completion> out = e.generate(rs);
-    EXPECT_GT(e.stats().speculation.rounds, kRuns / 2);
-    EXPECT_LT(e.stats().speculation.accepted, e.stats().speculation.drafted);  // some rejections
+    const SpeculationStats& st = e.stats().speculation;
+    EXPECT_GT(st.rounds, kRuns / 2);
+    EXPECT_LT(st.accepted, st.drafted);  // some rejections
+    // Acceptance theory: the accepted count is a sum of independent Bernoulli(α_r), α_r from the
+    // logits; 5 standard deviations (at most sqrt(n)/2) bound a false failure below 1e-6.
+    ASSERT_EQ(st.verified_at.size(), 1u);
+    EXPECT_NEAR(static_cast<double>(st.accepted_at[0]), st.alpha_at[0], 5 * std::sqrt(static_cast<double>(st.verified_at[0])) / 2);
+    // The contract link α >= 1 − tanh(osc/4), at every verified position of the untruncated run.
+    if (params.top_p == 1.0f) {
+      EXPECT_EQ(st.contract_checked, st.verified_at[0]);
+      EXPECT_EQ(st.contract_violations, 0);
+      EXPECT_GE(st.contract_min_slack, -1e-9);
+    } else {
+      EXPECT_EQ(st.contract_checked, 0);
+    }
     std::map<std::pair<int32_t, int32_t>, int> counts;
     for (const Completion& c : out) ++counts[{c.tokens[0], c.tokens[1]}];
     // Pool cells with expected count < 5.

@@ -342,7 +342,18 @@ void add_generate_command(CLI::App& app) {
                                sp.drafted, sp.drafted ? 100.0 * static_cast<double>(sp.accepted) / static_cast<double>(sp.drafted) : 0.0,
                                sp.rounds ? static_cast<double>(sp.emitted) / static_cast<double>(sp.rounds) : 0.0)
                        .c_str());
-      if (a->stats) std::fprintf(stderr, "%s\n", fmt::format("acceptance by draft position: {}", by_position).c_str());
+      if (a->stats) {
+        std::string alpha;
+        for (size_t i = 0; i < sp.alpha_at.size(); ++i)
+          alpha += fmt::format("{}{:.3f}", i ? " " : "",
+                               sp.verified_at[i] ? sp.alpha_at[i] / static_cast<double>(sp.verified_at[i]) : 0.0);
+        std::fprintf(stderr, "%s\n", fmt::format("acceptance by draft position: {}", by_position).c_str());
+        std::fprintf(stderr, "%s\n", fmt::format("expected (mean α = Σ min(p, q)):  {}", alpha).c_str());
+        if (sp.contract_checked > 0)
+          std::fprintf(stderr, "%s\n", fmt::format("contract link α >= 1 - tanh(osc/4): {} positions, {} violations, "
+                                                   "min slack {:.3g}", sp.contract_checked, sp.contract_violations,
+                                                   sp.contract_min_slack).c_str());
+      }
     }
     if (recurrent && s.iterated_tokens > 0)
       std::fprintf(stderr, "%s\n",

@@ -14,6 +14,7 @@ void PromptLookupDrafter::propose(std::span<DraftRequest> requests) {
   for (DraftRequest& r : requests) {
     r.tokens = r.gamma > 0 ? prompt_lookup_draft(r.context, r.gamma, max_ngram_, min_ngram_) : std::vector<int32_t>{};
     r.q.clear();
+    r.logits.clear();
   }
 }
 
@@ -41,6 +42,7 @@ void ModelDrafter::propose(std::span<DraftRequest> requests) {
   for (DraftRequest& r : requests) {
     r.tokens.clear();
     r.q.clear();
+    r.logits.clear();
     const auto L = static_cast<int64_t>(r.context.size());
     if (r.gamma <= 0 || L == 0 || L + r.gamma > cache_.capacity()) continue;  // nothing, or no room
     auto it = tracks_.find(r.id);
@@ -72,6 +74,7 @@ void ModelDrafter::propose(std::span<DraftRequest> requests) {
       const auto d = static_cast<int32_t>(draw.categorical(q, r.position + static_cast<uint64_t>(i)));
       r.tokens.push_back(d);
       r.q.push_back(std::move(q));
+      r.logits.emplace_back(row.begin(), row.end());
       if (static_cast<int>(r.tokens.size()) < r.gamma) {
         next_active.push_back(&r);
         next_feed.push_back({d});

@@ -32,6 +32,8 @@ struct DraftRequest {
   int gamma = 0;
   std::vector<int32_t> tokens;
   std::vector<std::vector<double>> q;
+  std::vector<std::vector<float>> logits;  // a model drafter: its raw logits per draft (the
+                                           // engine checks α against the contract bound)
 };
 
 class Drafter {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -307,6 +309,23 @@ bool Engine::step() {
         const Verdict v = verify_draft(r.tokens, qs, ps, choices, r.position);
         d.accepted = v.accepted;
         d.tokens = v.tokens;
+        const size_t verified = std::min(gamma, static_cast<size_t>(v.accepted) + 1);
+        const bool untruncated = !p.greedy() && p.top_k == 0 && p.top_p == 1.0f && p.min_p == 0.0f;
+        d.alphas.resize(verified);
+        d.slacks.assign(verified, std::numeric_limits<double>::quiet_NaN());
+        for (size_t j = 0; j < verified; ++j) {
+          d.alphas[j] = acceptance_probability(ps[j], qs[j]);
+          if (!untruncated || r.logits.size() <= j) continue;
+          const float* zp = logits_.data() + (first_row[k] + static_cast<int64_t>(j)) * V;
+          double lo = INFINITY, hi = -INFINITY;
+          for (int64_t x = 0; x < V; ++x) {
+            const double delta = static_cast<double>(r.logits[j][static_cast<size_t>(x)]) - static_cast<double>(zp[x]);
+            lo = std::min(lo, delta);
+            hi = std::max(hi, delta);
+          }
+          const double osc = (hi - lo) / static_cast<double>(p.temperature);
+          d.slacks[j] = d.alphas[j] - (1.0 - std::tanh(osc / 4.0));
+        }
         d.logprobs.resize(v.tokens.size());
         d.tops.resize(v.tokens.size());
         for (size_t j = 0; j < v.tokens.size(); ++j) {
@@ -402,9 +421,18 @@ int64_t Engine::emit_speculative(Sequence& s, std::span<const float> block, cons
     st.verified_at.resize(static_cast<size_t>(gamma));
     st.accepted_at.resize(static_cast<size_t>(gamma));
   }
+  if (st.alpha_at.size() < st.verified_at.size()) st.alpha_at.resize(st.verified_at.size());
   for (int64_t j = 0; j < std::min<int64_t>(gamma, d.accepted + 1); ++j) {
-    ++st.verified_at[static_cast<size_t>(j)];
-    st.accepted_at[static_cast<size_t>(j)] += j < d.accepted;
+    const auto jj = static_cast<size_t>(j);
+    ++st.verified_at[jj];
+    st.accepted_at[jj] += j < d.accepted;
+    st.alpha_at[jj] += d.alphas[jj];
+    if (!std::isnan(d.slacks[jj])) {
+      ++st.contract_checked;
+      // 1e-9: α and the bound are computed in double from float logits.
+      st.contract_violations += d.slacks[jj] < -1e-9;
+      st.contract_min_slack = std::min(st.contract_min_slack, d.slacks[jj]);
+    }
   }
   if (speculation_.adaptive)
     s.gamma = d.accepted == gamma ? std::min(speculation_.draft_tokens, s.gamma + 2) : std::max(1, s.gamma - 1);

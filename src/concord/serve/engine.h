@@ -113,8 +113,18 @@ struct SpeculationStats {
   int64_t accepted = 0;  // of them accepted
   int64_t emitted = 0;   // tokens the rounds emitted (accepted + one each, fewer at a stop)
   // Per draft position i: rounds that verified draft i (every earlier one accepted), and those
-  // that accepted it; their ratio estimates α at position i.
+  // that accepted it; their ratio estimates α at position i. alpha_at[i]: the sum over those
+  // rounds of α = Σ min(p, q) computed from the target's and the drafter's distributions — the
+  // acceptance theory predicts accepted_at[i] ≈ alpha_at[i].
   std::vector<int64_t> verified_at, accepted_at;
+  std::vector<double> alpha_at;
+  // The kernel-contract link (docs/contracts.md): a model drafter's logits z_q and the target's
+  // z_p at a position, osc = (max − min of z_q − z_p) / T, give TV(p, q) <= tanh(osc/4), so
+  // α >= 1 − tanh(osc/4). Checked at every verified position of an untruncated request
+  // (T > 0, no top-k / top-p / min-p); a violation would be a bug.
+  int64_t contract_checked = 0;
+  int64_t contract_violations = 0;
+  double contract_min_slack = 1.0;  // min of α − (1 − tanh(osc/4)) over the checked positions
 };
 
 // Throughput counters. A step that processes prompt tokens counts as prefill time; a step with
@@ -210,8 +220,10 @@ class Engine {
     int32_t token = 0;
     double logprob = 0;
     std::vector<TopLogprob> top;
-    // A speculative row: every emitted token with its log-prob and top entries.
+    // A speculative row: every emitted token with its log-prob and top entries; α and the
+    // contract slack (NaN: not checked) of each verified draft position.
     int accepted = 0;
+    std::vector<double> alphas, slacks;
     std::vector<int32_t> tokens;
     std::vector<double> logprobs;
     std::vector<std::vector<TopLogprob>> tops;
