@@ -113,6 +113,7 @@ generate|--model m --prompt p|--exit-kl|-1|a number >= 0
 generate|--model m --prompt p|--max-depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--kv-core-slots|5000|an integer in [1, 4096]
 generate|--model m --prompt p|--draft-tokens|0|an integer in [1, 64]
+serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
 contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]
 eval|--run r|--depths|0|an integer in [1, 4096]

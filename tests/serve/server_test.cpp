@@ -564,6 +564,31 @@ double metric(Server& server, const std::string& line_start) {
   return std::stod(text.substr(at + line_start.size() + 2));
 }
 
+// Speculative decoding in the server (--draft): greedy responses are the plain server's token
+// for token, log-probs included; sampled ones the engine's with the same drafter; /metrics
+// counts the drafted and accepted tokens.
+TEST_F(ServerTest, SpeculativeServerAnswersAsThePlainOne) {
+  const json greedy = {{"prompt", "hello there"}, {"max_tokens", 16}, {"temperature", 0}, {"logprobs", 1},
+                       {"return_tokens_as_token_ids", true}, {"model", "tiny"}};
+  json plain;
+  {
+    auto server = start(options());
+    plain = post_ok("/v1/completions", greedy);
+  }
+  ServerOptions o = options();
+  o.drafter = std::make_shared<ModelDrafter>(self_draft_model(*model_, model::PrecisionPolicy::preset("bf16")),
+                                             "self:bf16", o.engine.max_sequences, 0);
+  o.speculation = {.draft_tokens = 3};
+  auto server = start(o);
+  const json spec = post_ok("/v1/completions", greedy);
+  EXPECT_EQ(ids_of(spec["choices"][0]["logprobs"]["tokens"]), ids_of(plain["choices"][0]["logprobs"]["tokens"]));
+  EXPECT_EQ(spec["choices"][0]["logprobs"]["token_logprobs"], plain["choices"][0]["logprobs"]["token_logprobs"]);
+  EXPECT_EQ(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_GT(metric(*server, "concord_speculative_drafted_tokens_total"), 0);
+  EXPECT_GE(metric(*server, "concord_speculative_drafted_tokens_total"),
+            metric(*server, "concord_speculative_accepted_tokens_total"));
+}
+
 // A client that leaves mid-stream (or while waiting for a non-streaming answer) is cancelled:
 // its sequence stops long before max_tokens and the slot is free. A wider model without stop
 // tokens, so that each request would run its full 1000 tokens (about a second) if not cancelled.

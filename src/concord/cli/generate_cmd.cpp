@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/draft.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
-#include "concord/serve/drafter.h"
 #include "concord/serve/engine.h"
 #include "concord/serve/speculative.h"
 #include "concord/serve/text.h"
@@ -30,54 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// The drafter --draft names: "ngram", "self:PRESET", "self:layers=K", or a model path (a folder
-// or a GGUF sharing the target's tokenizer).
-std::shared_ptr<serve::Drafter> make_drafter(const std::string& spec, const std::string& draft_policy,
-                                             model::LoadedModel& target, const std::string& target_name,
-                                             int64_t max_sequences, int64_t capacity) {
-  if (spec == "ngram") return std::make_shared<serve::PromptLookupDrafter>();
-  if (spec.starts_with("self:")) {
-    const std::string what = spec.substr(5);
-    std::shared_ptr<model::Model> m;
-    if (what.starts_with("layers=")) {
-      int64_t k = 0;
-      try {
-        size_t used = 0;
-        k = std::stoll(what.substr(7), &used);
-        if (used != what.size() - 7) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        throw InputError(fmt::format("[generate] --draft {}: give self:layers=K with K an integer", spec));
-      }
-      m = serve::self_draft_model(target.model, target.model.policy(), k);
-    } else {
-      m = serve::self_draft_model(target.model, model::PrecisionPolicy::from_name_or_file(what));
-    }
-    return std::make_shared<serve::ModelDrafter>(std::move(m), spec, max_sequences, capacity);
-  }
-  std::optional<model::LoadedModel> loaded_draft;
-  try {
-    loaded_draft.emplace(model::load_model(spec, draft_policy));
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("[generate] --draft: not ngram, self:PRESET or self:layers=K, and not a model: {}",
-                                 e.what()));
-  }
-  model::LoadedModel& draft = *loaded_draft;
-  serve::check_drafter_vocabulary(target.model.config(), draft.model.config(), target_name, spec);
-  if (target.source.tokenizer && draft.source.tokenizer) {
-    const io::Tokenizer &a = *target.source.tokenizer, &b = *draft.source.tokenizer;
-    if (a.vocab_size() != b.vocab_size())
-      throw InputError(fmt::format("[generate] the drafter {} has a tokenizer of {} tokens, the target {} one of {}",
-                                   spec, b.vocab_size(), target_name, a.vocab_size()));
-    for (int32_t id = 0; id < a.vocab_size(); ++id)
-      if (a.token_bytes(id) != b.token_bytes(id))
-        throw InputError(fmt::format("[generate] the drafter {} and the target {} have different tokenizers "
-                                     "(token {} differs)", spec, target_name, id));
-  }
-  draft.model.prepare_weights();
-  auto m = std::make_shared<model::Model>(std::move(draft.model));
-  return std::make_shared<serve::ModelDrafter>(std::move(m), spec, max_sequences, capacity);
 }
 
 // [[id, logp], ...] per position.
@@ -94,9 +46,8 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, prompt, system, policy = "native", router_stats, draft, draft_policy = "native";
-    int draft_tokens = 4;
-    bool draft_adaptive = false, stats = false;
+    std::string model, prompt, system, policy = "native", router_stats;
+    DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
     bool chat = false, no_think = false, json = false, echo = false;
@@ -158,24 +109,9 @@ void add_generate_command(CLI::App& app) {
   add_integer_flag(cmd, "--kv-core-slots", a->kv_core_slots, between(1, 4096),
                    "a depth-recurrent model: KV-cache slots per core layer (default: one per iteration up to "
                    "max_recurrence; fewer: Huginn's fixed budget, iterations share slots)");
-  cmd->add_option("--draft", a->draft,
-                  "speculative decoding with this drafter: ngram (prompt lookup), self:PRESET (the model's own "
-                  "weights under a cheaper precision preset, e.g. self:mxfp4), self:layers=K (its first K layers "
-                  "and its head), or a draft model (folder or GGUF with the same tokenizer); the output follows the "
-                  "model's own distribution (greedy: the same tokens)");
-  cmd->add_option("--draft-policy", a->draft_policy,
-                  "with --draft MODEL: the draft model's precision (as --policy; default native)");
-  add_integer_flag(cmd, "--draft-tokens", a->draft_tokens, between(1, 64),
-                   "with --draft: tokens drafted per verification (default 4)");
-  cmd->add_flag("--draft-adaptive", a->draft_adaptive,
-                "with --draft: adapt the draft length per round (+2 after a fully accepted round, -1 otherwise, "
-                "at most --draft-tokens)");
-  cmd->add_flag("--stats", a->stats,
-                "with --draft: print to stderr the acceptance per draft position, the mean tokens per "
-                "verification and the acceptance rate");
+  add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
-    if (a->draft.empty() && (a->stats || a->draft_adaptive || a->draft_tokens != 4 || a->draft_policy != "native"))
-      throw InputError("[generate] --draft-tokens, --draft-adaptive, --draft-policy and --stats need --draft");
+    a->draft.check("generate");
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
     if (a->top_logprobs && !a->json) throw InputError("[generate] --top-logprobs needs --json");
     if (a->echo && !a->json) throw InputError("[generate] --echo needs --json");
@@ -244,11 +180,11 @@ void add_generate_command(CLI::App& app) {
     }
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = prefill_chunk,
                                         .kv_core_slots = a->kv_core_slots.value_or(0)});
-    if (!a->draft.empty()) {
+    if (!a->draft.spec.empty()) {
       if (recurrent && a->exit_kl)
         throw InputError("[generate] --draft with --exit-kl: adaptive exit decodes one token per forward");
-      engine.set_drafter(make_drafter(a->draft, a->draft_policy, loaded, a->model, 1, engine.options().max_context),
-                         {.draft_tokens = a->draft_tokens, .adaptive = a->draft_adaptive});
+      engine.set_drafter(make_drafter(a->draft, loaded, a->model, 1, engine.options().max_context),
+                         a->draft.options());
     }
     serve::Utf8Stream out;
     std::string generated;  // --json: the whole text
@@ -329,7 +265,7 @@ void add_generate_command(CLI::App& app) {
                              stopped_by_string ? "stop" : serve::finish_reason_name(done.finish),
                              rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name)
                      .c_str());
-    if (!a->draft.empty()) {
+    if (!a->draft.spec.empty()) {
       const serve::SpeculationStats& sp = s.speculation;
       std::string by_position;
       for (size_t i = 0; i < sp.verified_at.size(); ++i)
@@ -338,11 +274,11 @@ void add_generate_command(CLI::App& app) {
       std::fprintf(stderr, "%s\n",
                    fmt::format("speculation: drafter {}, {} draft tokens{}: {} verifications, {} of {} drafts accepted "
                                "({:.1f}%), {:.2f} tokens per verification",
-                               a->draft, a->draft_tokens, a->draft_adaptive ? " (adaptive)" : "", sp.rounds, sp.accepted,
+                               a->draft.spec, a->draft.tokens, a->draft.adaptive ? " (adaptive)" : "", sp.rounds, sp.accepted,
                                sp.drafted, sp.drafted ? 100.0 * static_cast<double>(sp.accepted) / static_cast<double>(sp.drafted) : 0.0,
                                sp.rounds ? static_cast<double>(sp.emitted) / static_cast<double>(sp.rounds) : 0.0)
                        .c_str());
-      if (a->stats) {
+      if (a->draft.stats) {
         std::string alpha;
         for (size_t i = 0; i < sp.alpha_at.size(); ++i)
           alpha += fmt::format("{}{:.3f}", i ? " " : "",

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "concord/cli/commands.h"
+#include "concord/cli/draft.h"
 #include "concord/cli/flags.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
@@ -54,7 +55,8 @@ std::string default_model_name(const std::filesystem::path& path) {
 
 void add_serve_command(CLI::App& app) {
   struct Args {
-    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, draft;
+    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key;
+    DraftArgs draft;
     int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
             max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0;
     double request_timeout = 600, receive_timeout = 30;
@@ -101,13 +103,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option(
       "--api-key", a->api_key,
       "require 'Authorization: Bearer KEY' on /v1/* (default: $CONCORD_API_KEY, else none)");
-  cmd->add_option("--draft", a->draft,
-                  "speculative decoding with a draft model: not implemented yet (rejected)");
+  add_draft_flags(cmd, a->draft, false);
   cmd->callback([a]() {
-    if (!a->draft.empty())
-      throw InputError(
-          "[serve] --draft: speculative decoding is not implemented yet (a later "
-          "issue); serve without --draft");
+    a->draft.check("serve");
     serve::ServerOptions options;
     options.host = a->host;
     options.port = static_cast<int>(a->port);
@@ -138,6 +136,11 @@ void add_serve_command(CLI::App& app) {
           fmt::format("[serve] --max-context {} exceeds the model's max_position_embeddings ({})",
                       options.engine.max_context, max_position));
     options.policy_name = loaded.model.policy().name;
+    if (!a->draft.spec.empty()) {
+      const int64_t capacity = options.engine.max_context > 0 ? options.engine.max_context : max_position;
+      options.drafter = make_drafter(a->draft, loaded, a->model, options.engine.max_sequences, capacity);
+      options.speculation = a->draft.options();
+    }
 
     serve::Server server({loaded.model, *loaded.source.tokenizer, loaded.source.chat_template,
                           loaded.source.stop_token_ids},
@@ -145,9 +148,10 @@ void add_serve_command(CLI::App& app) {
     install_signal_handlers();
     const int port = server.start();
     std::fprintf(stderr,
-                 "[serve] listening on http://%s:%d (model %s, policy %s, max-sequences %lld)\n",
+                 "[serve] listening on http://%s:%d (model %s, policy %s, max-sequences %lld%s)\n",
                  options.host.c_str(), port, options.model_name.c_str(),
-                 options.policy_name.c_str(), static_cast<long long>(options.engine.max_sequences));
+                 options.policy_name.c_str(), static_cast<long long>(options.engine.max_sequences),
+                 a->draft.spec.empty() ? "" : fmt::format(", draft {} x{}", a->draft.spec, a->draft.tokens).c_str());
     std::fflush(stderr);
 
     std::thread watcher([&server] {

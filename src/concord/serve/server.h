@@ -47,6 +47,11 @@ struct ServerOptions {
                                          // arrive within this (slowloris that trickles bytes)
   int64_t http_threads = 0;              // 0: max_sequences + max_queue + 64
   std::string api_key;                   // "": no authentication
+  // Speculative decoding (docs/speculative.md): every request decodes with this drafter;
+  // responses are unchanged in distribution (greedy: the same tokens); /metrics gains
+  // concord_speculative_{drafted,accepted}_tokens_total. nullptr: off.
+  std::shared_ptr<Drafter> drafter;
+  SpeculationOptions speculation;
 };
 
 // What a server serves: the model (must outlive the server), its tokenizer, chat template

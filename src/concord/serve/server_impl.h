@@ -117,6 +117,9 @@ struct Server::Impl {
   Gauge& running_gauge;
   Counter& prompt_tokens;
   Counter& generated_tokens;
+  Counter& spec_drafted;   // speculation: draft tokens verified, accepted
+  Counter& spec_accepted;
+  int64_t spec_drafted_seen = 0, spec_accepted_seen = 0;
   Histogram& ttft;
   Histogram& itl;
   Histogram& duration;
@@ -166,6 +169,10 @@ struct Server::Impl {
                                       "Prompt tokens of admitted requests (once per request).")),
         generated_tokens(
             metrics.counter("concord_generated_tokens_total", "Tokens generated (all choices).")),
+        spec_drafted(metrics.counter("concord_speculative_drafted_tokens_total",
+                                     "Draft tokens verified (speculative decoding, --draft).")),
+        spec_accepted(metrics.counter("concord_speculative_accepted_tokens_total",
+                                      "Draft tokens accepted (speculative decoding, --draft).")),
         ttft(metrics.histogram("concord_time_to_first_token_seconds",
                                "Arrival to the first generated token of a request.",
                                kLatencyBuckets)),
@@ -176,6 +183,7 @@ struct Server::Impl {
                                    kLatencyBuckets)) {
     context = options.engine.max_context > 0 ? options.engine.max_context
                                              : served.model.config().max_position_embeddings;
+    if (options.drafter) engine.set_drafter(options.drafter, options.speculation);
   }
 
   // ---- metrics, connections (server.cpp)

@@ -205,6 +205,11 @@ void Server::Impl::run_scheduler() {
       queue_gauge.set(static_cast<double>(engine_waiting + inbox_choices));
       running_gauge.set(static_cast<double>(engine.running()));
     }
+    const SpeculationStats& spec = engine.stats().speculation;
+    if (spec.drafted > spec_drafted_seen) spec_drafted.inc(static_cast<double>(spec.drafted - spec_drafted_seen));
+    if (spec.accepted > spec_accepted_seen) spec_accepted.inc(static_cast<double>(spec.accepted - spec_accepted_seen));
+    spec_drafted_seen = spec.drafted;
+    spec_accepted_seen = spec.accepted;
     // Finished choices (a finishing token's event, a cancel by stop string, max_tokens = 0).
     for (const auto& job : active) {
       if (job->finished) continue;
