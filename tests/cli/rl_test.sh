@@ -170,10 +170,25 @@ rl|--sampler fp7|--samplers|0|an integer in [1, 4096]
 rl|--sampler fp7|--samplers|4097|an integer in [1, 4096]
 rl|--sampler fp7|--checkpoint-every|-1|an integer >= 0
 rl|--sampler fp7|--rank|0|an integer in [1, 4096]
+rl|--sampler fp7|--speculative-tokens|0|an integer in [1, 64]
 TABLE
 bad_flag_values "$WORK/rl_flags.table"
 numeric_flags_covered "$WORK/rl_flags.table" INCLUDE rl
 empty_values_refused INCLUDE rl
+if "$CONCORD" rl --quick --quiet --out "$WORK/rl_spec" --speculative self:bf16 --speculative-tokens 2 >/dev/null 2>"$WORK/err"; then
+  if python3 - "$WORK/rl_spec/metrics.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines and all(l["spec/accept_rate"] == 1.0 and l["spec/accept_length"] >= 1 for l in lines), lines[0]
+PY
+  then pass "rl --speculative logs spec/accept_rate and spec/accept_length"
+  else fail "rl --speculative: no spec/* metrics"
+  fi
+else
+  fail "rl --speculative: $(cat "$WORK/err")"
+fi
+expect_error "rl --speculative with a malformed self drafter" "give self:layers=K with K an integer" \
+  "$CONCORD" rl --quick --quiet --out "$WORK/rl_bad" --speculative self:layers=x
 expect_error "rl --out ''" "rl --out: an empty value" "$CONCORD" rl --quick --out ""
 expect_error "rl --name that is not UTF-8" "rl --name: not valid UTF-8 (byte 1)" \
   "$CONCORD" rl --quick --name $'a\xff' --out "$WORK/x"

@@ -186,6 +186,32 @@ TEST(RlLoop, MatchedBf16HasNoMismatchAndAMismatchedPairHasSome) {
   fs::remove_all(out);
 }
 
+// Speculative rollouts (--speculative): the rollouts' log-probs stay the sampler's own, so a
+// matched pair still has no mismatch; a self drafter at the sampler's own precision accepts
+// every draft; spec/* metrics are logged every step; the config key round-trips.
+TEST(RlLoop, SpeculativeRolloutsKeepTheSamplersLogprobs) {
+  const fs::path out = temp_dir("speculative");
+  for (const std::string drafter : {"self:bf16", "self:mxfp4", "ngram"}) {
+    RlConfig c = tiny_config(out / drafter.substr(0, 4), "bf16", "bf16");
+    c.speculative = drafter;
+    c.speculative_tokens = 2;
+    c = RlConfig::from_json(c.to_json(), "test");
+    ASSERT_EQ(c.speculative, drafter);
+    const RlResult r = run_in_process(c);
+    for (const RlStepMetrics& s : r.steps) {
+      EXPECT_LT(std::abs(s.line.at("rollout_corr/k3_kl").get<double>()), 1e-12) << drafter << " step " << s.step;
+      ASSERT_TRUE(s.line.contains("spec/accept_rate")) << drafter;
+      if (drafter == "ngram") continue;  // short completions: prompt lookup may find nothing
+      EXPECT_GT(s.line.at("spec/drafted").get<int64_t>(), 0) << drafter;
+      EXPECT_GE(s.line.at("spec/accept_length").get<double>(), 1.0);
+      if (drafter == "self:bf16") {
+        EXPECT_EQ(s.line.at("spec/accept_rate").get<double>(), 1.0) << "step " << s.step;
+      }
+    }
+  }
+  fs::remove_all(out);
+}
+
 TEST(RlLoop, InjectedFaultIsReportedAndTheOldVersionKeepsServing) {
   const fs::path out = temp_dir("fault");
   RlConfig c = tiny_config(out);

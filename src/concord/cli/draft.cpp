@@ -2,7 +2,6 @@
 #include "concord/cli/draft.h"
 
 #include <optional>
-#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -40,25 +39,8 @@ void add_draft_flags(CLI::App* cmd, DraftArgs& a, bool with_stats) {
 std::shared_ptr<serve::Drafter> make_drafter(const DraftArgs& args, model::LoadedModel& target,
                                              const std::string& target_name, int64_t max_sequences, int64_t capacity) {
   const std::string& spec = args.spec;
-  if (spec == "ngram") return std::make_shared<serve::PromptLookupDrafter>();
-  if (spec.starts_with("self:")) {
-    const std::string what = spec.substr(5);
-    std::shared_ptr<model::Model> m;
-    if (what.starts_with("layers=")) {
-      int64_t k = 0;
-      try {
-        size_t used = 0;
-        k = std::stoll(what.substr(7), &used);
-        if (used != what.size() - 7) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        throw InputError(fmt::format("[draft] --draft {}: give self:layers=K with K an integer", spec));
-      }
-      m = serve::self_draft_model(target.model, target.model.policy(), k);
-    } else {
-      m = serve::self_draft_model(target.model, model::PrecisionPolicy::from_name_or_file(what));
-    }
-    return std::make_shared<serve::ModelDrafter>(std::move(m), spec, max_sequences, capacity);
-  }
+  const serve::DrafterSpec parsed = serve::parse_drafter_spec(spec);
+  if (parsed.kind != "model") return serve::make_builtin_drafter(parsed, target.model, spec, max_sequences, capacity);
   std::optional<model::LoadedModel> loaded_draft;
   try {
     loaded_draft.emplace(model::load_model(spec, args.policy));

@@ -31,7 +31,8 @@ struct RlArgs {
   std::vector<std::string> faults;
   // Empty: not given (the config's value, or its default).
   std::optional<int64_t> steps, warmup_steps, prompts, group, max_new, checkpoint_every;
-  std::optional<int> difficulty;
+  std::optional<int> difficulty, speculative_tokens;
+  std::string speculative;
   std::optional<uint64_t> seed;
   std::optional<double> lr, kl_coef;
   int samplers = 1, rank = 0;
@@ -79,6 +80,8 @@ rl::RlConfig resolve(const RlArgs& a) {
   if (a.lr) c.lr = *a.lr;
   if (a.kl_coef) c.loss.kl_coef = *a.kl_coef;
   if (a.checkpoint_every) c.checkpoint_every = *a.checkpoint_every;
+  if (!a.speculative.empty()) c.speculative = a.speculative;
+  if (a.speculative_tokens) c.speculative_tokens = *a.speculative_tokens;
   for (const std::string& f : a.faults) c.faults.push_back(rl::parse_fault(f));
   if (!a.out.empty()) c.out = a.out;
   // Re-validate what the flags touched, naming them as the source.
@@ -233,6 +236,12 @@ void add_rl_command(CLI::App& app) {
                   "in-process (default), shm (sampler processes on this machine), mpi (under mpirun)");
   add_integer_flag(cmd, "--samplers", a->samplers, between(1, 4096),
                    "sampler processes with --transport shm (default 1)");
+  cmd->add_option("--speculative", a->speculative,
+                  "sample rollouts with speculative decoding: ngram, self:PRESET or self:layers=K (the sampler's own "
+                  "weights, rebuilt after every sync), or a draft model folder (fixed); the rollouts follow the "
+                  "sampler's distribution and carry its log-probs; metrics gain spec/accept_rate, spec/accept_length");
+  add_integer_flag(cmd, "--speculative-tokens", a->speculative_tokens, between(1, 64),
+                   "with --speculative: tokens drafted per verification (default 4)");
   cmd->add_flag("--log-rollouts", a->log_rollouts, "also write rollouts.jsonl (every completion, reward, log-probs)");
   add_integer_flag(cmd, "--checkpoint-every", a->checkpoint_every, at_least(0),
                    "write a checkpoint every N steps (default 25; 0: only after the last step)");

@@ -94,6 +94,8 @@ struct SamplerReply {
   std::string failed_check, failure_message;
   double seconds_sync = 0, seconds_rollout = 0;
   int64_t tokens = 0;
+  // Speculative rollouts: this step's verifications, drafts verified and accepted, tokens emitted.
+  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0;
   std::vector<Rollout> rollouts;
 };
 
@@ -104,7 +106,8 @@ std::vector<uint8_t> encode_reply(const SamplerReply& r) {
   const json j = {{"rank", r.rank}, {"serving", r.serving}, {"sync", r.sync}, {"applied", r.applied},
                   {"failed_check", r.failed_check}, {"failure_message", r.failure_message},
                   {"seconds_sync", r.seconds_sync}, {"seconds_rollout", r.seconds_rollout},
-                  {"tokens", r.tokens}, {"rollouts", rollouts}};
+                  {"tokens", r.tokens}, {"rollouts", rollouts},
+                  {"spec", {r.spec_rounds, r.spec_drafted, r.spec_accepted, r.spec_emitted}}};
   return json::to_cbor(j);
 }
 
@@ -123,6 +126,12 @@ SamplerReply decode_reply(std::span<const uint8_t> bytes, int from) {
     r.seconds_sync = j.at("seconds_sync").get<double>();
     r.seconds_rollout = j.at("seconds_rollout").get<double>();
     r.tokens = j.at("tokens").get<int64_t>();
+    const auto spec = j.at("spec").get<std::vector<int64_t>>();
+    if (spec.size() != 4) throw InputError(fmt::format("[rl] sampler {} sent {} speculation counters, not 4", from, spec.size()));
+    r.spec_rounds = spec[0];
+    r.spec_drafted = spec[1];
+    r.spec_accepted = spec[2];
+    r.spec_emitted = spec[3];
     for (const json& x : j.at("rollouts")) {
       r.rollouts.push_back({x.at("p").get<int64_t>(), x.at("j").get<int64_t>(),
                             x.at("tokens").get<std::vector<int32_t>>(),
@@ -159,7 +168,21 @@ class SamplerRole {
       : c_(c), rank_(rank), samplers_(samplers),
         model_(mc, model::PrecisionPolicy::from_name_or_file(c.sampler)),
         receiver_(model_, c.probe),
-        engine_(model_, engine_options(c, mc, samplers)) {}
+        engine_(model_, engine_options(c, mc, samplers)) {
+    if (c.speculative.empty()) return;
+    spec_ = serve::parse_drafter_spec(c.speculative);
+    if (spec_.kind == "model") {  // fixed: the policy drifts away from it
+      model::LoadedModel d = model::load_model(spec_.path, "native");
+      serve::check_drafter_vocabulary(mc, d.model.config(), "the RL policy", spec_.path);
+      d.model.prepare_weights();
+      engine_.set_drafter(std::make_shared<serve::ModelDrafter>(std::make_shared<model::Model>(std::move(d.model)),
+                                                                spec_.path, engine_.options().max_sequences,
+                                                                engine_.options().max_context),
+                          {.draft_tokens = c.speculative_tokens});
+    } else if (spec_.kind == "ngram") {
+      engine_.set_drafter(std::make_shared<serve::PromptLookupDrafter>(), {.draft_tokens = c.speculative_tokens});
+    }
+  }
 
   // One round: the step is the version the learner announces (so a sampler follows a learner
   // that resumed from a checkpoint).
@@ -185,6 +208,11 @@ class SamplerRole {
       reply.failure_message = failure->message;
     }
     t0 = steady::now();
+    if (spec_.kind == "self")  // the sampler's own weights as they are now: never out of sync
+      engine_.set_drafter(serve::make_builtin_drafter(spec_, model_, c_.speculative, engine_.options().max_sequences,
+                                                      engine_.options().max_context),
+                          {.draft_tokens = c_.speculative_tokens});
+    const serve::SpeculationStats before = engine_.stats().speculation;
     std::vector<serve::Request> requests;
     for (int64_t p = rank_ - 1; p < c_.prompts_per_step; p += samplers_) {
       const std::vector<int32_t> prompt = encode(rl_example(c_, step, p).prompt);
@@ -205,6 +233,11 @@ class SamplerRole {
       reply.rollouts[i].tokens = std::move(done[i].tokens);
       reply.rollouts[i].logprobs = std::move(done[i].logprobs);
     }
+    const serve::SpeculationStats& after = engine_.stats().speculation;
+    reply.spec_rounds = after.rounds - before.rounds;
+    reply.spec_drafted = after.drafted - before.drafted;
+    reply.spec_accepted = after.accepted - before.accepted;
+    reply.spec_emitted = after.emitted - before.emitted;
     reply.seconds_rollout = seconds_since(t0);
     return reply;
   }
@@ -227,6 +260,7 @@ class SamplerRole {
   model::Model model_;
   WeightReceiver receiver_;
   serve::Engine engine_;
+  serve::DrafterSpec spec_;  // kind "" when not speculating
 };
 
 // ---- the learner ------------------------------------------------------------------------------
@@ -718,6 +752,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
                                    messages.size(), samplers));
     std::vector<Rollout> rollouts;
     double sampler_sync_s = 0, rollout_s = 0;
+    int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0;
     json reports = json::array();
     bool all_applied = true;
     std::string failed;
@@ -725,6 +760,10 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
       SamplerReply r = decode_reply(messages[i], static_cast<int>(i) + 1);
       sampler_sync_s = std::max(sampler_sync_s, r.seconds_sync);
       rollout_s = std::max(rollout_s, r.seconds_rollout);
+      spec_rounds += r.spec_rounds;
+      spec_drafted += r.spec_drafted;
+      spec_accepted += r.spec_accepted;
+      spec_emitted += r.spec_emitted;
       all_applied = all_applied && r.applied;
       if (!r.applied && failed.empty()) failed = r.failed_check;
       reports.push_back({{"rank", r.rank}, {"serving", r.serving}, {"applied", r.applied},
@@ -753,6 +792,15 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
     line["sync/applied"] = all_applied;
     line["sync/failed_check"] = failed.empty() ? json(nullptr) : json(failed);
     line["sync/reports"] = reports;
+    if (!config.speculative.empty()) {
+      // The fraction of drafts accepted, and the tokens a verification emitted on average
+      // (accepted drafts + 1), over every sampler's rollouts of the step.
+      line["spec/accept_rate"] = spec_drafted > 0 ? json(static_cast<double>(spec_accepted) / static_cast<double>(spec_drafted))
+                                                  : json(nullptr);
+      line["spec/accept_length"] = spec_rounds > 0 ? json(static_cast<double>(spec_emitted) / static_cast<double>(spec_rounds))
+                                                   : json(nullptr);
+      line["spec/drafted"] = spec_drafted;
+    }
     const double sync_s = learner_sync_s + sampler_sync_s;
     const double step_s = seconds_since(t_step);
     line["time/rollout_s"] = rollout_s;

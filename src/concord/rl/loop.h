@@ -98,6 +98,13 @@ struct RlConfig {
   bool log_rollouts = false;
   // Write a checkpoint every this many steps (and after the last); 0: only after the last.
   int64_t checkpoint_every = 25;
+  // Speculative rollouts (docs/speculative.md): "" (off), "ngram", "self:PRESET",
+  // "self:layers=K" (rebuilt from the sampler's weights after every sync: never out of sync), or
+  // a draft model folder (fixed: the policy drifts away from it). The rollouts' tokens follow
+  // the sampler's distribution and their log-probs are the sampler's, as without speculation;
+  // metrics.jsonl gains spec/accept_rate and spec/accept_length per step.
+  std::string speculative;
+  int speculative_tokens = 4;
 
   // JSON layout (docs/rl.md): {"name", "model", "init_from", "base", "sampler", "learner",
   // "export", "loss_on_served", "task": {"name", "difficulty"}, "warmup": {"steps", "lr",
@@ -105,7 +112,7 @@ struct RlConfig {
   // "temperature", "ppo_epochs", "lr", "weight_decay", "grad_clip", "beta1", "beta2"}, "loss": {"clip_low",
   // "clip_high", "kl_coef", "is", "is_cap", "mask_lo", "mask_hi"}, "probe": {"sequences",
   // "length", "seed", "max_k3_kl", "osc_max"}, "faults": ["NAME@STEP", ...], "seed", "out",
-  // "log_rollouts", "checkpoint_every"};
+  // "log_rollouts", "checkpoint_every", "speculative": {"drafter", "draft_tokens"}};
   // every key optional, unknown keys are errors. from_json validates everything (InputError
   // naming `source` and the key).
   static RlConfig from_json(const nlohmann::json& j, const std::string& source);

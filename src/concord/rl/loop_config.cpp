@@ -98,6 +98,17 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
     else if (key == "out") c.out = r.string();
     else if (key == "log_rollouts") c.log_rollouts = r.boolean();
     else if (key == "checkpoint_every") c.checkpoint_every = r.integer();
+    else if (key == "speculative") {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
+        if (k == "drafter") c.speculative = kr.string();
+        else if (k == "draft_tokens") {
+          const int64_t n = kr.integer(1);
+          if (n > 64) config_error(source, fmt::format("speculative.draft_tokens {} must lie in [1, 64]", n));
+          c.speculative_tokens = static_cast<int>(n);
+        }
+        else config_error(source, fmt::format("unknown key '{}' (drafter, draft_tokens)", kr.key()));
+      });
+    }
     else if (key == "task") {
       each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "name") c.task = kr.string();
@@ -173,7 +184,7 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
       config_error(source, fmt::format("unknown key '{}' (name, model, init_from, base, sampler, "
                                        "learner, export, loss_on_served, task, warmup, grpo, loss, "
                                        "probe, faults, seed, out, log_rollouts, "
-                                       "checkpoint_every)", key));
+                                       "checkpoint_every, speculative)", key));
     }
   }
   c.validate(source);
@@ -262,7 +273,7 @@ json RlConfig::to_json() const {
   // Only when set: a config from before these keys keeps its identity (loop.h).
   if (beta1 != kDefaultBeta1) grpo["beta1"] = beta1;
   if (beta2 != kDefaultBeta2) grpo["beta2"] = beta2;
-  return {{"name", name},
+  json j = {{"name", name},
           {"model", model.to_json()},
           {"init_from", init_from},
           {"base", base},
@@ -282,6 +293,8 @@ json RlConfig::to_json() const {
           {"out", out},
           {"log_rollouts", log_rollouts},
           {"checkpoint_every", checkpoint_every}};
+  if (!speculative.empty()) j["speculative"] = {{"drafter", speculative}, {"draft_tokens", speculative_tokens}};
+  return j;
 }
 
 }  // namespace concord::rl

@@ -2,6 +2,7 @@
 #include "concord/serve/drafter.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include <fmt/format.h>
 
@@ -109,6 +110,40 @@ std::shared_ptr<model::Model> self_draft_model(const model::Model& target, const
   }
   m->weights_changed();
   return m;
+}
+
+DrafterSpec parse_drafter_spec(const std::string& spec) {
+  DrafterSpec d;
+  if (spec == "ngram") {
+    d.kind = "ngram";
+  } else if (spec.starts_with("self:")) {
+    d.kind = "self";
+    const std::string what = spec.substr(5);
+    if (what.starts_with("layers=")) {
+      const std::string k = what.substr(7);
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), d.layers);
+      if (ec != std::errc() || end != k.data() + k.size() || k.empty())
+        throw InputError(fmt::format("[speculative] drafter '{}': give self:layers=K with K an integer", spec));
+    } else if (what.empty()) {
+      throw InputError(fmt::format("[speculative] drafter '{}': give self:PRESET (e.g. self:mxfp4) or self:layers=K", spec));
+    } else {
+      d.preset = what;
+    }
+  } else {
+    d.kind = "model";
+    d.path = spec;
+  }
+  return d;
+}
+
+std::shared_ptr<Drafter> make_builtin_drafter(const DrafterSpec& spec, const model::Model& target, const std::string& name,
+                                              int64_t max_sequences, int64_t capacity) {
+  if (spec.kind == "ngram") return std::make_shared<PromptLookupDrafter>();
+  if (spec.kind != "self") throw InputError(fmt::format("[speculative] drafter '{}' is a model path, not built in", name));
+  std::shared_ptr<model::Model> m =
+      spec.preset.empty() ? self_draft_model(target, target.policy(), spec.layers)
+                          : self_draft_model(target, model::PrecisionPolicy::from_name_or_file(spec.preset));
+  return std::make_shared<ModelDrafter>(std::move(m), name, max_sequences, capacity);
 }
 
 void check_drafter_vocabulary(const model::ModelConfig& target, const model::ModelConfig& drafter,

@@ -89,6 +89,20 @@ class ModelDrafter final : public Drafter {
 std::shared_ptr<model::Model> self_draft_model(const model::Model& target, const model::PrecisionPolicy& policy,
                                                int64_t layers = 0);
 
+// What a --draft value names: "ngram"; "self:PRESET" or "self:layers=K" (the target's own
+// weights); anything else is the path of a draft model. InputError for a malformed self:.
+struct DrafterSpec {
+  std::string kind;    // "ngram", "self" or "model"
+  std::string preset;  // self:PRESET ("" for self:layers=K)
+  int64_t layers = 0;  // self:layers=K
+  std::string path;    // model
+};
+DrafterSpec parse_drafter_spec(const std::string& spec);
+// The drafter of an "ngram" or "self" spec for `target` (named `name` in stats); InputError for
+// a "model" spec (the caller loads the model and checks its tokenizer).
+std::shared_ptr<Drafter> make_builtin_drafter(const DrafterSpec& spec, const model::Model& target, const std::string& name,
+                                              int64_t max_sequences, int64_t capacity);
+
 // InputError naming both when a drafter model's vocabulary differs from the target's.
 void check_drafter_vocabulary(const model::ModelConfig& target, const model::ModelConfig& drafter,
                               const std::string& target_name, const std::string& drafter_name);
