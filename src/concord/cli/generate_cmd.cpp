@@ -285,6 +285,12 @@ void add_generate_command(CLI::App& app) {
                                sp.verified_at[i] ? sp.alpha_at[i] / static_cast<double>(sp.verified_at[i]) : 0.0);
         std::fprintf(stderr, "%s\n", fmt::format("acceptance by draft position: {}", by_position).c_str());
         std::fprintf(stderr, "%s\n", fmt::format("expected (mean α = Σ min(p, q)):  {}", alpha).c_str());
+        std::fprintf(stderr, "%s\n", fmt::format("drafter: {} tokens proposed in {:.3f} s ({:.2f} ms per token); decode "
+                                                 "steps: {} tokens in {:.3f} s, {} of them from verifications",
+                                                 sp.proposed, sp.draft_seconds,
+                                                 sp.proposed ? 1e3 * sp.draft_seconds / static_cast<double>(sp.proposed) : 0.0,
+                                                 s.decode_tokens, s.decode_seconds, sp.emitted)
+                                         .c_str());
         if (sp.contract_checked > 0)
           std::fprintf(stderr, "%s\n", fmt::format("contract link α >= 1 - tanh(osc/4): {} positions, {} violations, "
                                                    "min slack {:.3g}", sp.contract_checked, sp.contract_violations,

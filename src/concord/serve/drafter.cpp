@@ -109,6 +109,7 @@ std::shared_ptr<model::Model> self_draft_model(const model::Model& target, const
     std::copy(from.begin(), from.end(), to.begin());
   }
   m->weights_changed();
+  m->prepare_weights();  // quantize now, not inside the first draft
   return m;
 }
 

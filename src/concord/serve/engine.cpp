@@ -191,6 +191,7 @@ void Engine::record_prompt_logprobs(Sequence& s, std::span<const float> logits, 
 bool Engine::step() {
   CONCORD_CHECK(!in_step_, "Engine::step() called from the token callback");
   admit();
+  const auto t0 = std::chrono::steady_clock::now();  // the drafting counts in the step's time
   // Drafts for every decoding sequence, from one drafter call.
   drafts_.clear();
   if (drafter_) {
@@ -213,7 +214,10 @@ bool Engine::step() {
       r.position = static_cast<uint64_t>(generated);
       r.gamma = static_cast<int>(gamma);
     }
+    const auto d0 = std::chrono::steady_clock::now();
     drafter_->propose(drafts_);
+    stats_.speculation.draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
+    for (const DraftRequest& r : drafts_) stats_.speculation.proposed += static_cast<int64_t>(r.tokens.size());
   }
   std::vector<model::CachedInput> inputs;
   std::vector<Sequence*> owners;
@@ -260,7 +264,6 @@ bool Engine::step() {
 
   const int64_t V = model_.config().vocab_size;
   logits_.resize(static_cast<size_t>(model::logit_rows(inputs) * V));
-  const auto t0 = std::chrono::steady_clock::now();
   model_.forward_cached(cache_, inputs, logits_);
   if (model_.config().recurrent())
     for (int32_t n : model_.last_iterations()) {

@@ -112,6 +112,8 @@ struct SpeculationStats {
   int64_t drafted = 0;   // draft tokens verified
   int64_t accepted = 0;  // of them accepted
   int64_t emitted = 0;   // tokens the rounds emitted (accepted + one each, fewer at a stop)
+  int64_t proposed = 0;  // draft tokens the drafter proposed (verified or not)
+  double draft_seconds = 0;  // time inside the drafter (part of the steps' time)
   // Per draft position i: rounds that verified draft i (every earlier one accepted), and those
   // that accepted it; their ratio estimates α at position i. alpha_at[i]: the sum over those
   // rounds of α = Σ min(p, q) computed from the target's and the drafter's distributions — the
