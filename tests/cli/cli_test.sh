@@ -122,6 +122,17 @@ eval|--run r|--max-depth|0|an integer in [1, 4096]
 eval|--run r|--decode-rows|0|an integer in [1, 1048576]
 eval|--run r|--addition|19|an integer in [1, 18]
 eval|--run r|--problems|0|an integer in [1, 100000]
+flow lsq||--n|0|an integer in [1, 1048576]
+flow lsq||--d|257|an integer in [1, 256]
+flow lsq||--condition|0.5|a number >= 1
+flow lsq||--noise|-1|a number >= 0
+flow lsq||--seed|-1|an integer in [0, 2^64 - 1]
+flow lsq||--time|0|a number > 0
+flow lsq||--gd-steps|0|a number > 0
+flow lsq||--sgd-steps|2|a number in (0, 2)
+flow lsq||--batches|0|an integer in [1, 1048576]
+flow lsq||--sgd-runs|1|an integer in [2, 100000]
+flow lsq||--precision-step|2|a number in (0, 2)
 TABLE
 bad_flag_values "$WORK/flags.table"
 expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
@@ -668,6 +679,26 @@ expect_error "router stats of a dense model" "has no router" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --router-stats "$WORK/none.json"
 expect_error "GGUF export of a Qwen3-MoE with a dense layer (llama.cpp's qwen3moe has none)" "layer 0 is dense" \
   "$CONCORD" export --model "$WORK/moe/final" --to gguf --out "$WORK/moe.gguf"
+
+# ---- issue 20: the least-squares gradient-flow study ----
+if "$CONCORD" flow lsq --d 6 --n 64 --sgd-runs 8 --json "$WORK/flow.json" --report "$WORK/flow.html" \
+     >"$WORK/flow.out" 2>"$WORK/err" \
+   && grep -q "order of the gap in η" "$WORK/flow.out" && grep -q "<svg" "$WORK/flow.html" \
+   && python3 - "$WORK/flow.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert abs(d["gd"]["slope"] - 1) < 0.05, d["gd"]["slope"]
+assert d["flow_check"]["closed_vs_integrated"] < 1e-8, d["flow_check"]
+assert [r["rule"] for r in d["precision"]["rows"]] == ["fp32", "bf16-rne", "bf16-sr", "bf16-ef"]
+assert 0.8 < d["precision"]["rows"][1]["stalls"]["ratio_median"] < 1.2, d["precision"]["rows"][1]
+PY
+then
+  pass "flow lsq: GD's gap is O(η), the flow checks, the rne stalls match ulp/|ηg|; JSON and HTML written"
+else
+  fail "flow lsq: $(cat "$WORK/flow.out" "$WORK/err")"
+fi
+expect_error "flow lsq refuses fewer rows than dimensions" "at least as many rows as dimensions" \
+  "$CONCORD" flow lsq --n 4 --d 8
 
 # ---- issue 18: a depth-recurrent model trained with randomized depth, generated, evaluated ----
 cat >"$WORK/rec.json" <<JSON

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "concord/numerics/check.h"
+#include "concord/train/flow_study.h"
 
 namespace concord::train::flow {
 namespace {
@@ -371,6 +372,37 @@ TEST(FlowLeastSquares, SgdBatchesAreSeededAndUniform) {
   double chi2 = 0;
   for (double c : counts) chi2 += (c - 2000) * (c - 2000) / 2000;
   EXPECT_LT(chi2, 33.7);
+}
+
+TEST(FlowStudy, LeastSquaresStudyShowsEachDeparture) {
+  LeastSquaresStudyOptions o;
+  o.n = 128;
+  o.d = 8;
+  o.sgd_runs = 16;
+  o.trajectory_points = 10;
+  const auto r = least_squares_study(o);
+  EXPECT_LT(r["flow_check"]["closed_vs_integrated"].get<double>(), 1e-8);
+  EXPECT_NEAR(r["gd"]["slope"].get<double>(), 1.0, 0.03);
+  for (const auto& row : r["gd"]["rows"]) {
+    if (!row["stable"].get<bool>()) {
+      EXPECT_GT(row["param_gap"].get<double>(), 1.0);  // past 2/λ_max the top mode grows
+    } else if (row["eta_lambda_max"].get<double>() <= 0.25) {
+      EXPECT_NEAR(row["param_gap"].get<double>() / row["predicted_leading"].get<double>(), 1.0, 0.05);
+    }
+  }
+  // The exact SGD spread tends to the diffusion limit as η/B → 0: the smallest η/B within 5%.
+  const auto& last = r["sgd"]["rows"].back();
+  const double bias2 = last["bias2"].get<double>();
+  EXPECT_NEAR((last["exact_gap2"].get<double>() - bias2) / (last["diffusion_gap2"].get<double>() - bias2), 1.0, 0.05);
+  EXPECT_NEAR(r["sgd"]["spread_slope_smallest_eta"].get<double>(), 1.0, 0.1);
+  const auto& rows = r["precision"]["rows"];
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0]["held_fraction"].get<double>(), 0.0);  // fp32 never holds still
+  EXPECT_GT(rows[1]["held_fraction"].get<double>(), 0.5);  // bf16-rne mostly does at this η
+  EXPECT_NEAR(rows[1]["stalls"]["ratio_median"].get<double>(), 1.0, 0.15);
+  EXPECT_EQ(r["trajectories"].size(), 7u);
+  o.n = 4;
+  EXPECT_THROW(least_squares_study(o), InputError);
 }
 
 }  // namespace

@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   concord::cli::add_contract_command(app);
   concord::cli::add_rl_command(app);
   concord::cli::add_eval_command(app);
+  concord::cli::add_flow_command(app);
   concord::cli::check_text_values(app);
   try {
     app.parse(argc, argv);
