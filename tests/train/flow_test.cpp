@@ -347,6 +347,25 @@ TEST(FlowCurvature, PowerIterationFindsTheSharpness) {
   EXPECT_LT(r.residual, 1e-4 * top);
 }
 
+TEST(FlowCurvature, LargestEigenvalueOfAnIndefiniteMatrix) {
+  // diag(−5, 1, 3) rotated: the largest magnitude is −5, the largest eigenvalue 3.
+  const int64_t d = 3;
+  const SymmetricEigen q = symmetric_eigen(LeastSquares::random(20, d, 3.0, 0.0, 4).hessian(), d);
+  const double lambda[3] = {-5, 1, 3};
+  Vec a(d * d, 0.0);
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t j = 0; j < d; ++j)
+      for (int64_t k = 0; k < d; ++k) a[i * d + j] += q.vectors[i * d + k] * lambda[k] * q.vectors[j * d + k];
+  const HvpFn hvp = [&](std::span<const double> v, std::span<double> out) {
+    for (int64_t i = 0; i < d; ++i) {
+      out[i] = 0;
+      for (int64_t j = 0; j < d; ++j) out[i] += a[i * d + j] * v[j];
+    }
+  };
+  EXPECT_NEAR(top_eigenvalue(hvp, d, 1, 5000, 1e-14).value, -5.0, 1e-9);
+  EXPECT_NEAR(largest_eigenvalue(hvp, d, 1, 5000, 1e-14).value, 3.0, 1e-9);
+}
+
 TEST(FlowLeastSquares, RejectsBadInput) {
   EXPECT_THROW(LeastSquares::random(0, 3, 1.0, 0.0, 1), InputError);
   EXPECT_THROW(LeastSquares::random(10, 3, 0.5, 0.0, 1), InputError);

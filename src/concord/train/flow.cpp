@@ -566,6 +566,20 @@ PowerResult top_eigenvalue(const HvpFn& hvp, int64_t d, uint64_t seed, int max_i
   return r;
 }
 
+PowerResult largest_eigenvalue(const HvpFn& hvp, int64_t d, uint64_t seed, int max_iterations, double tol) {
+  PowerResult first = top_eigenvalue(hvp, d, seed, max_iterations, tol);
+  if (first.value >= 0) return first;
+  const double shift = first.value;
+  const HvpFn shifted = [&](std::span<const double> v, std::span<double> out) {
+    hvp(v, out);
+    for (size_t i = 0; i < v.size(); ++i) out[i] -= shift * v[i];
+  };
+  PowerResult r = top_eigenvalue(shifted, d, seed + 1, max_iterations, tol);
+  r.value += shift;
+  r.iterations += first.iterations;
+  return r;
+}
+
 double log_log_slope(std::span<const double> x, std::span<const double> y) {
   if (x.size() != y.size() || x.size() < 2) throw InputError("[flow] log_log_slope: needs two or more (x, y) pairs");
   double sx = 0, sy = 0, sxx = 0, sxy = 0;

@@ -162,6 +162,13 @@ struct PowerResult {
 // less than tol·|λ| (or max_iterations).
 PowerResult top_eigenvalue(const HvpFn& hvp, int64_t d, uint64_t seed, int max_iterations = 1000, double tol = 1e-10);
 
+// The largest (most positive) eigenvalue — the sharpness of the edge-of-stability literature —
+// of a possibly indefinite Hessian: power iteration finds the eigenvalue of largest magnitude
+// λ₁; when λ₁ < 0 a second power iteration on H − λ₁I (whose eigenvalues are ≥ 0, largest
+// λ_max − λ₁) gives λ_max. `iterations` counts both.
+PowerResult largest_eigenvalue(const HvpFn& hvp, int64_t d, uint64_t seed, int max_iterations = 1000,
+                               double tol = 1e-10);
+
 // The least-squares slope of log(y) on log(x) (the order of a convergence): InputError for fewer
 // than two points or a non-positive value.
 double log_log_slope(std::span<const double> x, std::span<const double> y);

@@ -1,0 +1,204 @@
+// The gradient flow of a concord transformer against its real training runs (flow_model.h).
+#include "concord/train/flow_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "concord/numerics/check.h"
+#include "concord/train/export.h"
+#include "concord/train/optimizer.h"
+
+namespace concord::train::flow {
+
+ModelLoss::ModelLoss(model::Model& m, Batch population) : model_(m), population_(std::move(population)) {
+  if (m.has_stored_weights())
+    throw InputError("[flow] the model holds stored (file-block) weights; load it with fp32 values (policy fp32)");
+  if (population_.B < 1 || population_.T < 1 ||
+      population_.inputs.size() != static_cast<size_t>(population_.B * population_.T) ||
+      population_.targets.size() != population_.inputs.size())
+    throw InputError("[flow] the population batch is empty or its inputs and targets do not match B x T");
+  for (const model::ParamSpec& p : m.params()) {
+    offsets_.push_back(size_);
+    size_ += p.numel();
+  }
+}
+
+Vec ModelLoss::values() const {
+  Vec out(size_);
+  const std::vector<model::ParamSpec>& specs = model_.params();
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const std::span<const float> v = std::as_const(model_).param(specs[p].name);
+    std::copy(v.begin(), v.end(), out.begin() + offsets_[p]);
+  }
+  return out;
+}
+
+void ModelLoss::set(std::span<const double> theta) {
+  if (static_cast<int64_t>(theta.size()) != size_)
+    throw InputError(fmt::format("[flow] θ has {} values, the model {} parameters", theta.size(), size_));
+  const std::vector<model::ParamSpec>& specs = model_.params();
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const std::span<float> v = model_.param(specs[p].name);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(theta[offsets_[p] + static_cast<int64_t>(i)]);
+  }
+  model_.weights_changed();
+}
+
+double ModelLoss::run(const Batch& batch, std::span<double> g) {
+  const float l = model_.forward_backward(batch.inputs, batch.targets, batch.B, batch.T);
+  ++evaluations_;
+  const std::vector<model::ParamSpec>& specs = model_.params();
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const std::span<const float> gr = model_.grad(specs[p].name);
+    std::copy(gr.begin(), gr.end(), g.begin() + offsets_[p]);
+  }
+  return l;
+}
+
+double ModelLoss::loss(std::span<const double> theta) {
+  set(theta);
+  std::vector<float> logits(static_cast<size_t>(population_.B * population_.T * model_.config().vocab_size));
+  model_.forward(population_.inputs, population_.B, population_.T, logits);
+  ++evaluations_;
+  const int64_t v = model_.config().vocab_size;
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < population_.B * population_.T; ++r) {
+    const int32_t t = population_.targets[r];
+    if (t < 0) continue;
+    const float* row = logits.data() + r * v;
+    const double mx = *std::max_element(row, row + v);
+    double s = 0;
+    for (int64_t k = 0; k < v; ++k) s += std::exp(static_cast<double>(row[k]) - mx);
+    total += mx + std::log(s) - row[t];
+    ++count;
+  }
+  return count ? total / static_cast<double>(count) : 0.0;
+}
+
+double ModelLoss::gradient(std::span<const double> theta, std::span<double> g) {
+  if (static_cast<int64_t>(g.size()) != size_) throw InputError("[flow] the gradient buffer has the wrong size");
+  set(theta);
+  return run(population_, g);
+}
+
+double ModelLoss::batch_gradient(std::span<const int64_t> rows, std::span<const double> theta, std::span<double> g) {
+  if (rows.empty()) throw InputError("[flow] an empty minibatch");
+  if (static_cast<int64_t>(g.size()) != size_) throw InputError("[flow] the gradient buffer has the wrong size");
+  Batch b;
+  b.B = static_cast<int64_t>(rows.size());
+  b.T = population_.T;
+  for (int64_t r : rows) {
+    if (r < 0 || r >= population_.B) throw InputError(fmt::format("[flow] sequence {} of {}", r, population_.B));
+    b.inputs.insert(b.inputs.end(), population_.inputs.begin() + r * b.T, population_.inputs.begin() + (r + 1) * b.T);
+    b.targets.insert(b.targets.end(), population_.targets.begin() + r * b.T, population_.targets.begin() + (r + 1) * b.T);
+  }
+  set(theta);
+  return run(b, g);
+}
+
+std::vector<float> ModelLoss::logits(std::span<const double> theta, const Batch& probe) {
+  set(theta);
+  std::vector<float> out(static_cast<size_t>(probe.B * probe.T * model_.config().vocab_size));
+  model_.forward(probe.inputs, probe.B, probe.T, out);
+  ++evaluations_;
+  return out;
+}
+
+ModelRun run_model(ModelLoss& loss, std::span<const double> theta0, const ModelRunOptions& o, int64_t steps,
+                   std::span<const int64_t> record) {
+  const int64_t n = loss.size();
+  if (static_cast<int64_t>(theta0.size()) != n)
+    throw InputError(fmt::format("[flow] θ₀ has {} values, the model {} parameters", theta0.size(), n));
+  if (o.optimizer != "gd" && o.optimizer != "sgd" && o.optimizer != "adamw")
+    throw InputError(fmt::format("[flow] unknown optimizer '{}' (gd, sgd or adamw)", o.optimizer));
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) throw InputError(fmt::format("[flow] the learning rate must be > 0, got {}", o.lr));
+  if (o.optimizer == "sgd" && o.batch < 1) throw InputError("[flow] sgd needs a batch of at least one sequence");
+  for (size_t i = 0; i < record.size(); ++i)
+    if (record[i] < 0 || record[i] > steps || (i > 0 && record[i] < record[i - 1]))
+      throw InputError("[flow] recorded steps must be ascending, in [0, steps]");
+
+  const std::vector<model::ParamSpec>& specs = loss.params();
+  const std::vector<int64_t>& off = loss.offsets();
+  std::unique_ptr<ExportRule> rule = make_export_rule(o.rule, o.served, o.seed);
+  std::vector<float> master(n), served(n), grad(n);
+  for (int64_t i = 0; i < n; ++i) master[i] = static_cast<float>(theta0[i]);
+  auto export_all = [&](int64_t step) {
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const auto len = static_cast<size_t>(specs[p].numel());
+      rule->export_param(static_cast<int>(p), specs[p], std::span<const float>(master).subspan(off[p], len),
+                         std::span<float>(served).subspan(off[p], len), static_cast<uint64_t>(step));
+    }
+  };
+  std::unique_ptr<AdamW> adam;
+  std::vector<ParamView> views;
+  if (o.optimizer == "adamw") {
+    adam = std::make_unique<AdamW>(AdamWConfig{o.lr, o.beta1, o.beta2, o.eps, 0.0, 0.0});
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const auto len = static_cast<size_t>(specs[p].numel());
+      views.push_back({specs[p].name, std::span<float>(master).subspan(off[p], len),
+                       std::span<const float>(grad).subspan(off[p], len), false});
+    }
+  }
+
+  ModelRun out;
+  out.first_move.assign(static_cast<size_t>(n), -1);
+  export_all(0);
+  const std::vector<float> served0 = served;
+  Vec s(n), g(n);
+  size_t next = 0;
+  auto take = [&](int64_t step) {
+    while (next < record.size() && record[next] == step) {
+      out.steps.push_back(step);
+      out.served.emplace_back(served.begin(), served.end());
+      out.loss.push_back(loss.loss(out.served.back()));
+      ++next;
+    }
+  };
+  take(0);
+  for (int64_t step = 1; step <= steps; ++step) {
+    for (int64_t i = 0; i < n; ++i) s[i] = served[i];
+    if (o.optimizer == "sgd")
+      loss.batch_gradient(sgd_batch(loss.sequences(), o.batch, o.seed, step - 1), s, g);
+    else
+      loss.gradient(s, g);
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(g[i]))
+        throw InputError(fmt::format("[flow] the gradient is not finite at step {} (lr {} diverged)", step, o.lr));
+    if (adam) {
+      for (int64_t i = 0; i < n; ++i) grad[i] = static_cast<float>(g[i]);
+      adam->step(views, o.lr);
+    } else {
+      for (int64_t i = 0; i < n; ++i) master[i] = static_cast<float>(master[i] - o.lr * g[i]);
+    }
+    export_all(step);
+    for (int64_t i = 0; i < n; ++i)
+      if (out.first_move[i] < 0 && served[i] != served0[i]) out.first_move[i] = step;
+    take(step);
+  }
+  return out;
+}
+
+std::vector<Vec> model_flow(ModelLoss& loss, std::span<const double> theta0, std::span<const double> times,
+                            const OdeOptions& options, OdeStats* stats) {
+  const OdeRhs rhs = [&](double, std::span<const double> th, std::span<double> dth) {
+    loss.gradient(th, dth);
+    for (double& v : dth) v = -v;
+  };
+  return integrate(rhs, 0.0, Vec(theta0.begin(), theta0.end()), times, options, stats);
+}
+
+PowerResult model_sharpness(ModelLoss& loss, std::span<const double> theta, uint64_t seed, int max_iterations,
+                            double tol, double eps) {
+  const Vec at(theta.begin(), theta.end());
+  const GradientFn grad = [&](std::span<const double> th, std::span<double> g) { loss.gradient(th, g); };
+  const HvpFn hvp = [&](std::span<const double> v, std::span<double> out) { hvp_central(grad, at, v, eps, out); };
+  PowerResult r = largest_eigenvalue(hvp, loss.size(), seed, max_iterations, tol);
+  loss.set(at);
+  return r;
+}
+
+}  // namespace concord::train::flow
