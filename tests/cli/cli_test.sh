@@ -133,6 +133,19 @@ flow lsq||--sgd-steps|2|a number in (0, 2)
 flow lsq||--batches|0|an integer in [1, 1048576]
 flow lsq||--sgd-runs|1|an integer in [2, 100000]
 flow lsq||--precision-step|2|a number in (0, 2)
+flow model|--model m|--population|0|an integer in [1, 4096]
+flow model|--model m|--seq-len|1|an integer in [2, 8192]
+flow model|--model m|--probe|0|an integer in [1, 4096]
+flow model|--model m|--time|-1|a number > 0
+flow model|--model m|--gd-steps|0|a number > 0
+flow model|--model m|--sgd-step|0|a number > 0
+flow model|--model m|--batches|0|an integer in [1, 4096]
+flow model|--model m|--sgd-runs|0|an integer in [1, 1000]
+flow model|--model m|--adam-lrs|-1|a number > 0
+flow model|--model m|--precision-step|0|a number > 0
+flow model|--model m|--points|0|an integer in [1, 1000]
+flow model|--model m|--rtol|0|a number in (0, 0.01]
+flow model|--model m|--seed|-1|an integer in [0, 2^64 - 1]
 TABLE
 bad_flag_values "$WORK/flags.table"
 expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
@@ -699,6 +712,25 @@ else
 fi
 expect_error "flow lsq refuses fewer rows than dimensions" "at least as many rows as dimensions" \
   "$CONCORD" flow lsq --n 4 --d 8
+if "$CONCORD" flow model --model "$WORK/run/final" --corpus "$WORK/corpus.txt" --population 2 --seq-len 16 --probe 2 \
+     --points 4 --sgd-runs 1 --batches 1,2 --adam-lrs 0.001 --gd-steps 0.5,0.25 --json "$WORK/flowm.json" \
+     --report "$WORK/flowm.html" >"$WORK/flow.out" 2>"$WORK/err" \
+   && grep -q "<svg" "$WORK/flowm.html" && python3 - "$WORK/flowm.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model"]["lambda_max"] > 0 and d["model"]["loss_flow"] < d["model"]["loss_start"], d["model"]
+assert 0.8 < d["gd"]["slope"] < 1.2, d["gd"]
+assert [r["batch"] for r in d["sgd"]["rows"]] == [1, 2]
+assert [r["rule"] for r in d["precision"]["rows"]] == ["fp32", "bf16-rne", "bf16-sr", "bf16-ef"]
+assert "predicted_held_fraction" in d["precision"]["rows"][1]
+assert set(d["gd"]["rows"][0]["groups"]) == {"attention", "embedding", "mlp", "norm"}
+PY
+then
+  pass "flow model: GD converges to the integrated flow at O(η); SGD, AdamW, bf16 rules and groups reported"
+else
+  fail "flow model: $(cat "$WORK/flow.out" "$WORK/err")"
+fi
+expect_error "flow model names a missing model" "no-such-model: no such file or folder" "$CONCORD" flow model --model "$WORK/no-such-model"
 
 # ---- issue 18: a depth-recurrent model trained with randomized depth, generated, evaluated ----
 cat >"$WORK/rec.json" <<JSON

@@ -13,6 +13,10 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
+#include "concord/model/files.h"
+#include "concord/numerics/check.h"
+#include "concord/train/data.h"
+#include "concord/train/flow_model.h"
 #include "concord/train/flow_study.h"
 
 namespace concord::cli {
@@ -118,6 +122,81 @@ std::string html_report(const ordered_json& r, const std::string& tables) {
   return h;
 }
 
+std::string gap_cell(const ordered_json& row) {
+  return row.contains("param_gap") ? g4(row["param_gap"]) : std::string("diverged");
+}
+
+std::string model_tables(const ordered_json& r, const std::string& model) {
+  const auto& m = r["model"];
+  std::string s = fmt::format(
+      "{}: {} parameters, population {} sequences; sharpness λ_max = {} at the start (2/λ_max = {}), {} at t\n"
+      "flow to t = {}: {} Dormand-Prince steps ({} rejected, {} gradient evaluations, rtol {}); loss {} -> {}\n\n",
+      model, m["parameters"].get<int64_t>(), m["sequences"].get<int64_t>(), g4(m["lambda_max"]),
+      g4(m["edge_of_stability_lr"]), g4(m["lambda_max_at_t"]), g4(m["time"]), m["flow_steps"].get<int64_t>(),
+      m["flow_rejected"].get<int64_t>(), m["flow_evaluations"].get<int64_t>(), g4(m["rtol"]), g4(m["loss_start"]),
+      g4(m["loss_flow"]));
+  auto groups = [](const ordered_json& row) {
+    std::string g;
+    if (!row.contains("groups")) return g;
+    for (const auto& [k, v] : row["groups"].items()) g += fmt::format(" {} {}", k, g4(v));
+    return g;
+  };
+  s += "gradient descent vs the flow at t (‖Δθ‖ by group after the table's columns)\n";
+  s += fmt::format("  {:>9} {:>6} {:>10} {:>11} {:>11}  {}\n", "η·λ_max", "steps", "‖Δθ‖", "Δlogits rms", "ΔL", "groups");
+  for (const auto& row : r["gd"]["rows"])
+    s += fmt::format("  {:>9} {:>6} {:>10} {:>11} {:>11} {}\n", g4(row["eta_lambda_max"]), row["steps"].get<int64_t>(),
+                     gap_cell(row), row.contains("function_gap") ? g4(row["function_gap"]) : "-",
+                     row.contains("loss_gap") ? g4(row["loss_gap"]) : "-", groups(row));
+  s += fmt::format("  order of the gap in η: {:.3f} (theory 1 as η → 0)\n\n", r["gd"]["slope"].get<double>());
+  s += "SGD vs the flow at t\n";
+  s += fmt::format("  {:>5} {:>9} {:>10} {:>14}\n", "B", "η·λ_max", "η/B", "E‖Δθ‖² (runs)");
+  for (const auto& row : r["sgd"]["rows"])
+    s += fmt::format("  {:>5} {:>9} {:>10} {:>14}\n", row["batch"].get<int64_t>(), g4(row["eta_lambda_max"]),
+                     g4(row["eta_over_b"]), fmt::format("{} ({})", g4(row["mean_gap2"]), row["runs"].get<int64_t>()));
+  s += "\nAdamW (no decay, no clipping; the SGD runs' step count) vs the flow at t\n";
+  s += fmt::format("  {:>9} {:>6} {:>10} {:>11} {:>11}\n", "lr", "steps", "‖Δθ‖", "Δlogits rms", "ΔL");
+  for (const auto& row : r["adamw"]["rows"])
+    s += fmt::format("  {:>9} {:>6} {:>10} {:>11} {:>11}\n", g4(row["lr"]), row["steps"].get<int64_t>(),
+                     g4(row["param_gap"]), g4(row["function_gap"]), g4(row["loss_gap"]));
+  s += fmt::format("\nserved weights (GD at η·λ_max = {}, {} steps; held: matrix elements whose served value did not change, "
+                   "per step)\n", g4(r["precision"]["eta_lambda_max"]), r["precision"]["steps"].get<int64_t>());
+  s += fmt::format("  {:>9} {:>10} {:>11} {:>11} {:>7}\n", "rule", "‖Δθ‖", "Δlogits rms", "ΔL", "held");
+  for (const auto& row : r["precision"]["rows"])
+    s += fmt::format("  {:>9} {:>10} {:>11} {:>11} {:>6.1f}%\n", row["rule"].get<std::string>(), g4(row["param_gap"]),
+                     g4(row["function_gap"]), g4(row["loss_gap"]), 100 * row["held_fraction"].get<double>());
+  for (const auto& row : r["precision"]["rows"])
+    if (row.contains("predicted_held_fraction"))
+      s += fmt::format("  bf16-rne held predicted from the ulp-to-update ratio (min(bf16 cells the fp32 run "
+                       "crossed, steps) changes per element): {:.1f}%\n", 100 * row["predicted_held_fraction"].get<double>());
+  return s;
+}
+
+std::string model_report(const ordered_json& r, const std::string& tables) {
+  using audit::Series;
+  std::string h = fmt::format("<!doctype html><html><head><meta charset=\"utf-8\"><title>concord flow model</title>"
+                              "<style>{}</style></head><body><h1>Gradient flow against real training: a transformer</h1>",
+                              audit::report_style());
+  h += "<pre>" + audit::html_escape(tables) + "</pre>";
+  std::vector<double> eta, gap;
+  for (const auto& row : r["gd"]["rows"])
+    if (row.contains("param_gap")) {
+      eta.push_back(row["eta"]);
+      gap.push_back(row["param_gap"]);
+    }
+  std::vector<Series> s1 = {{"GD ‖θ − θ_flow(t)‖", eta, gap}};
+  h += audit::svg_line_plot(s1, {"gradient descent vs the flow at t", "η", "parameter gap", true, true, 640, 360});
+  std::vector<Series> s2, s3;
+  for (const auto& tr : r["trajectories"]) {
+    if (tr["name"] != "flow") s2.push_back({tr["name"].get<std::string>(), numbers(tr["time"]), numbers(tr["param_gap"])});
+    s3.push_back({tr["name"].get<std::string>(), numbers(tr["time"]), numbers(tr["loss"])});
+  }
+  h += audit::svg_line_plot(s2, {"distance to the flow (AdamW: by step, on the SGD runs' time axis)", "t = ηk",
+                                 "‖θ − θ_flow(t)‖", false, true, 640, 360}) +
+       audit::svg_line_plot(s3, {"population loss", "t = ηk", "L(θ)", false, false, 640, 360});
+  h += "</body></html>\n";
+  return h;
+}
+
 }  // namespace
 
 void add_flow_command(CLI::App& app) {
@@ -175,6 +254,67 @@ void add_flow_command(CLI::App& app) {
     std::fputs(tables.c_str(), stdout);
     if (!a->json.empty()) io::write_file_atomic(a->json, r.dump(1) + "\n");
     if (!a->report.empty()) io::write_file_atomic(a->report, html_report(r, tables));
+  });
+
+  struct ModelArgs {
+    std::string model, corpus = "kjv", json, report;
+    int64_t population = 8, seq_len = 64, probe = 4, sgd_runs = 4, points = 20;
+    double time = 0, sgd_step = 0.25, precision_step = 0.25, rtol = 1e-6;
+    std::vector<double> gd_steps, adam_lrs;
+    std::vector<int32_t> batches;
+    uint64_t seed = 1;
+  };
+  auto b = std::make_shared<ModelArgs>();
+  CLI::App* mcmd = flow->add_subcommand(
+      "model", "A concord transformer (a trained run's final/ or a model folder, fp32 values) against the flow of "
+               "its population loss (--population sequences of --corpus, integrated by Dormand-Prince): gradient "
+               "descent by step size (as η·λ_max, λ_max the sharpness at the start), SGD by batch size, AdamW, and "
+               "bf16 served weights under rne/sr/ef; distances in parameters (whole and by group), logits on a "
+               "held-out probe, and loss. Tables on stdout; --json and --report write the figures and plots.");
+  mcmd->add_option("--model", b->model, "the model: a folder with config.json and model.safetensors")->required();
+  mcmd->add_option("--corpus", b->corpus, "the population's text: kjv (default), a file, or addition:N");
+  add_integer_flag(mcmd, "--population", b->population, between(1, 4096), "population sequences (default 8)");
+  add_integer_flag(mcmd, "--seq-len", b->seq_len, between(2, 8192), "tokens per sequence (default 64)");
+  add_integer_flag(mcmd, "--probe", b->probe, between(1, 4096), "held-out probe sequences (default 4)");
+  add_real_flag(mcmd, "--time", b->time, positive(), "the comparison time t (default 20/λ_max)");
+  add_real_list_flag(mcmd, "--gd-steps", b->gd_steps, positive(), "GD step sizes as η·λ_max (default 1,0.5,0.25,0.125)");
+  add_real_flag(mcmd, "--sgd-step", b->sgd_step, positive(), "the SGD runs' η·λ_max (default 0.25)");
+  add_integer_list_flag(mcmd, "--batches", b->batches, between(1, 4096), "SGD sequences per step (default 1,2,4)");
+  add_integer_flag(mcmd, "--sgd-runs", b->sgd_runs, between(1, 1000), "seeds per SGD batch size (default 4)");
+  add_real_list_flag(mcmd, "--adam-lrs", b->adam_lrs, positive(), "AdamW learning rates (default 0.001,0.00025)");
+  add_real_flag(mcmd, "--precision-step", b->precision_step, positive(), "the served-precision runs' η·λ_max (default 0.25)");
+  add_integer_flag(mcmd, "--points", b->points, between(1, 1000), "samples along each trajectory (default 20)");
+  add_real_flag(mcmd, "--rtol", b->rtol, real_in(0, 1e-2, true, false), "the flow's relative tolerance (default 1e-6)");
+  add_seed_flag(mcmd, "--seed", b->seed, "seed of the sharpness start vector, SGD batches and sr (default 1)");
+  mcmd->add_option("--json", b->json, "write the figures to this JSON file");
+  mcmd->add_option("--report", b->report, "write an offline HTML report with the plots to this file");
+  mcmd->callback([b]() {
+    model::LoadedModel loaded = model::load_model(b->model, "fp32");
+    if (!loaded.source.tokenizer)
+      throw InputError(fmt::format("[flow] {} has no tokenizer to read the corpus with", b->model));
+    const std::vector<int32_t> tokens = loaded.source.tokenizer->encode(train::load_corpus(b->corpus), false);
+    const train::TokenSplit split = train::split_tokens(tokens, 0.1, b->seq_len * 4);
+    train::Batch population = train::validation_batches(split.train, b->population, b->seq_len, 1).at(0);
+    const train::Batch probe = train::validation_batches(split.validation, b->probe, b->seq_len, 1).at(0);
+    train::flow::ModelLoss loss(loaded.model, std::move(population));
+    train::flow::ModelStudyOptions o;
+    o.time = b->time;
+    if (!b->gd_steps.empty()) o.gd_steps = b->gd_steps;
+    o.sgd_step = b->sgd_step;
+    if (!b->batches.empty()) o.batches.assign(b->batches.begin(), b->batches.end());
+    o.sgd_runs = b->sgd_runs;
+    if (!b->adam_lrs.empty()) o.adam_lrs = b->adam_lrs;
+    o.precision_step = b->precision_step;
+    o.points = b->points;
+    o.rtol = b->rtol;
+    o.seed = b->seed;
+    const ordered_json r = train::flow::model_study(loss, probe, o, [](const std::string& line) {
+      std::fprintf(stderr, "[flow] %s\n", line.c_str());
+    });
+    const std::string tables = model_tables(r, b->model);
+    std::fputs(tables.c_str(), stdout);
+    if (!b->json.empty()) io::write_file_atomic(b->json, r.dump(1) + "\n");
+    if (!b->report.empty()) io::write_file_atomic(b->report, model_report(r, tables));
   });
 }
 

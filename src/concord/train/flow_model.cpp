@@ -146,8 +146,10 @@ ModelRun run_model(ModelLoss& loss, std::span<const double> theta0, const ModelR
 
   ModelRun out;
   out.first_move.assign(static_cast<size_t>(n), -1);
+  out.changes.assign(static_cast<size_t>(n), 0);
   export_all(0);
   const std::vector<float> served0 = served;
+  std::vector<float> previous = served;
   Vec s(n), g(n);
   size_t next = 0;
   auto take = [&](int64_t step) {
@@ -175,8 +177,11 @@ ModelRun run_model(ModelLoss& loss, std::span<const double> theta0, const ModelR
       for (int64_t i = 0; i < n; ++i) master[i] = static_cast<float>(master[i] - o.lr * g[i]);
     }
     export_all(step);
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
       if (out.first_move[i] < 0 && served[i] != served0[i]) out.first_move[i] = step;
+      out.changes[i] += served[i] != previous[i];
+    }
+    previous = served;
     take(step);
   }
   return out;

@@ -69,6 +69,7 @@ struct ModelRun {
   std::vector<Vec> served;          // the served copy (what the gradient was taken at) at each
   std::vector<double> loss;         // L(served) at each
   std::vector<int64_t> first_move;  // per parameter element: the first step its served value changed (−1: never)
+  std::vector<int64_t> changes;     // per parameter element: the steps at which its served value changed
 };
 // `steps` steps of the run: fp32 master m (from θ0), served copy s = export(m) each step, the
 // gradient of L (gd, adamw) or of the minibatch (sgd) taken at s, the update applied to m.

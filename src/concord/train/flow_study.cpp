@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "concord/numerics/check.h"
 #include "concord/numerics/format.h"
 #include "concord/train/flow.h"
+#include "concord/train/flow_model.h"
 
 namespace concord::train::flow {
 
@@ -289,6 +292,249 @@ ordered_json least_squares_study(const LeastSquaresStudyOptions& o,
           served_gradient_descent(p, theta0, eta, rule, numerics::Format::bf16, o.seed, steps, rec));
     out["trajectories"] = tr;
   }
+  return out;
+}
+
+namespace {
+
+// The group a parameter's distance is reported under.
+std::string param_group(const std::string& name) {
+  if (name.find("self_attn") != std::string::npos) return "attention";
+  if (name.find("mlp") != std::string::npos) return "mlp";
+  if (name.find("norm") != std::string::npos) return "norm";
+  return "embedding";  // the embedding table and an untied head
+}
+
+// The position of x's bf16 rounding (rne) on the ordered bf16 grid: consecutive values differ by 1.
+int64_t bf16_ordinal(double x) {
+  const auto f = static_cast<float>(std::abs(x));
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return x < 0 ? -static_cast<int64_t>(rounded) : static_cast<int64_t>(rounded);
+}
+
+double rms_diff(std::span<const float> a, std::span<const float> b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return a.empty() ? 0.0 : std::sqrt(s / static_cast<double>(a.size()));
+}
+
+}  // namespace
+
+ordered_json model_study(ModelLoss& L, const Batch& probe, const ModelStudyOptions& o,
+                         const std::function<void(const std::string&)>& progress) {
+  auto say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  if (o.gd_steps.empty() || o.batches.empty() || o.points < 1 || o.sgd_runs < 1)
+    throw InputError("[flow] the step-size and batch grids must not be empty; points and runs ≥ 1");
+  for (double m : o.gd_steps)
+    if (!(m > 0)) throw InputError(fmt::format("[flow] a step size (η·λ_max) must be > 0, got {}", m));
+  if (!(o.sgd_step > 0) || !(o.precision_step > 0)) throw InputError("[flow] the SGD and precision step sizes must be > 0");
+  for (double lr : o.adam_lrs)
+    if (!(lr > 0)) throw InputError(fmt::format("[flow] an AdamW learning rate must be > 0, got {}", lr));
+  for (int64_t b : o.batches)
+    if (b < 1) throw InputError(fmt::format("[flow] a batch size must be ≥ 1, got {}", b));
+
+  const Vec theta0 = L.values();
+  const PowerResult sharp = model_sharpness(L, theta0, o.seed, 100, 1e-4);
+  const double lmax = sharp.value;
+  if (!(lmax > 0))
+    throw InputError(fmt::format("[flow] the Hessian's largest eigenvalue at the start is {} (not positive): no "
+                                 "edge of stability to scale the step sizes by", lmax));
+  const double t = o.time > 0 ? o.time : 20 / lmax;
+  const int64_t P = o.points;
+  std::vector<double> times;
+  for (int64_t i = 0; i <= P; ++i) times.push_back(t * static_cast<double>(i) / static_cast<double>(P));
+  say(fmt::format("sharpness at the start λ_max = {:.4g} ({} power iterations); t = {:.4g}", lmax, sharp.iterations, t));
+
+  OdeOptions opt;
+  opt.rtol = o.rtol;
+  opt.atol = o.rtol * 1e-3;
+  OdeStats st;
+  const int64_t before = L.evaluations();
+  const std::vector<Vec> flow = model_flow(L, theta0, times, opt, &st);
+  const int64_t flow_evals = L.evaluations() - before;
+  std::vector<double> flow_loss;
+  for (const Vec& th : flow) flow_loss.push_back(L.loss(th));
+  const std::vector<float> flow_logits = L.logits(flow.back(), probe);
+  const PowerResult sharp_end = model_sharpness(L, flow.back(), o.seed, 100, 1e-4);
+  say(fmt::format("flow: {} Dormand-Prince steps ({} rejected, {} gradient evaluations); loss {:.4f} -> {:.4f}; "
+                  "sharpness at t {:.4g}", st.accepted, st.rejected, flow_evals, flow_loss.front(), flow_loss.back(),
+                  sharp_end.value));
+
+  ordered_json out;
+  out["model"] = {{"parameters", L.size()}, {"sequences", L.sequences()}, {"lambda_max", lmax},
+                  {"edge_of_stability_lr", 2 / lmax}, {"time", t}, {"loss_start", flow_loss.front()},
+                  {"loss_flow", flow_loss.back()}, {"lambda_max_at_t", sharp_end.value},
+                  {"flow_steps", st.accepted}, {"flow_rejected", st.rejected}, {"flow_evaluations", flow_evals},
+                  {"rtol", o.rtol}};
+  ordered_json flow_tr = {{"name", "flow"}, {"time", times}, {"param_gap", Vec(times.size(), 0.0)}, {"loss", flow_loss}};
+
+  // The end of a run against the flow at t: parameters (whole and by group), function, loss.
+  const std::vector<model::ParamSpec>& specs = L.params();
+  auto compare = [&](const Vec& th) {
+    ordered_json groups = ordered_json::object();
+    std::map<std::string, double> sq;
+    for (size_t p = 0; p < specs.size(); ++p) {
+      double s2 = 0;
+      for (int64_t i = L.offsets()[p]; i < L.offsets()[p] + specs[p].numel(); ++i)
+        s2 += (th[i] - flow.back()[i]) * (th[i] - flow.back()[i]);
+      sq[param_group(specs[p].name)] += s2;
+    }
+    for (const auto& [g, v] : sq) groups[g] = std::sqrt(v);
+    return ordered_json{{"param_gap", dist(th, flow.back())}, {"function_gap", rms_diff(L.logits(th, probe), flow_logits)},
+                        {"loss_gap", L.loss(th) - flow_loss.back()}, {"groups", groups}};
+  };
+  // k steps with k a multiple of P, so that every P-th point lands on a flow sample.
+  auto steps_for = [&](double m) {
+    const auto blocks = static_cast<int64_t>(std::ceil(t * lmax / (m * static_cast<double>(P))));
+    return std::max<int64_t>(1, blocks) * P;
+  };
+  auto record_for = [&](int64_t k) {
+    std::vector<int64_t> rec;
+    for (int64_t i = 0; i <= P; ++i) rec.push_back(k * i / P);
+    return rec;
+  };
+  ordered_json trajectories = ordered_json::array({flow_tr});
+  auto trajectory = [&](const std::string& name, const ModelRun& run) {
+    ordered_json gap = ordered_json::array();
+    for (size_t i = 0; i < run.served.size(); ++i) gap.push_back(dist(run.served[i], flow[i]));
+    trajectories.push_back({{"name", name}, {"time", times}, {"param_gap", gap}, {"loss", run.loss}});
+  };
+
+  // Gradient descent by step size.
+  {
+    ordered_json rows = ordered_json::array();
+    std::vector<double> etas, gaps;
+    for (double m : o.gd_steps) {
+      const int64_t k = steps_for(m);
+      ModelRunOptions ro;
+      ro.lr = t / static_cast<double>(k);
+      ordered_json row = {{"eta_lambda_max", ro.lr * lmax}, {"eta", ro.lr}, {"steps", k}};
+      try {
+        const ModelRun run = run_model(L, theta0, ro, k, record_for(k));
+        row.update(compare(run.served.back()));
+        trajectory(fmt::format("GD η·λmax={:.3g}", ro.lr * lmax), run);
+        if (ro.lr * lmax < 2) {
+          etas.push_back(ro.lr);
+          gaps.push_back(row["param_gap"].get<double>());
+        }
+      } catch (const InputError& e) {  // a non-finite gradient: the run diverged
+        row["diverged"] = e.what();
+      }
+      say(fmt::format("GD η·λ_max = {:.3g}: {} steps, ‖Δθ‖ = {}", ro.lr * lmax, k,
+                      row.contains("param_gap") ? fmt::format("{:.4g}", row["param_gap"].get<double>()) : "diverged"));
+      rows.push_back(std::move(row));
+    }
+    out["gd"] = {{"rows", rows}, {"slope", etas.size() >= 2 ? log_log_slope(etas, gaps) : 0.0}};
+  }
+
+  // SGD by batch size at one step size.
+  {
+    const int64_t k = steps_for(o.sgd_step);
+    const double eta = t / static_cast<double>(k);
+    ordered_json rows = ordered_json::array();
+    for (int64_t b : o.batches) {
+      double sum2 = 0;
+      ordered_json end;
+      for (int64_t r = 0; r < o.sgd_runs; ++r) {
+        ModelRunOptions ro;
+        ro.optimizer = "sgd";
+        ro.lr = eta;
+        ro.batch = b;
+        ro.seed = o.seed + static_cast<uint64_t>(r);
+        const ModelRun run = run_model(L, theta0, ro, k, record_for(k));
+        const double g = dist(run.served.back(), flow.back());
+        sum2 += g * g;
+        if (r == 0) {
+          end = compare(run.served.back());
+          trajectory(fmt::format("SGD B={}", b), run);
+        }
+      }
+      ordered_json row = {{"batch", b}, {"eta_lambda_max", eta * lmax}, {"steps", k}, {"eta_over_b", eta / static_cast<double>(b)},
+                          {"mean_gap2", sum2 / static_cast<double>(o.sgd_runs)}, {"runs", o.sgd_runs}, {"first_run", end}};
+      say(fmt::format("SGD B = {}: E‖Δθ‖² = {:.4g} over {} runs", b, row["mean_gap2"].get<double>(), o.sgd_runs));
+      rows.push_back(std::move(row));
+    }
+    out["sgd"] = {{"rows", rows}};
+  }
+
+  // AdamW: same number of steps as GD at the SGD step size, its own learning rates.
+  {
+    const int64_t k = steps_for(o.sgd_step);
+    ordered_json rows = ordered_json::array();
+    for (double lr : o.adam_lrs) {
+      ModelRunOptions ro;
+      ro.optimizer = "adamw";
+      ro.lr = lr;
+      const ModelRun run = run_model(L, theta0, ro, k, record_for(k));
+      ordered_json row = {{"lr", lr}, {"steps", k}};
+      row.update(compare(run.served.back()));
+      trajectory(fmt::format("AdamW lr={:g}", lr), run);
+      say(fmt::format("AdamW lr = {:g}: {} steps, ‖Δθ‖ = {:.4g}, loss {:.4f}", lr, k, row["param_gap"].get<double>(),
+                      run.loss.back()));
+      rows.push_back(std::move(row));
+    }
+    out["adamw"] = {{"rows", rows}};
+  }
+
+  // Served precision: GD with the served copy in fp32 or bf16 under each rule.
+  {
+    const int64_t k = steps_for(o.precision_step);
+    const double eta = t / static_cast<double>(k);
+    int64_t bf16_elements = 0;
+    for (const model::ParamSpec& sp : specs)
+      if (!sp.served_in_f32()) bf16_elements += sp.numel();
+    ordered_json rows = ordered_json::array();
+    struct Rule {
+      const char* name;
+      const char* rule;
+      numerics::Format format;
+    };
+    const Rule rules[] = {{"fp32", "rne", numerics::Format::f32},
+                          {"bf16-rne", "rne", numerics::Format::bf16},
+                          {"bf16-sr", "sr", numerics::Format::bf16},
+                          {"bf16-ef", "ef", numerics::Format::bf16}};
+    Vec fp32_end;
+    for (const Rule& r : rules) {
+      ModelRunOptions ro;
+      ro.lr = eta;
+      ro.served = r.format;
+      ro.rule = r.rule;
+      ro.seed = o.seed;
+      const ModelRun run = run_model(L, theta0, ro, k, record_for(k));
+      int64_t changes = 0;
+      for (size_t p = 0; p < specs.size(); ++p)
+        if (!specs[p].served_in_f32())
+          for (int64_t i = L.offsets()[p]; i < L.offsets()[p] + specs[p].numel(); ++i) changes += run.changes[i];
+      ordered_json row = {{"rule", r.name}, {"eta_lambda_max", eta * lmax}, {"steps", k},
+                          {"held_fraction", 1 - static_cast<double>(changes) / static_cast<double>(k * bf16_elements)}};
+      row.update(compare(run.served.back()));
+      if (r.format == numerics::Format::f32) fp32_end = run.served.back();
+      if (r.format == numerics::Format::bf16 && std::string(r.rule) == "rne" && !fp32_end.empty()) {
+        // rne's served value changes once per bf16 grid cell the master crosses, at most once a
+        // step: from the fp32 run's start and end of each element, min(cells between, k) changes
+        // in k steps — the held fraction the ulp-to-update ratio predicts (a path that turns back
+        // is undercounted; near zero the cells are small, so it is counted in cells, not in the
+        // start's ulp).
+        double predicted_changes = 0;
+        for (size_t p = 0; p < specs.size(); ++p)
+          if (!specs[p].served_in_f32())
+            for (int64_t i = L.offsets()[p]; i < L.offsets()[p] + specs[p].numel(); ++i)
+              predicted_changes += static_cast<double>(
+                  std::min<int64_t>(k, std::abs(bf16_ordinal(fp32_end[i]) - bf16_ordinal(theta0[i]))));
+        row["predicted_held_fraction"] = 1 - predicted_changes / static_cast<double>(k * bf16_elements);
+      }
+      trajectory(r.name, run);
+      say(fmt::format("served {}: ‖Δθ‖ = {:.4g}, matrices held still {:.1f}% of steps", r.name,
+                      row["param_gap"].get<double>(), 100 * row["held_fraction"].get<double>()));
+      rows.push_back(std::move(row));
+    }
+    out["precision"] = {{"eta_lambda_max", eta * lmax}, {"steps", k}, {"rows", rows}};
+  }
+  out["trajectories"] = trajectories;
   return out;
 }
 

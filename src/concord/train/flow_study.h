@@ -14,6 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+namespace concord::train {
+struct Batch;
+}
 namespace concord::train::flow {
 
 struct LeastSquaresStudyOptions {
@@ -36,5 +39,26 @@ struct LeastSquaresStudyOptions {
 // options out of range (n < d, empty grids, a non-positive step or batch, ...).
 nlohmann::ordered_json least_squares_study(const LeastSquaresStudyOptions& options,
                                            const std::function<void(const std::string&)>& progress = {});
+
+class ModelLoss;
+
+// The study of `concord flow model` on a concord transformer, from its current weights: the
+// population `loss` (flow_model.h) and a held-out `probe` batch for the function-space distance.
+// Step sizes are multiples of 1/λ_max, λ_max the sharpness (the Hessian's largest eigenvalue)
+// at the start, so that 2 is the edge of stability.
+struct ModelStudyOptions {
+  double time = 0;  // the comparison time t; 0: 20/λ_max
+  std::vector<double> gd_steps = {1.0, 0.5, 0.25, 0.125};  // η·λ_max of the GD runs
+  double sgd_step = 0.25;                                  // η·λ_max of the SGD runs
+  std::vector<int64_t> batches = {1, 2, 4};                // SGD sequences per step
+  int64_t sgd_runs = 4;                                    // seeds per SGD batch size
+  std::vector<double> adam_lrs = {1e-3, 2.5e-4};           // AdamW (no decay, no clipping)
+  double precision_step = 0.25;                            // η·λ_max of the served-precision runs
+  int64_t points = 20;                                     // samples along each trajectory
+  double rtol = 1e-6;                                      // the flow's integration tolerance
+  uint64_t seed = 1;
+};
+nlohmann::ordered_json model_study(ModelLoss& loss, const Batch& probe, const ModelStudyOptions& options,
+                                   const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace concord::train::flow
