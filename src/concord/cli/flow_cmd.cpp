@@ -141,13 +141,17 @@ std::string model_tables(const ordered_json& r, const std::string& model) {
     for (const auto& [k, v] : row["groups"].items()) g += fmt::format(" {} {}", k, g4(v));
     return g;
   };
-  s += "gradient descent vs the flow at t (‖Δθ‖ by group after the table's columns)\n";
-  s += fmt::format("  {:>9} {:>6} {:>10} {:>11} {:>11}  {}\n", "η·λ_max", "steps", "‖Δθ‖", "Δlogits rms", "ΔL", "groups");
+  s += "gradient descent vs the flow at t (‖Δθ‖ by parameter group in the last column)\n";
+  s += fmt::format("  {:>9} {:>9} {:>6} {:>10} {:>11} {:>11}  {}\n", "η·λ_max", "at t", "steps", "‖Δθ‖", "Δlogits rms",
+                   "ΔL", "groups");
   for (const auto& row : r["gd"]["rows"])
-    s += fmt::format("  {:>9} {:>6} {:>10} {:>11} {:>11} {}\n", g4(row["eta_lambda_max"]), row["steps"].get<int64_t>(),
+    s += fmt::format("  {:>9} {:>9} {:>6} {:>10} {:>11} {:>11} {}\n", g4(row["eta_lambda_max"]),
+                     g4(row["eta_lambda_max_at_t"]), row["steps"].get<int64_t>(),
                      gap_cell(row), row.contains("function_gap") ? g4(row["function_gap"]) : "-",
                      row.contains("loss_gap") ? g4(row["loss_gap"]) : "-", groups(row));
-  s += fmt::format("  order of the gap in η: {:.3f} (theory 1 as η → 0)\n\n", r["gd"]["slope"].get<double>());
+  s += fmt::format("  order of the gap in η (η·λ_max ≤ 0.5): {:.3f} (theory 1 as η → 0); \"at t\": η times the "
+                   "sharpness of the flow at t (past 2: beyond the edge of stability there)\n\n",
+                   r["gd"]["slope"].get<double>());
   s += "SGD vs the flow at t\n";
   s += fmt::format("  {:>5} {:>9} {:>10} {:>14}\n", "B", "η·λ_max", "η/B", "E‖Δθ‖² (runs)");
   for (const auto& row : r["sgd"]["rows"])

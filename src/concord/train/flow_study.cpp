@@ -387,18 +387,22 @@ ordered_json model_study(ModelLoss& L, const Batch& probe, const ModelStudyOptio
     return ordered_json{{"param_gap", dist(th, flow.back())}, {"function_gap", rms_diff(L.logits(th, probe), flow_logits)},
                         {"loss_gap", L.loss(th) - flow_loss.back()}, {"groups", groups}};
   };
-  // k steps with k a multiple of P, so that every P-th point lands on a flow sample.
+  // k = t/η steps. From P steps up, k is rounded up to a multiple of P so that every (k/P)-th
+  // step lands on a flow sample (η·λ_max then differs from the one asked for by < P/k; the
+  // tables give the one used); a shorter run is compared at t alone.
   auto steps_for = [&](double m) {
-    const auto blocks = static_cast<int64_t>(std::ceil(t * lmax / (m * static_cast<double>(P))));
-    return std::max<int64_t>(1, blocks) * P;
+    const int64_t k = std::max<int64_t>(1, std::llround(t * lmax / m));
+    return k < P ? k : (k + P - 1) / P * P;
   };
   auto record_for = [&](int64_t k) {
     std::vector<int64_t> rec;
+    if (k % P != 0) return std::vector<int64_t>{0, k};
     for (int64_t i = 0; i <= P; ++i) rec.push_back(k * i / P);
     return rec;
   };
   ordered_json trajectories = ordered_json::array({flow_tr});
   auto trajectory = [&](const std::string& name, const ModelRun& run) {
+    if (run.served.size() != flow.size()) return;  // compared at t alone
     ordered_json gap = ordered_json::array();
     for (size_t i = 0; i < run.served.size(); ++i) gap.push_back(dist(run.served[i], flow[i]));
     trajectories.push_back({{"name", name}, {"time", times}, {"param_gap", gap}, {"loss", run.loss}});
@@ -412,12 +416,13 @@ ordered_json model_study(ModelLoss& L, const Batch& probe, const ModelStudyOptio
       const int64_t k = steps_for(m);
       ModelRunOptions ro;
       ro.lr = t / static_cast<double>(k);
-      ordered_json row = {{"eta_lambda_max", ro.lr * lmax}, {"eta", ro.lr}, {"steps", k}};
+      ordered_json row = {{"eta_lambda_max", ro.lr * lmax}, {"eta_lambda_max_at_t", ro.lr * sharp_end.value},
+                          {"eta", ro.lr}, {"steps", k}};
       try {
         const ModelRun run = run_model(L, theta0, ro, k, record_for(k));
         row.update(compare(run.served.back()));
         trajectory(fmt::format("GD η·λmax={:.3g}", ro.lr * lmax), run);
-        if (ro.lr * lmax < 2) {
+        if (ro.lr * lmax <= 0.5) {
           etas.push_back(ro.lr);
           gaps.push_back(row["param_gap"].get<double>());
         }
