@@ -723,6 +723,7 @@ assert 0.8 < d["gd"]["slope"] < 1.2, d["gd"]
 assert [r["batch"] for r in d["sgd"]["rows"]] == [1, 2]
 assert [r["rule"] for r in d["precision"]["rows"]] == ["fp32", "bf16-rne", "bf16-sr", "bf16-ef"]
 assert "predicted_held_fraction" in d["precision"]["rows"][1]
+assert 0 <= d["linearized"]["param_gap"] and d["linearized"]["flow_displacement"] > 0, d["linearized"]
 assert set(d["gd"]["rows"][0]["groups"]) == {"attention", "embedding", "mlp", "norm"}
 PY
 then

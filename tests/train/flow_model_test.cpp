@@ -224,5 +224,75 @@ TEST(FlowModel, SharpnessAgainstTheStepSize) {
   EXPECT_LT(r.residual, 0.1 * r.value);
 }
 
+TEST(FlowModel, LinearizedModelJvpAndVjpAreAdjoint) {
+  // ⟨u, J v⟩ (central differences of the forward) = ⟨Jᵀu, v⟩ (the backward pass), for
+  // u = (q_b − q_a)/rows, q_a and q_b two softmaxes: the dot-product test of two independent
+  // computations.
+  Fixture f;
+  ModelLoss L(f.m, population(4, 16));
+  const Vec theta0 = L.values();
+  LinearizedLoss lin(L, theta0, 1e-2);
+  const int64_t V = 259, rows = 4 * 16;
+  std::vector<float> a(static_cast<size_t>(rows * V)), b(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>(philox_normal(21, 0, i));
+    b[i] = static_cast<float>(philox_normal(21, 1, i));
+  }
+  const Vec v = direction(L.size(), 4);
+  const std::vector<double> jv = lin.jvp(v);
+  const Vec jtu = lin.vjp(a, b);
+  double lhs = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0;
+    for (int64_t k = 0; k < V; ++k) {
+      ma = std::max(ma, static_cast<double>(a[r * V + k]));
+      mb = std::max(mb, static_cast<double>(b[r * V + k]));
+    }
+    for (int64_t k = 0; k < V; ++k) {
+      sa += std::exp(a[r * V + k] - ma);
+      sb += std::exp(b[r * V + k] - mb);
+    }
+    for (int64_t k = 0; k < V; ++k) {
+      const double qa = std::exp(a[r * V + k] - ma) / sa, qb = std::exp(b[r * V + k] - mb) / sb;
+      lhs += (qb - qa) / rows * jv[r * V + k];
+    }
+  }
+  // Tolerance: the forward's fp32 rounding over a step of 1e-2 (≈ 1e-5·|z| per logit).
+  EXPECT_NEAR(lhs, dot(jtu, v), 3e-3 * std::abs(lhs) + 1e-8);
+  // At θ0 the linear model is the model: its loss and gradient are the model's.
+  Vec g(L.size()), g0(L.size());
+  EXPECT_NEAR(lin.gradient(theta0, g), L.gradient(theta0, g0), 1e-6);
+  for (int64_t i = 0; i < L.size(); i += 97) EXPECT_NEAR(g[i], g0[i], 1e-6 + 1e-4 * std::abs(g0[i]));
+  // Away from θ0 it is first-order accurate: the loss gap shrinks as ‖δ‖² (a quarter per halving).
+  std::vector<double> steps, gaps;
+  for (double h : {0.4, 0.2, 0.1}) {
+    Vec th = theta0;
+    for (int64_t i = 0; i < L.size(); ++i) th[i] += h * v[i];
+    steps.push_back(h);
+    gaps.push_back(std::abs(lin.loss(th) - L.loss(th)));
+  }
+  EXPECT_NEAR(log_log_slope(steps, gaps), 2.0, 0.3);
+}
+
+TEST(FlowModel, LinearizedFlowAgreesWithTheFlowAtShortTimes) {
+  Fixture f;
+  ModelLoss L(f.m, population(4, 16));
+  const Vec theta0 = L.values();
+  LinearizedLoss lin(L, theta0, 1e-2);
+  OdeOptions opt;
+  opt.rtol = 1e-7;
+  opt.atol = 1e-9;
+  // Short: t·λ_max ≪ 1 (λ_max ≈ 10 here).
+  const std::vector<double> times = {0.01, 0.02, 1.0};
+  const auto a = model_flow(L, theta0, times, opt);
+  const auto b = linearized_flow(lin, theta0, times, opt);
+  // The two flows agree to second order in t (their Hessians differ: the linear model's is the
+  // Gauss–Newton part), and part ways later.
+  const double g1 = dist(a[0], b[0]), g2 = dist(a[1], b[1]);
+  EXPECT_LT(g1, 0.05 * dist(a[0], theta0));
+  EXPECT_NEAR(std::log2(g2 / g1), 2.0, 0.6);
+  EXPECT_GT(dist(a[2], b[2]) / dist(a[2], theta0), g1 / dist(a[0], theta0));
+}
+
 }  // namespace
 }  // namespace concord::train::flow

@@ -135,6 +135,12 @@ std::string model_tables(const ordered_json& r, const std::string& model) {
       g4(m["edge_of_stability_lr"]), g4(m["lambda_max_at_t"]), g4(m["time"]), m["flow_steps"].get<int64_t>(),
       m["flow_rejected"].get<int64_t>(), m["flow_evaluations"].get<int64_t>(), g4(m["rtol"]), g4(m["loss_start"]),
       g4(m["loss_flow"]));
+  const auto& li = r["linearized"];
+  s += fmt::format("linearized model (first-order Taylor at the start; J·v by central differences of the forward, Jᵀ by "
+                   "the backward): its flow at t is {} from the flow, which moved {} (logits RMS {}); population loss "
+                   "of the true model there {}, of the linear model {}\n\n",
+                   g4(li["param_gap"]), g4(li["flow_displacement"]), g4(li["function_gap"]), g4(li["loss"]),
+                   g4(li["linear_model_loss"]));
   auto groups = [](const ordered_json& row) {
     std::string g;
     if (!row.contains("groups")) return g;

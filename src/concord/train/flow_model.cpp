@@ -58,12 +58,33 @@ double ModelLoss::run(const Batch& batch, std::span<double> g) {
   return l;
 }
 
-double ModelLoss::loss(std::span<const double> theta) {
+std::vector<float> ModelLoss::population_logits(std::span<const double> theta) {
   set(theta);
   std::vector<float> logits(static_cast<size_t>(population_.B * population_.T * model_.config().vocab_size));
   model_.forward(population_.inputs, population_.B, population_.T, logits);
   ++evaluations_;
+  return logits;
+}
+
+double ModelLoss::distill_gradient(std::span<const double> theta, std::span<const float> teacher, std::span<double> g) {
+  if (static_cast<int64_t>(g.size()) != size_) throw InputError("[flow] the gradient buffer has the wrong size");
+  set(theta);
+  const double kl = model_.forward_backward_distill(population_.inputs, teacher, population_.B, population_.T);
+  ++evaluations_;
+  const std::vector<model::ParamSpec>& specs = model_.params();
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const std::span<const float> gr = model_.grad(specs[p].name);
+    std::copy(gr.begin(), gr.end(), g.begin() + offsets_[p]);
+  }
+  return kl;
+}
+
+double ModelLoss::loss(std::span<const double> theta) { return cross_entropy(population_logits(theta)); }
+
+double ModelLoss::cross_entropy(std::span<const float> logits) const {
   const int64_t v = model_.config().vocab_size;
+  if (logits.size() != static_cast<size_t>(population_.B * population_.T * v))
+    throw InputError("[flow] cross_entropy: the logits do not cover the population");
   double total = 0;
   int64_t count = 0;
   for (int64_t r = 0; r < population_.B * population_.T; ++r) {
@@ -185,6 +206,70 @@ ModelRun run_model(ModelLoss& loss, std::span<const double> theta0, const ModelR
     take(step);
   }
   return out;
+}
+
+LinearizedLoss::LinearizedLoss(ModelLoss& loss, std::span<const double> theta0, double eps)
+    : loss_(loss), theta0_(theta0.begin(), theta0.end()), grad0_(theta0.size()), eps_(eps) {
+  if (static_cast<int64_t>(theta0.size()) != loss.size())
+    throw InputError(fmt::format("[flow] θ₀ has {} values, the model {} parameters", theta0.size(), loss.size()));
+  if (!(eps > 0)) throw InputError("[flow] the JVP step must be > 0");
+  loss_.gradient(theta0_, grad0_);
+  z0_ = loss_.population_logits(theta0_);
+}
+
+std::vector<double> LinearizedLoss::jvp(std::span<const double> v) {
+  if (v.size() != theta0_.size()) throw InputError("[flow] jvp: v has the wrong size");
+  double nv = 0;
+  for (double x : v) nv += x * x;
+  nv = std::sqrt(nv);
+  std::vector<double> out(z0_.size(), 0.0);
+  if (nv == 0) return out;
+  Vec plus(theta0_.size()), minus(theta0_.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    plus[i] = theta0_[i] + eps_ * v[i] / nv;
+    minus[i] = theta0_[i] - eps_ * v[i] / nv;
+  }
+  const std::vector<float> zp = loss_.population_logits(plus), zm = loss_.population_logits(minus);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = (static_cast<double>(zp[i]) - zm[i]) / (2 * eps_) * nv;
+  return out;
+}
+
+Vec LinearizedLoss::vjp(std::span<const float> teacher_a, std::span<const float> teacher_b) {
+  // ∇KL(q ‖ p_θ) = Jᵀ(p − q)/rows, so ∇KL(q_a ‖ p) − ∇KL(q_b ‖ p) = Jᵀ(q_b − q_a)/rows.
+  Vec ga(theta0_.size()), gb(theta0_.size());
+  loss_.distill_gradient(theta0_, teacher_a, ga);
+  loss_.distill_gradient(theta0_, teacher_b, gb);
+  for (size_t i = 0; i < ga.size(); ++i) ga[i] -= gb[i];
+  return ga;
+}
+
+std::vector<float> LinearizedLoss::logits_at(std::span<const double> theta) {
+  Vec d(theta.size());
+  for (size_t i = 0; i < d.size(); ++i) d[i] = theta[i] - theta0_[i];
+  const std::vector<double> jd = jvp(d);
+  std::vector<float> z(z0_.size());
+  for (size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(z0_[i] + jd[i]);
+  return z;
+}
+
+double LinearizedLoss::loss(std::span<const double> theta) { return loss_.cross_entropy(logits_at(theta)); }
+
+double LinearizedLoss::gradient(std::span<const double> theta, std::span<double> g) {
+  if (g.size() != theta0_.size()) throw InputError("[flow] the gradient buffer has the wrong size");
+  const std::vector<float> z = logits_at(theta);
+  Vec kl(g.size());
+  loss_.distill_gradient(theta0_, z, kl);  // Jᵀ(p0 − softmax(z_lin))/rows
+  for (size_t i = 0; i < g.size(); ++i) g[i] = grad0_[i] - kl[i];
+  return loss_.cross_entropy(z);
+}
+
+std::vector<Vec> linearized_flow(LinearizedLoss& loss, std::span<const double> theta0, std::span<const double> times,
+                                 const OdeOptions& options, OdeStats* stats) {
+  const OdeRhs rhs = [&](double, std::span<const double> th, std::span<double> dth) {
+    loss.gradient(th, dth);
+    for (double& v : dth) v = -v;
+  };
+  return integrate(rhs, 0.0, Vec(theta0.begin(), theta0.end()), times, options, stats);
 }
 
 std::vector<Vec> model_flow(ModelLoss& loss, std::span<const double> theta0, std::span<const double> times,

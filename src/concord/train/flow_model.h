@@ -42,8 +42,15 @@ class ModelLoss {
   double batch_gradient(std::span<const int64_t> rows, std::span<const double> theta, std::span<double> g);
   // The logits (B·T·V) of `probe` at θ: the function-space distance compares them.
   std::vector<float> logits(std::span<const double> theta, const Batch& probe);
-  // Forward-backward passes so far (each over the batch it was given).
+  // The population's logits (S·T·V) at θ.
+  std::vector<float> population_logits(std::span<const double> theta);
+  // At θ: the mean over the population rows of KL(softmax(teacher) ‖ p_θ) and its gradient
+  // Jᵀ(p_θ − q)/rows (Model::forward_backward_distill) — a vector-Jacobian product.
+  double distill_gradient(std::span<const double> theta, std::span<const float> teacher_logits, std::span<double> g);
+  // Forward or backward passes so far.
   int64_t evaluations() const { return evaluations_; }
+  // The mean cross-entropy of logits (S·T·V) against the population's targets.
+  double cross_entropy(std::span<const float> logits) const;
 
  private:
   double run(const Batch& batch, std::span<double> g);
@@ -52,6 +59,29 @@ class ModelLoss {
   std::vector<int64_t> offsets_;
   int64_t size_ = 0;
   int64_t evaluations_ = 0;
+};
+
+// The linearized model around θ0 (first-order Taylor): on the population, logits
+// z_lin(θ) = z(θ0) + J(θ0)(θ − θ0), and L_lin(θ) = the mean cross-entropy of z_lin. J·v comes from
+// central differences of the forward pass along v̂ = v/‖v‖ (step eps), times ‖v‖; Jᵀ from the backward pass: ∇L_lin(θ) = Jᵀ(softmax(z_lin) − onehot)/rows
+// = ∇L(θ0) − ∇_θ KL(softmax(z_lin) ‖ p_θ)|θ0 (both backward passes at θ0; the first is cached).
+class LinearizedLoss {
+ public:
+  // eps: the central difference's step (truncation O(eps²), fp32 rounding of the logits O(1e-7/eps)).
+  LinearizedLoss(ModelLoss& loss, std::span<const double> theta0, double eps = 1e-2);
+  // J(θ0)·v on the population (S·T·V), by central differences.
+  std::vector<double> jvp(std::span<const double> v);
+  // Jᵀ(q_a − q_b)·rows⁻¹ for two teacher logit sets (S·T·V): the backward pass's product.
+  Vec vjp(std::span<const float> teacher_a, std::span<const float> teacher_b);
+  double loss(std::span<const double> theta);
+  double gradient(std::span<const double> theta, std::span<double> g);
+
+ private:
+  std::vector<float> logits_at(std::span<const double> theta);
+  ModelLoss& loss_;
+  Vec theta0_, grad0_;
+  std::vector<float> z0_;
+  double eps_;
 };
 
 // One real run from θ0.
@@ -81,6 +111,10 @@ ModelRun run_model(ModelLoss& loss, std::span<const double> theta0, const ModelR
 // The nonlinear flow of `loss` from θ0 at each of `times`, by Dormand–Prince (flow.h).
 std::vector<Vec> model_flow(ModelLoss& loss, std::span<const double> theta0, std::span<const double> times,
                             const OdeOptions& options = {}, OdeStats* stats = nullptr);
+
+// The linearized model's flow from θ0 at each of `times`.
+std::vector<Vec> linearized_flow(LinearizedLoss& loss, std::span<const double> theta0, std::span<const double> times,
+                                 const OdeOptions& options = {}, OdeStats* stats = nullptr);
 
 // The largest Hessian eigenvalue of `loss` at θ, the sharpness compared with 2/η
 // (largest_eigenvalue on central-difference Hessian-vector products of the gradient, step eps).

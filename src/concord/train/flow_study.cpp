@@ -372,6 +372,26 @@ ordered_json model_study(ModelLoss& L, const Batch& probe, const ModelStudyOptio
                   {"rtol", o.rtol}};
   ordered_json flow_tr = {{"name", "flow"}, {"time", times}, {"param_gap", Vec(times.size(), 0.0)}, {"loss", flow_loss}};
 
+  // The linearized model's flow (first-order Taylor around θ0): how far the nonlinear flow
+  // leaves the kernel regime by t.
+  LinearizedLoss lin(L, theta0);
+  OdeStats lst;
+  const int64_t lin_before = L.evaluations();
+  const std::vector<Vec> lin_flow = linearized_flow(lin, theta0, times, opt, &lst);
+  ordered_json lin_gap = ordered_json::array(), lin_loss = ordered_json::array(), lin_model_loss = ordered_json::array();
+  for (size_t i = 0; i < times.size(); ++i) {
+    lin_gap.push_back(dist(lin_flow[i], flow[i]));
+    lin_loss.push_back(L.loss(lin_flow[i]));
+    lin_model_loss.push_back(lin.loss(lin_flow[i]));
+  }
+  out["linearized"] = {{"steps", lst.accepted}, {"evaluations", L.evaluations() - lin_before},
+                       {"param_gap", lin_gap.back()}, {"flow_displacement", dist(flow.back(), theta0)},
+                       {"loss", lin_loss.back()}, {"linear_model_loss", lin_model_loss.back()},
+                       {"function_gap", rms_diff(L.logits(lin_flow.back(), probe), flow_logits)}};
+  say(fmt::format("linearized flow: {} steps; at t {:.4g} from the flow (which moved {:.4g}); loss of the true model "
+                  "there {:.4f}, of the linear model {:.4f}", lst.accepted, lin_gap.back().get<double>(),
+                  dist(flow.back(), theta0), lin_loss.back().get<double>(), lin_model_loss.back().get<double>()));
+
   // The end of a run against the flow at t: parameters (whole and by group), function, loss.
   const std::vector<model::ParamSpec>& specs = L.params();
   auto compare = [&](const Vec& th) {
@@ -401,6 +421,7 @@ ordered_json model_study(ModelLoss& L, const Batch& probe, const ModelStudyOptio
     return rec;
   };
   ordered_json trajectories = ordered_json::array({flow_tr});
+  trajectories.push_back({{"name", "linearized flow"}, {"time", times}, {"param_gap", lin_gap}, {"loss", lin_loss}});
   auto trajectory = [&](const std::string& name, const ModelRun& run) {
     if (run.served.size() != flow.size()) return;  // compared at t alone
     ordered_json gap = ordered_json::array();
