@@ -16,6 +16,7 @@ prompts plainly and with the drafter; the table reports, per drafter x temperatu
 
 Greedy runs also check that the speculative text is the plain text (token for token).
 Usage: python3 bench/speculative_bench.py [--build build] [--json OUT.json] [--max-tokens 128]
+                                          [--draft-model runs/draft-smollm2/draft-q4_0.gguf]
 It waits for a quiet machine as the other side-by-side scripts do (FORCE=1 skips the wait).
 """
 import argparse
@@ -85,6 +86,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--draft-model", action="append", default=[],
+                    help="a draft model (folder or GGUF sharing SmolLM2's tokenizer), e.g. the distilled one of "
+                         "configs/draft-smollm2.json exported to q4_0; added to every target's drafters (repeatable)")
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     concord = os.path.join(root, args.build, "bin", "concord")
@@ -92,9 +96,12 @@ def main():
     if not os.path.isfile(model):
         sys.exit("bench/speculative_bench.py: no SmolLM2 file (run scripts/setup)")
     g = args.draft_tokens
+    for d in args.draft_model:
+        if not os.path.exists(d):
+            sys.exit(f"bench/speculative_bench.py: --draft-model {d}: no such file or folder")
     setups = [  # (target policy, drafters)
-        ("native", ["ngram"]),
-        ("fp32", ["ngram", "self:mxfp4", "self:nvfp4", "self:layers=8"]),
+        ("native", ["ngram"] + args.draft_model),
+        ("fp32", ["ngram", "self:mxfp4", "self:nvfp4", "self:layers=8"] + args.draft_model),
     ]
     wait_quiet()
     cpu = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
@@ -130,7 +137,7 @@ def main():
                        "theory_with_v": theory_v,
                        "of_theory": (tps / plain_tps) / theory if theory > 0 else 0.0, "greedy_same": same}
                 rows.append(row)
-                print(f"{policy:>6} T={temp:<3} {d:<14} alpha {alpha:.3f}  c {c:.3f}  v {v:.2f}  plain {plain_tps:6.1f}  "
+                print(f"{policy:>6} T={temp:<3} {os.path.basename(d):<14} alpha {alpha:.3f}  c {c:.3f}  v {v:.2f}  plain {plain_tps:6.1f}  "
                       f"spec {tps:6.1f} tok/s  x{row['speedup']:.2f}  theory x{theory:.2f} ({100 * row['of_theory']:.0f}%)"
                       f"  with v x{theory_v:.2f} ({100 * row['speedup'] / theory_v:.0f}%)"
                       + ("" if same is None else f"  greedy text {'identical' if same else 'DIFFERS'}"), flush=True)
