@@ -342,6 +342,28 @@ TEST(QuantGemm, EveryIsaEqualsGenericBitForBit) {
   EXPECT_EQ(cases, 3 * 4 * 7);
 }
 
+// Up to a kernel set's max_rows the driver hands every row to one call (the weight streams once
+// for a speculative verification of 1 + γ rows); above it, it steps by the row tile. Every M
+// across that boundary, each ISA, bit for bit against the generic kernels.
+TEST(QuantGemm, SmallBatchesInOneCallEqualGenericBitForBit) {
+  std::mt19937 gen(77);
+  const int64_t N = 33, K = 96, ldx = K, ldy = N;
+  for (BlockQuant t : kTypes) {
+    const auto wb = random_weight(t, N, K, static_cast<uint32_t>(gen()), true);
+    const QuantWeight w = pack_quant_weight(t, N, K, wb);
+    for (int64_t M = 1; M <= 12; ++M) {
+      const auto x = random_acts(M, K, ldx, static_cast<uint32_t>(gen()), true);
+      const auto want = run(w, x, M, ldx, ldy, QuantIsa::generic);
+      for (QuantIsa isa : supported_isas()) {
+        const auto got = run(w, x, M, ldx, ldy, isa);
+        for (int64_t i = 0; i < M * ldy; ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+              << quant_isa_name(isa) << " " << block_quant_name(t) << " M=" << M << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(QuantGemm, MatchesIndependentFp64Reference) {
   std::mt19937 gen(11);
   for (BlockQuant t : kTypes) {

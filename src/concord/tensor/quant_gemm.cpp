@@ -140,7 +140,7 @@ void group_generic(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t 
 
 }  // namespace
 
-QuantKernels quant_generic_kernels() { return {quantize_row_generic, group_generic, 1}; }
+QuantKernels quant_generic_kernels() { return {quantize_row_generic, group_generic, 1, 1}; }
 
 }  // namespace detail
 
@@ -361,14 +361,17 @@ void quant_gemm(const QuantWeight& w, const float* x, int64_t M, int64_t ldx, fl
   store.sum.resize(static_cast<size_t>(M * nb));
   ActStorage& st = store;
   const bool parallel = M * N * K >= kParallelMinMacs && omp_get_max_threads() > 1;
-#pragma omp parallel for schedule(static) if (parallel && M > 1)
+  // Quantizing a row is ~1 ns per value: below 64k values a parallel region's wake-up (tens of
+  // microseconds under the passive wait) costs more than it saves — a speculative verification's
+  // 1 + γ rows paid that on every GEMM.
+#pragma omp parallel for schedule(static) if (parallel && M * K >= (int64_t{1} << 16))
   for (int64_t m = 0; m < M; ++m) {
     kern.quantize_row(x + m * ldx, K, st.q.data() + m * K, st.d.data() + m * nb,
                       st.s.data() + m * nb, st.sum.data() + m * nb);
   }
   const detail::QuantActs acts{K, nb, st.q.data(), st.d.data(), st.s.data(), st.sum.data()};
   const int64_t groups = w.groups();
-  const int64_t tile = kern.row_tile;
+  const int64_t tile = M <= kern.max_rows ? M : kern.row_tile;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t g = 0; g < groups; ++g) {
     const int valid = static_cast<int>(std::min<int64_t>(kQuantGroupRows, N - g * kQuantGroupRows));

@@ -117,6 +117,6 @@ void group_avx512(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m
 }  // namespace
 
 // Row tile 4: measured best of 2..8 at M = 512 here (8 ran at half the speed of 4).
-QuantKernels quant_avx512_kernels() { return {quantize_row_avx2, group_avx512, 4}; }
+QuantKernels quant_avx512_kernels() { return {quantize_row_avx2, group_avx512, 4, 8}; }
 
 }  // namespace concord::tensor::detail
