@@ -58,15 +58,19 @@ void add_serve_command(CLI::App& app) {
     std::string model, model_name, host = "127.0.0.1", policy = "native", api_key;
     DraftArgs draft;
     int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
-            max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0;
+            max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
+            max_weights_body_bytes = int64_t{1} << 30;
     double request_timeout = 600, receive_timeout = 30;
+    bool weights_from_any_host = false, weights_faults = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "serve",
       "Serve a model folder or GGUF file over the OpenAI HTTP API (/v1/completions, "
       "/v1/chat/completions with streaming, /v1/models, /health, /metrics) with continuous "
-      "batching; SIGTERM/SIGINT drain running requests, then exit 0 (docs/serve.md).");
+      "batching, and take versioned weight updates from a trainer (POST/GET /v1/weights, checked "
+      "by the seven sync checks); SIGTERM/SIGINT drain running requests, then exit 0 "
+      "(docs/serve.md).");
   cmd->add_option("--model", a->model, "model folder or .gguf file")->required();
   cmd->add_option(
       "--model-name", a->model_name,
@@ -103,6 +107,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option(
       "--api-key", a->api_key,
       "require 'Authorization: Bearer KEY' on /v1/* (default: $CONCORD_API_KEY, else none)");
+  add_integer_flag(cmd, "--max-weights-body-bytes", a->max_weights_body_bytes, between(1, int64_t{1} << 40),
+                   "largest weight payload sent in a POST /v1/weights body (a file path or "
+                   "shared-memory segment has no limit; default 1073741824)");
+  cmd->add_flag("--weights-from-any-host", a->weights_from_any_host,
+                "accept POST /v1/weights from any peer (default: loopback only)");
+  cmd->add_flag("--weights-faults", a->weights_faults,
+                "honour a weight update's \"fault\" (the sampler-side sync faults of concord rl "
+                "--fault; for testing the checks)");
   add_draft_flags(cmd, a->draft, false);
   cmd->callback([a]() {
     a->draft.check("serve");
@@ -115,6 +127,9 @@ void add_serve_command(CLI::App& app) {
     options.engine.max_context = a->max_context;
     options.max_queue = a->max_queue;
     options.max_body_bytes = a->max_body_bytes;
+    options.max_weights_body_bytes = a->max_weights_body_bytes;
+    options.weights_from_any_host = a->weights_from_any_host;
+    options.weights_faults = a->weights_faults;
     options.request_timeout_seconds = a->request_timeout;
     options.read_timeout_seconds = static_cast<int>(a->read_timeout);
     options.write_timeout_seconds = static_cast<int>(a->write_timeout);
@@ -140,6 +155,13 @@ void add_serve_command(CLI::App& app) {
       const int64_t capacity = options.engine.max_context > 0 ? options.engine.max_context : max_position;
       options.drafter = make_drafter(a->draft, loaded, a->model, options.engine.max_sequences, capacity);
       options.speculation = a->draft.options();
+      // A drafter built from the served weights follows a weight update (POST /v1/weights).
+      if (a->draft.spec.rfind("self:", 0) == 0) {
+        const int64_t sequences = options.engine.max_sequences;
+        options.remake_drafter = [a, &loaded, sequences, capacity] {
+          return make_drafter(a->draft, loaded, a->model, sequences, capacity);
+        };
+      }
     }
 
     serve::Server server({loaded.model, *loaded.source.tokenizer, loaded.source.chat_template,

@@ -601,6 +601,14 @@ std::vector<std::pair<std::string, uint64_t>> sync_content_hashes(model::Model& 
   return hashes;
 }
 
+json served_weights_json(model::Model& m) {
+  json content = json::object();
+  for (const auto& [name, hash] : sync_content_hashes(m)) content[name] = hex64(hash);
+  return {{"manifest", json::parse(manifest_text(m.config(), m.params(), m.policy().served_weights))},
+          {"plan", make_precision_plan(m.config(), m.policy()).to_json()},
+          {"content", std::move(content)}};
+}
+
 uint64_t sync_content_hash(const numerics::QuantizedTensor& q) {
   return sync_content_hash(q.codes, q.scales, q.tensor_scale);
 }
@@ -845,6 +853,13 @@ void WeightReceiver::refresh_expected() {
 }
 
 SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t version, Fault fault) {
+  SyncReport report = verify(payload, version, fault);
+  if (!report.failure()) commit(report);
+  return report;
+}
+
+SyncReport WeightReceiver::verify(std::span<const uint8_t> payload, uint64_t version, Fault fault) {
+  pending_.reset();
   SyncReport report;
   report.version = version;
   report.serving = version_;
@@ -905,13 +920,14 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
 
   // The staging model: the serving model's config and policy, kept across syncs.
   if (!staging_) staging_.emplace(serving_.config(), serving_.policy());
-  std::optional<model::Model> untied;  // Fault::untied_lm_head: the sampler holds its own lm_head
+  untied_.reset();  // Fault::untied_lm_head: the sampler holds its own lm_head
   if (fault == Fault::untied_lm_head && serving_.config().tie_word_embeddings) {
     model::ModelConfig c = serving_.config();
     c.tie_word_embeddings = false;
-    untied.emplace(c, serving_.policy());
+    untied_.emplace(c, serving_.policy());
   }
-  model::Model& stage = untied ? *untied : *staging_;
+  const bool untied = untied_.has_value();
+  model::Model& stage = untied ? *untied_ : *staging_;
 
   // The payload's tensors by name (filled by check 2).
   std::unordered_map<std::string_view, const io::TensorInfo*> in_payload;
@@ -1150,12 +1166,22 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
       }))
     return report;
 
+  pending_ = version;
+  return report;
+}
+
+void WeightReceiver::commit(SyncReport& report) {
+  if (!pending_ || *pending_ != report.version)
+    throw InputError(fmt::format("[sync] no verified version {} to swap in", report.version));
+  const uint64_t version = *pending_;
+  pending_.reset();
+  model::Model& stage = untied_ ? *untied_ : *staging_;
   // Every check passed: the staged model serves — its weights AND the very derived copies the
   // checks verified (Model's move swaps its state; O(1)). The previous version's state becomes
   // the staging model, which the next install overwrites. Where the staging model is not the
   // serving model's twin (a fault changed its policy or ties), the values are copied instead
   // and the serving model rebuilds its copies from them.
-  t0 = Clock::now();
+  const auto t0 = Clock::now();
   if (&stage == &*staging_ && stage.policy() == serving_.policy()) {
     std::swap(serving_, *staging_);
   } else {
@@ -1166,11 +1192,11 @@ SyncReport WeightReceiver::apply(std::span<const uint8_t> payload, uint64_t vers
     serving_.weights_changed();
   }
   report.seconds_swap = seconds_since(t0);
+  untied_.reset();
   version_ = version;
   has_version_ = true;
   report.serving = version;
   report.applied = true;
-  return report;
 }
 
 }  // namespace concord::rl

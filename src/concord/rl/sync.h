@@ -209,12 +209,25 @@ class WeightReceiver {
   // Verifies `payload` announced as `version` and swaps it in when every check passes.
   // `fault` applies a sampler-side fault (others are ignored here).
   SyncReport apply(std::span<const uint8_t> payload, uint64_t version, Fault fault = Fault::none);
+  // apply() in two halves, for a sampler whose serving model is in use while a sync is checked
+  // (`concord serve`'s POST /v1/weights): verify() installs and checks in the staging model
+  // only reading `serving` (its config and policy), so it may run beside forwards on it; when
+  // every check passed (report.failure() empty) the staged version is pending, and commit()
+  // swaps it in — call it where nothing runs on `serving`. A verify() replaces a pending one.
+  SyncReport verify(std::span<const uint8_t> payload, uint64_t version, Fault fault = Fault::none);
+  // Swaps the pending version in and marks `report` applied (InputError when none is pending).
+  void commit(SyncReport& report);
+  bool pending() const { return pending_.has_value(); }
   uint64_t version() const { return version_; }
+  bool has_version() const { return has_version_; }
 
  private:
   model::Model& serving_;
   ProbeOptions probe_;
   std::optional<model::Model> staging_;  // kept across syncs (its prepared copies persist)
+  // Fault::untied_lm_head stages into a model of its own (the sampler holds its own lm_head).
+  std::optional<model::Model> untied_;
+  std::optional<uint64_t> pending_;      // the version verify() passed, not yet committed
   uint64_t version_ = 0;
   bool has_version_ = false;
   // The manifest and plan texts this sampler expects (the learner makes them with the same
@@ -286,6 +299,10 @@ uint64_t sync_content_hash(std::span<const float> values, int64_t rows, int64_t 
 // The content hash of every GEMM weight of `m` as its forward GEMMs read it (preparing stale
 // copies first), in params() order: what a learner publishes as concord.sync.content.
 std::vector<std::pair<std::string, uint64_t>> sync_content_hashes(model::Model& m);
+// What a sampler serves, as `concord serve`'s GET /v1/weights reports it: {"manifest": the
+// concord.sync.manifest a learner must send for `m`, "plan": its concord.sync.plan, "content":
+// {name: "0x<16 hex>"} — check 4's hashes of what the forward GEMMs read (sync_content_hashes)}.
+nlohmann::json served_weights_json(model::Model& m);
 // One weight's hash on the sampler's side; quantized: its kernels read codes and scales.
 struct ContentHash {
   std::string_view name;

@@ -462,6 +462,7 @@ json usage_json(const Usage& u) {
 json head(const ResponseMeta& meta, const char* object) {
   json j = {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
   if (!meta.system_fingerprint.empty()) j["system_fingerprint"] = meta.system_fingerprint;
+  if (meta.weights_version >= 0) j["weights_version"] = meta.weights_version;
   return j;
 }
 }  // namespace

@@ -123,6 +123,7 @@ struct ResponseMeta {
   int64_t created = 0;  // unix seconds
   std::string model;
   std::string system_fingerprint;
+  int64_t weights_version = -1;  // >= 0: reported as "weights_version" (POST /v1/weights)
 };
 
 // The whole non-streaming response.

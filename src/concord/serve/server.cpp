@@ -154,6 +154,7 @@ Server::Server(ServedModel served, ServerOptions options) {
   positive(options.engine.prefill_chunk, "--prefill-chunk");
   positive(options.max_queue, "--max-queue");
   positive(options.max_body_bytes, "--max-body-bytes");
+  positive(options.max_weights_body_bytes, "--max-weights-body-bytes");
   positive(options.read_timeout_seconds, "--read-timeout");
   positive(options.write_timeout_seconds, "--write-timeout");
   if (!(options.receive_timeout_seconds > 0))
@@ -187,7 +188,11 @@ int Server::start() {
   m.http = std::make_unique<HttpServer>();
   const auto threads = static_cast<size_t>(m.options.http_threads);
   m.http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  m.http->set_payload_max_length(static_cast<size_t>(m.options.max_body_bytes));
+  // httplib's own limit admits a weight payload; the other routes keep --max-body-bytes (the
+  // pre-routing handler refuses a larger Content-Length before its body is read).
+  m.http->set_payload_max_length(
+      static_cast<size_t>(std::max(m.options.max_body_bytes, m.options.max_weights_body_bytes)));
+  m.weights_info = m.make_weights_info();  // version 0: the weights as loaded
   m.http->set_read_timeout(m.options.read_timeout_seconds, 0);
   m.http->set_write_timeout(m.options.write_timeout_seconds, 0);
   m.http->set_keep_alive_timeout(std::min<time_t>(m.options.read_timeout_seconds, 5));

@@ -15,12 +15,18 @@
 // results do not depend on the batch (docs/engine.md), and nothing here samples or keeps state
 // across requests, so a request's tokens, text and log-probs are the same alone or under load.
 //
+// Weight updates (POST /v1/weights, server_weights.cpp): a versioned sync payload is staged and
+// checked by the seven sync checks (rl/sync.h) beside the running engine, then the scheduler
+// swaps it in between steps once the running requests finish (they never mix versions; each
+// response reports its weights_version); a failed check leaves the old version serving (409).
+//
 // Shutdown: shutdown() starts draining (new requests 503, /health 503), wait() returns once every
 // queued and running request has finished and its response has been written, then stops the
 // HTTP server. docs/serve.md documents every limit and code.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +58,16 @@ struct ServerOptions {
   // concord_speculative_{drafted,accepted}_tokens_total. nullptr: off.
   std::shared_ptr<Drafter> drafter;
   SpeculationOptions speculation;
+  // A drafter made from the served weights (self:PRESET, self:layers=K) is remade by this after
+  // a weight update, so that it drafts from the new version; empty: `drafter` is kept.
+  std::function<std::shared_ptr<Drafter>()> remake_drafter;
+  // Weight updates (POST/GET /v1/weights, docs/serve.md "Weight updates"): a trainer pushes a
+  // versioned sync payload (rl/sync.h) as a safetensors file, a POSIX shared-memory segment or
+  // the request body; it is staged, checked by the seven sync checks and swapped in between
+  // engine steps. Only loopback peers may post one unless weights_from_any_host.
+  bool weights_from_any_host = false;
+  int64_t max_weights_body_bytes = int64_t{1} << 30;  // a payload sent in the body; larger: 413
+  bool weights_faults = false;  // honour a request's "fault" (tests: rl::Fault's sampler side)
 };
 
 // What a server serves: the model (must outlive the server), its tokenizer, chat template

@@ -1,5 +1,7 @@
 // concord serve: the HTTP side: request handlers, checks against the model, non-streaming and
 // streaming responses, routes (server_impl.h).
+#include <charconv>
+
 #include "concord/serve/server_impl.h"
 
 namespace concord::serve {
@@ -356,7 +358,7 @@ bool Server::Impl::authorized(const httplib::Request& req) const {
 
 std::string Server::Impl::endpoint_label(const std::string& path) {
   for (const char* known :
-       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/weights", "/health", "/metrics"})
     if (path == known) return known;
   return "other";  // unknown paths share one label (no unbounded label values)
 }
@@ -365,6 +367,19 @@ void Server::Impl::setup_routes() {
   HttpServer& s = *http;
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     connection_busy(peer_key(req.remote_addr, req.remote_port));
+    if (req.path != "/v1/weights" && req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), n);
+      if (ec != std::errc() || n > static_cast<uint64_t>(options.max_body_bytes)) {
+        send_error(res, ApiError(413, "invalid_request_error", "payload_too_large",
+                                 fmt::format("the request body is larger than --max-body-bytes ({} bytes)",
+                                             options.max_body_bytes)));
+        res.set_header("Connection", "close");
+        count(endpoint_label(req.path), 413);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     // POST bodies are read first (handle_generation), so that the connection stays usable.
     if (req.path.rfind("/v1/", 0) == 0 && req.method != "POST" && !authorized(req)) {
       send_error(
@@ -401,6 +416,26 @@ void Server::Impl::setup_routes() {
     res.set_content(openai::dump(body), "application/json");
     count("/v1/models", 200);
   });
+  s.Post("/v1/weights", [this](const httplib::Request& req, httplib::Response& res,
+                               const httplib::ContentReader& reader) {
+    try {
+      handle_weights_post(req, res, reader);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      send_error(res, ApiError(500, "server_error", "internal_error", e.what()));
+    }
+    count("/v1/weights", res.status);
+  });
+  s.Get("/v1/weights", [this](const httplib::Request&, httplib::Response& res) {
+    std::string body;
+    {
+      std::lock_guard lk(mu);
+      body = weights_info;
+    }
+    res.set_content(body, "application/json");
+    count("/v1/weights", 200);
+  });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const bool ok = !draining.load();
     res.status = ok ? 200 : 503;
@@ -426,6 +461,8 @@ void Server::Impl::setup_routes() {
       count(endpoint_label(req.path), 405);
     };
   };
+  s.Put("/v1/weights", not_allowed("GET, POST"));
+  s.Delete("/v1/weights", not_allowed("GET, POST"));
   for (const char* p : {"/v1/completions", "/v1/chat/completions"}) {
     s.Get(p, not_allowed("POST"));
     s.Put(p, not_allowed("POST"));

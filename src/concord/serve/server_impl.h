@@ -26,6 +26,7 @@
 
 #include "concord/io/utf8.h"
 #include "concord/numerics/check.h"
+#include "concord/rl/sync.h"
 #include "concord/serve/openai.h"
 #include "concord/serve/server.h"
 #include "concord/serve/text.h"
@@ -154,6 +155,26 @@ struct Server::Impl {
   std::atomic<bool> draining{false};
   std::mt19937_64 rng{std::random_device{}()};
 
+  // Weight updates (server_weights.cpp). One update is staged at a time (weights_mu, held by
+  // the HTTP thread that stages it); a verified one is handed to the scheduler as swap_request
+  // (under mu), which stops admitting, lets running requests finish (or aborts them), commits
+  // the swap between steps, and answers through swap_cv.
+  rl::WeightReceiver receiver;
+  std::mutex weights_mu;
+  struct SwapRequest {
+    rl::SyncReport* report = nullptr;
+    bool abort_running = false;
+    bool done = false;
+    std::string error;  // the commit failed (a bug: it was verified)
+  };
+  SwapRequest* swap_request = nullptr;  // guarded by mu
+  std::condition_variable swap_cv;
+  int64_t weights_version = 0;          // guarded by mu: what admitted requests run on
+  std::string weights_info;             // guarded by mu: GET /v1/weights's body
+  Gauge& weights_version_gauge;
+  Counter& weight_updates_applied;
+  Counter& weight_updates_refused;
+
   // Scheduler-only.
   std::vector<std::shared_ptr<Job>> active;
   std::map<int64_t, std::pair<Job*, size_t>> by_engine_id;
@@ -180,7 +201,16 @@ struct Server::Impl {
                               "Time between consecutive tokens of one choice.", kLatencyBuckets)),
         duration(metrics.histogram("concord_request_duration_seconds",
                                    "Arrival to the end of a generation request.",
-                                   kLatencyBuckets)) {
+                                   kLatencyBuckets)),
+        receiver(served.model),
+        weights_version_gauge(metrics.gauge("concord_weights_version",
+                                            "The weights version serving (0: as loaded; POST /v1/weights).")),
+        weight_updates_applied(metrics.counter("concord_weight_updates_total",
+                                               "Weight updates (POST /v1/weights) by result.",
+                                               {{"result", "applied"}})),
+        weight_updates_refused(metrics.counter("concord_weight_updates_total",
+                                               "Weight updates (POST /v1/weights) by result.",
+                                               {{"result", "refused"}})) {
     context = options.engine.max_context > 0 ? options.engine.max_context
                                              : served.model.config().max_position_embeddings;
     if (options.drafter) engine.set_drafter(options.drafter, options.speculation);
@@ -214,7 +244,16 @@ struct Server::Impl {
   // Ends every unfinished choice of a job now (client gone, deadline passed).
   void abort_job(Job& job, std::optional<ApiError> error);
   void admit(const std::shared_ptr<Job>& job);
+  // A verified update is pending: abort running jobs when asked, and once none runs, swap it in.
+  void serve_swap_request();
   void run_scheduler();
+
+  // ---- weight updates (server_weights.cpp)
+  // GET /v1/weights's body for the model now serving (its hashes computed from the copies the
+  // kernels read); called before the server starts and by the scheduler after a swap.
+  std::string make_weights_info() const;
+  void handle_weights_post(const httplib::Request& req, httplib::Response& res,
+                           const httplib::ContentReader& reader);
 
   // ---- HTTP threads (server_http.cpp)
   static void send_error(httplib::Response& res, const ApiError& e);

@@ -135,6 +135,10 @@ void Server::Impl::abort_job(Job& job, std::optional<ApiError> error) {
 
 void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   prompt_tokens.inc(static_cast<double>(job->prompt.size()));
+  {
+    std::lock_guard lk(job->mutex);  // before any piece: a stream chunk reads it
+    job->meta.weights_version = weights_version;  // written by this thread only
+  }
   for (size_t i = 0; i < job->requests.size(); ++i) {
     Choice& c = job->choices[i];
     try {
@@ -148,6 +152,45 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   active.push_back(job);
 }
 
+void Server::Impl::serve_swap_request() {
+  SwapRequest* request = nullptr;
+  {
+    std::lock_guard lk(mu);
+    request = swap_request;
+  }
+  if (!request) return;
+  if (request->abort_running)
+    for (const auto& job : active)
+      if (!job->finished)
+        abort_job(*job, ApiError(503, "server_error", "weights_updated",
+                                 fmt::format("the request was aborted by the weight update to version {} "
+                                             "(abort_running)", request->report->version)));
+  std::erase_if(active, [](const std::shared_ptr<Job>& j) {
+    std::lock_guard lk(j->mutex);
+    return j->finished;
+  });
+  if (!active.empty() || engine.running() + engine.waiting() > 0) return;  // still finishing
+  std::string error;
+  std::string info;
+  try {
+    receiver.commit(*request->report);  // nothing runs on the model now
+    if (options.remake_drafter) engine.set_drafter(options.remake_drafter(), options.speculation);
+    info = make_weights_info();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::lock_guard lk(mu);
+  if (error.empty()) {
+    weights_version = static_cast<int64_t>(receiver.version());
+    weights_info = std::move(info);
+    weights_version_gauge.set(static_cast<double>(weights_version));
+  }
+  request->error = std::move(error);
+  request->done = true;
+  swap_request = nullptr;
+  swap_cv.notify_all();
+}
+
 void Server::Impl::run_scheduler() {
   engine.set_token_callback([this](const TokenEvent& ev) { on_token(ev); });
   while (true) {
@@ -158,10 +201,12 @@ void Server::Impl::run_scheduler() {
       if (active.empty()) {
         // Wake up for new jobs, or now and then to notice cancellations of queued jobs.
         work_cv.wait_for(lk, std::chrono::milliseconds(200),
-                         [&] { return !inbox.empty() || stop_scheduler; });
+                         [&] { return !inbox.empty() || stop_scheduler || swap_request; });
       }
-      if (stop_scheduler && inbox.empty() && active.empty()) break;
-      fresh.swap(inbox);
+      if (stop_scheduler && inbox.empty() && active.empty() && !swap_request) break;
+      // A weight update waits for the running requests: new ones wait for it (they run on the
+      // new version).
+      if (!swap_request) fresh.swap(inbox);
     }
     for (const auto& job : fresh) {
       fresh_choices += static_cast<int64_t>(job->requests.size());
@@ -223,6 +268,7 @@ void Server::Impl::run_scheduler() {
       std::lock_guard lk(j->mutex);
       return j->finished;
     });
+    serve_swap_request();
   }
 }
 
