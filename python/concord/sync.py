@@ -23,7 +23,18 @@ block scales, tensor scale). The checks, named and numbered as ``concord rl`` na
 
 They run in the RL loop's order (2, 3, 6, 4) and stop at the first failure. The RL loop's other
 checks need a payload or a model, not a state dict: version (1), derived copies (5) and the
-behaviour probe (7) run in ``concord rl``.
+behaviour probe (7) run in ``concord rl`` and in ``concord serve``.
+
+Pushing weights into a running ``concord serve`` (its POST /v1/weights, docs/serve.md): a
+:class:`Pusher` exports each new state dict with a Fair Cast rule, makes the sync payload
+(:class:`Publisher`: manifest, plan, content hashes, probe log-probs) and hands it to the server
+through POSIX shared memory (or the request body); the server runs all seven checks and swaps
+the version in, or refuses it with :class:`PushError` naming the check::
+
+    pusher = concord.sync.Pusher("http://127.0.0.1:8000")   # config and policy from the server
+    for step in range(steps):
+        ...                                                  # the optimizer step
+        pusher.push(model.state_dict(), version=step + 1)
 
 Float tensors other than float32 (bf16, fp16) are widened to float32 for hashing and amax, as a
 concord sampler installs them; that widening is the one copy made.
@@ -31,6 +42,7 @@ concord sampler installs them; that widening is the one copy made.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -56,6 +68,11 @@ __all__ = [
     "check_content",
     "check",
     "verify",
+    "Publisher",
+    "PushError",
+    "Pusher",
+    "push",
+    "served_weights",
 ]
 
 
@@ -301,3 +318,152 @@ def verify(learner: Mapping[str, Any], sampler: Mapping[str, Any], plan: Optiona
         if not r.ok:
             raise SyncError(r, results)
     return results
+
+
+# ---- pushing weights into `concord serve` ----------------------------------------------------------
+
+Publisher = _c.Publisher
+
+
+class PushError(InputError):
+    """A weight update the server refused (a ValueError): ``str(e)`` is its message ("[sync]
+    check N NAME: ..." when a check failed), ``e.status`` the HTTP status, ``e.check`` the check's
+    number (None when no check failed: a bad request, another update in progress) and ``e.body``
+    the server's JSON answer."""
+
+    def __init__(self, status: int, body: dict):
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        super().__init__(error.get("message") or f"HTTP {status}: {body}")
+        self.status = status
+        self.check = error.get("check")
+        self.body = body
+
+
+def _request(url: str, method: str, body: Optional[bytes], content_type: Optional[str],
+             api_key: Optional[str], timeout: float) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    headers = {}
+    if content_type:
+        headers["Content-Type"] = content_type
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"error": {"message": raw.decode("utf-8", "replace")}}
+
+
+def served_weights(url: str, *, api_key: Optional[str] = None, timeout: float = 60.0) -> dict:
+    """GET /v1/weights of the server at ``url`` (e.g. "http://127.0.0.1:8000"): the version
+    serving, its config, policy, manifest, plan and the content hashes of what its kernels read."""
+    status, body = _request(url.rstrip("/") + "/v1/weights", "GET", None, None, api_key, timeout)
+    if status != 200:
+        raise PushError(status, body)
+    return body
+
+
+class Pusher:
+    """Pushes versions of a model's weights into the ``concord serve`` at ``url``.
+
+    config / policy: the model's config.json dict and the server's precision policy; None: asked
+    of the server (GET /v1/weights). rule / seed: the Fair Cast export of each state dict to the
+    served format (rne, sr, ef; :class:`concord.export.Exporter`, whose ef residual persists
+    across pushes); rule=None: the values are sent as given (already exported). via: "shm" (a POSIX
+    shared-memory segment the server maps: no copy through HTTP) or "body" (the payload as the
+    request body; a remote server). api_key: the server's --api-key.
+    """
+
+    def __init__(self, url: str, *, config: Optional[Mapping] = None, policy: Optional[str] = None,
+                 rule: Optional[str] = "rne", seed: int = 0, via: str = "shm", api_key: Optional[str] = None,
+                 probe_sequences: int = 4, probe_length: int = 32, probe_seed: int = 7, timeout: float = 600.0):
+        if via not in ("shm", "body"):
+            raise InputError(f"[sync.Pusher] via must be 'shm' or 'body', not {via!r}")
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.via = via
+        self.timeout = timeout
+        if config is None or policy is None:
+            info = served_weights(self.url, api_key=api_key, timeout=timeout)
+            config = info["config"] if config is None else config
+            policy = info["policy"] if policy is None else policy
+        self.config = dict(config)
+        self.policy = policy
+        self.publisher = Publisher(self.config, policy, probe_sequences, probe_length, probe_seed)
+        from .export import Exporter
+
+        fmt = self.publisher.served_format
+        self.exporter = Exporter(rule, fmt, seed) if rule is not None and fmt != "f32" else None
+
+    def payload(self, state_dict: Mapping[str, Any], version: int, *, fault: Optional[str] = None) -> bytes:
+        """The sync payload of ``version`` (exported with the rule first); fault: a learner-side
+        sync fault put into it (testing)."""
+        shapes = dict(self.publisher.shapes)
+        for name, t in state_dict.items():
+            if name not in shapes and not (self.publisher.tied and name == "lm_head.weight"):
+                raise InputError(f"[sync.Pusher] '{name}' is not a tensor of this model")
+            if name in shapes and _shape_of(t) != list(shapes[name]):
+                raise InputError(f"[sync.Pusher] '{name}': shape {tuple(_shape_of(t))} where the model has "
+                                 f"{tuple(shapes[name])}")
+        for name in shapes:
+            if name not in state_dict:
+                raise InputError(f"[sync.Pusher] the state dict has no '{name}'")
+        tensors = {name: _float32_values(name, state_dict[name]) for name in shapes}
+        if self.exporter is not None:
+            tensors = self.exporter.export(tensors, step=version)
+        return self.publisher.payload(tensors, version, fault)
+
+    def push(self, state_dict: Mapping[str, Any], version: int, *, abort_running: bool = False,
+             fault: Optional[str] = None) -> dict:
+        """Sends ``state_dict`` (float32 master values by HF name: NumPy or CPU torch) as
+        ``version`` (newer than the one serving). Returns the server's answer (``version``,
+        ``applied``, ``report`` with every check's time) once the new version serves; raises
+        :class:`PushError` when refused (the old version keeps serving). abort_running: end the
+        requests running on the old version instead of letting them finish. fault: a sync fault
+        of ``concord rl --fault``, for testing: a learner-side one is put into the payload, a
+        sampler-side one is sent to the server (which needs --weights-faults)."""
+        learner_faults = {name for name, learner in _c.faults() if learner}
+        data = self.payload(state_dict, version, fault=fault if fault in learner_faults else None)
+        if fault in learner_faults:
+            fault = None  # in the payload
+        options = {"abort_running": abort_running}
+        if fault is not None:
+            options["fault"] = fault
+        if self.via == "body":
+            query = f"version={int(version)}&abort_running={'true' if abort_running else 'false'}"
+            if fault is not None:
+                query += f"&fault={fault}"
+            status, body = _request(f"{self.url}/v1/weights?{query}", "POST", data, "application/octet-stream",
+                                    self.api_key, self.timeout)
+        else:
+            from multiprocessing import shared_memory
+
+            segment = shared_memory.SharedMemory(create=True, size=len(data))
+            try:
+                segment.buf[: len(data)] = data
+                request = {"version": int(version), "shm": "/" + segment.name.lstrip("/"), **options}
+                status, body = _request(f"{self.url}/v1/weights", "POST", json.dumps(request).encode(),
+                                        "application/json", self.api_key, self.timeout)
+            finally:
+                segment.close()
+                segment.unlink()
+        if status != 200:
+            raise PushError(status, body)
+        return body
+
+
+def push(url: str, state_dict: Mapping[str, Any], version: int, *, plan: Optional[str] = None,
+         **options: Any) -> dict:
+    """One push (a :class:`Pusher` made for it): ``state_dict`` as ``version`` into the server at
+    ``url``, exported with rne (``rule=``), the server's policy unless ``plan`` names one. For a
+    training loop, keep a Pusher: it builds the publisher once and keeps sr/ef state."""
+    abort_running = options.pop("abort_running", False)
+    fault = options.pop("fault", None)
+    return Pusher(url, policy=plan, **options).push(state_dict, version, abort_running=abort_running, fault=fault)

@@ -3,13 +3,17 @@
 // check on two state dicts gives the RL loop's verdict and message. python/concord/sync.py walks
 // the state dicts and calls these.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <set>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -19,7 +23,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bindings.h"
+#include "concord/model/model.h"
+#include "concord/model/policy.h"
 #include "concord/numerics/check.h"
+#include "concord/numerics/format.h"
 #include "concord/numerics/quant_desc.h"
 #include "concord/rl/sync.h"
 #include "names.h"
@@ -93,9 +100,109 @@ float amax_of(std::span<const float> v) {
   return top > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(top);
 }
 
+// A learner's publisher for a sampler of `config` at `policy`: the served values a caller hands
+// over are installed in a model of its own, and rl::WeightPublisher makes the sync payload
+// (manifest, plan, content hashes, probe reference) from it — the payload `concord rl`'s learner
+// sends and `concord serve`'s POST /v1/weights checks.
+struct PyPublisher {
+  model::Model model;
+  model::PrecisionPolicy policy;
+  std::unique_ptr<rl::WeightPublisher> publisher;
+};
+
 }  // namespace
 
 void bind_sync(nb::module_& m) {
+  nb::class_<PyPublisher>(
+      m, "Publisher",
+      "Makes sync payloads (rl/sync.h) from state dicts for a sampler of one config and policy.")
+      .def(
+          "__init__",
+          [](PyPublisher* self, nb::handle config, const std::string& policy, int64_t probe_sequences,
+             int64_t probe_length, uint64_t probe_seed) {
+            const model::ModelConfig c = model::ModelConfig::from_json(from_python(config), "config");
+            const model::PrecisionPolicy pol = model::PrecisionPolicy::from_name_or_file(policy);
+            if (probe_sequences < 1 || probe_length < 2)
+              throw InputError(fmt::format("[sync.Publisher] the probe needs >= 1 sequence of >= 2 tokens, "
+                                           "not {} x {}", probe_sequences, probe_length));
+            new (self) PyPublisher{model::Model(c, pol), pol, nullptr};
+            rl::ProbeOptions probe;
+            probe.sequences = probe_sequences;
+            probe.length = probe_length;
+            probe.seed = probe_seed;
+            self->publisher = std::make_unique<rl::WeightPublisher>(self->model, pol, probe);
+          },
+          "config"_a, "policy"_a, "probe_sequences"_a = 4, "probe_length"_a = 32, "probe_seed"_a = 7,
+          nb::sig("def __init__(self, config: dict[str, typing.Any], policy: str, probe_sequences: int = 4, "
+                  "probe_length: int = 32, probe_seed: int = 7) -> None"),
+          "config: the model's config.json content; policy: the sampler's precision policy (a preset "
+          "name or policy JSON file): what its kernels read of each weight. The probe: a fixed batch "
+          "of token ids whose log-probs the payload carries for check 7.")
+      .def_prop_ro("served_format",
+                   [](const PyPublisher& p) { return std::string(numerics::traits(p.policy.served_weights).name); },
+                   "The element format the sampler holds its weights in (the payload's dtype: bf16, f32, ...): "
+                   "what a Fair Cast export should round to.")
+      .def_prop_ro("shapes", [](const PyPublisher& p) {
+            std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+            for (const model::ParamSpec& spec : p.model.params()) shapes.emplace_back(spec.name, spec.shape);
+            return shapes;
+          }, "The tensors a state dict must hold: (HF name, shape) in order.")
+      .def_prop_ro("tied", [](const PyPublisher& p) { return p.model.config().tie_word_embeddings; },
+                   "Whether lm_head is tied to the embedding (a state dict's lm_head.weight is then ignored).")
+      .def(
+          "payload",
+          [](PyPublisher& p, nb::dict state_dict, uint64_t version, std::optional<std::string> fault_name) {
+            const char* op = "sync.Publisher.payload";
+            rl::Fault fault = rl::Fault::none;
+            if (fault_name) {
+              fault = rl::fault_from_name(*fault_name);
+              if (!rl::learner_side(fault))
+                throw InputError(fmt::format("[{}] fault {} happens on the sampler's side (send it to the server)",
+                                             op, *fault_name));
+            }
+            std::set<std::string> known;
+            for (const model::ParamSpec& spec : p.model.params()) {
+              known.insert(spec.name);
+              if (!state_dict.contains(spec.name.c_str()))
+                throw InputError(fmt::format("[{}] the state dict has no '{}'", op, spec.name));
+              const ArrayView<const float> v = array_in<float>(state_dict[spec.name.c_str()], op, spec.name.c_str(), 1, 2);
+              if (v.shape != spec.shape)
+                throw InputError(fmt::format("[{}] '{}': shape {} where the model has {}", op, spec.name,
+                                             shape_text(v.shape), shape_text(spec.shape)));
+              const std::span<const float> from = v.span();
+              std::copy(from.begin(), from.end(), p.model.param(spec.name).begin());
+            }
+            const bool tied = p.model.config().tie_word_embeddings;
+            for (auto [key, value] : state_dict) {
+              const std::string name = nb::cast<std::string>(key);
+              if (known.count(name) || (tied && name == "lm_head.weight")) continue;  // a tied head: the embedding
+              throw InputError(fmt::format("[{}] '{}' is not a tensor of this model", op, name));
+            }
+            p.model.weights_changed();
+            std::vector<uint8_t> payload;
+            {
+              nb::gil_scoped_release release;
+              payload = p.publisher->publish(version, fault);
+            }
+            return nb::bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+          },
+          "state_dict"_a, "version"_a, "fault"_a = nb::none(),
+          nb::sig("def payload(self, state_dict: dict[str, numpy.typing.ArrayLike], version: int, "
+                  "fault: str | None = None) -> bytes"),
+          "The sync payload of `version` for the served values in state_dict ({HF name: float32 "
+          "array}; a tied lm_head may be present and is ignored): a safetensors image with the "
+          "concord.sync.* metadata, as `concord rl`'s learner publishes it. fault: a learner-side "
+          "sync fault (concord rl --fault) put into the payload, for testing a sampler's checks.");
+  m.def(
+      "faults",
+      [] {
+        std::vector<std::pair<std::string, bool>> out;
+        for (const std::string& name : rl::fault_names())
+          out.emplace_back(name, rl::learner_side(rl::fault_from_name(name)));
+        return out;
+      },
+      "The injectable sync faults of `concord rl --fault`: (name, happens on the learner's side).");
+
   m.doc() = "The RL loop's weight-sync comparisons (rl/sync.h) on tensors from Python; "
             "concord.sync builds the state-dict checks on them.";
 

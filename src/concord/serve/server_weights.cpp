@@ -110,6 +110,7 @@ std::string Server::Impl::make_weights_info() const {
   info["object"] = "weights";
   info["version"] = static_cast<int64_t>(receiver.version());
   info["policy"] = served.model.policy().name;
+  info["config"] = served.model.config().to_json();
   return openai::dump(info);
 }
 
