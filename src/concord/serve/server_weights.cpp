@@ -103,10 +103,23 @@ json check_failure(const rl::CheckOutcome& failed, const rl::SyncReport& report)
           {"report", report.to_json()}};
 }
 
+constexpr const char* kNativeNotUpdatable =
+    "this server serves the model file's quantized blocks as stored (--policy native): weight updates "
+    "install fp32 values, so start it with a precision policy (--policy bf16, fp32, mxfp8, ...)";
+
 }  // namespace
 
 std::string Server::Impl::make_weights_info() const {
+  if (served.model.has_stored_weights()) {  // --policy native on a GGUF: no fp32 values to update
+    return openai::dump(json{{"object", "weights"},
+                             {"version", 0},
+                             {"policy", served.model.policy().name},
+                             {"config", served.model.config().to_json()},
+                             {"updatable", false},
+                             {"reason", kNativeNotUpdatable}});
+  }
   json info = rl::served_weights_json(served.model);
+  info["updatable"] = true;
   info["object"] = "weights";
   info["version"] = static_cast<int64_t>(receiver.version());
   info["policy"] = served.model.policy().name;
@@ -157,6 +170,7 @@ void Server::Impl::handle_weights_post(const httplib::Request& req, httplib::Res
                    fmt::format("weight updates are accepted from loopback only (this came from {}; "
                                "--weights-from-any-host allows others)", req.remote_addr));
   if (draining.load()) throw ApiError(503, "server_error", "draining", "the server is shutting down");
+  if (served.model.has_stored_weights()) throw ApiError(409, "conflict_error", "not_updatable", kNativeNotUpdatable);
 
   // What to stage: the payload's bytes, where they come from, and the options.
   uint64_t version = 0;

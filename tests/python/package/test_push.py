@@ -14,7 +14,7 @@ import concord
 import tiny_model
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from serve_fixture import Server, concord_bin  # noqa: E402
+from serve_fixture import Server, concord_bin, smollm2_path  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
@@ -105,3 +105,12 @@ def test_a_state_dict_that_does_not_fit_is_refused_before_sending(server):
     with pytest.raises(concord.InputError, match="'extra.weight' is not a tensor of this model"):
         pusher.push(t, version=1)
     assert concord.sync.served_weights(f"http://127.0.0.1:{server.port}")["version"] == 0
+
+
+def test_a_gguf_served_native_is_not_updatable():
+    with Server(concord_bin(), smollm2_path()) as native:  # --policy native: the file's blocks
+        url = f"http://127.0.0.1:{native.port}"
+        info = concord.sync.served_weights(url)
+        assert info["updatable"] is False and "--policy native" in info["reason"]
+        status, body = native.post_json("/v1/weights", {"version": 1, "path": "/nonexistent"})
+        assert status == 409 and body["error"]["code"] == "not_updatable", body
