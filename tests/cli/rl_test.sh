@@ -91,6 +91,37 @@ if run_rc "rl shm, 2 samplers" 0 "$CONCORD" "${QUICK[@]}" --transport shm --samp
   grep -q 'over shm (2 samplers)' "$WORK/out" && pass "shm run names its transport" || fail "shm output: $(cat "$WORK/out")"
   same_steps "shm with 2 samplers = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_shm/metrics.jsonl"
 fi
+# --transport http: a `concord serve` process samples (weights by POST /v1/weights, rollouts by
+# /v1/completions): the same steps, faults caught by the same checks; a running server by URL.
+if run_rc "rl over http (concord serve started by rl)" 0 "$CONCORD" "${QUICK[@]}" --transport http --out "$WORK/rl_http"; then
+  grep -q 'over http (1 sampler)' "$WORK/out" && pass "http run names its transport" || fail "http output: $(cat "$WORK/out")"
+  same_steps "http (concord serve) = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_http/metrics.jsonl"
+fi
+if run_rc "rl over http with a fault" 0 "$CONCORD" "${QUICK[@]}" --transport http --fault flipped_bit@2 --out "$WORK/rl_http_fault"; then
+  same_steps "http with a fault = in process with it" "$WORK/rl_fault/metrics.jsonl" "$WORK/rl_http_fault/metrics.jsonl"
+fi
+if [[ -d "$WORK/rl_http/sampler-model" ]]; then
+  "$CONCORD" serve --model "$WORK/rl_http/sampler-model" --policy bf16 --port 0 --api-key k --max-queue 64 \
+    2>"$WORK/serve_err" &
+  SERVE_PID=$!
+  for _ in $(seq 1 300); do grep -q 'listening on' "$WORK/serve_err" && break; sleep 0.1; done
+  URL=$(grep -o 'http://[0-9.]*:[0-9]*' "$WORK/serve_err" | head -1)
+  if run_rc "rl over http to a running server" 0 "$CONCORD" "${QUICK[@]}" --transport http --sampler-url "$URL" \
+      --sampler-api-key k --out "$WORK/rl_http_url"; then
+    same_steps "http to a running server = in process" "$WORK/rl_a/metrics.jsonl" "$WORK/rl_http_url/metrics.jsonl"
+  fi
+  # A new run starts at version 1 again, which that server has served: check 1 refuses it.
+  expect_error "a server already past the run's versions" "already serves weights version 4" \
+    "$CONCORD" "${QUICK[@]}" --transport http --sampler-url "$URL" --sampler-api-key k --out "$WORK/rl_http_again"
+  expect_error "a wrong sampler API key" "GET /v1/weights answered 401: missing or wrong API key" \
+    "$CONCORD" "${QUICK[@]}" --transport http --sampler-url "$URL" --sampler-api-key nope --out "$WORK/x"
+  kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null
+fi
+expect_error "http to nothing" "is \`concord serve\` running there?" \
+  "$CONCORD" "${QUICK[@]}" --transport http --sampler-url http://127.0.0.1:9 --out "$WORK/x"
+expect_error "sampler URL without http" "--sampler-url needs --transport http" \
+  "$CONCORD" "${QUICK[@]}" --sampler-url http://127.0.0.1:9 --out "$WORK/x"
+
 if command -v mpirun >/dev/null 2>&1 && ldd "$CONCORD" 2>/dev/null | grep -q libmpi; then
   if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_rc "rl under mpirun -np 3" 0 \
       mpirun -np 3 --oversubscribe --mca btl self,vader "$CONCORD" "${QUICK[@]}" --out "$WORK/rl_mpi"; then
@@ -131,7 +162,7 @@ if command -v make >/dev/null 2>&1; then
 fi
 
 # --- bad input: exit 2, one line ---
-expect_error "unknown transport" "unknown --transport 'tcp'" "$CONCORD" rl --quick --transport tcp --out "$WORK/x"
+expect_error "unknown transport" "unknown --transport 'tcp' (in-process, shm, mpi, http)" "$CONCORD" rl --quick --transport tcp --out "$WORK/x"
 expect_error "unknown fault" "melted" "$CONCORD" rl --quick --fault melted@2 --out "$WORK/x"
 expect_error "fault without a step" "NAME@STEP" "$CONCORD" rl --quick --fault flipped_bit --out "$WORK/x"
 expect_error "fault past the last step" "flipped_bit@99" "$CONCORD" rl --quick --fault flipped_bit@99 --out "$WORK/x"

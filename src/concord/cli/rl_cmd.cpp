@@ -1,7 +1,21 @@
 // `concord rl`: one sampler–learner RL run (rl/loop.h) from a JSON config and/or flags, over the
-// in-process, shared-memory or MPI transport (rl/channel.h). Under mpirun rank 0 learns and the
-// other ranks sample; with --transport shm the learner starts its sampler processes itself.
+// in-process, shared-memory or MPI transport (rl/channel.h), or with a `concord serve` process as
+// the sampler (--transport http). Under mpirun rank 0 learns and the other ranks sample; with
+// --transport shm the learner starts its sampler processes itself, with --transport http its
+// server (unless --sampler-url names one).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <regex>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -15,6 +29,7 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
+#include "concord/model/files.h"
 #include "concord/model/model.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
@@ -27,7 +42,7 @@ namespace {
 
 struct RlArgs {
   std::string config, out, name, sampler, learner, export_rule, task, init_from, base, is_mode;
-  std::string transport, role = "learner", shm_name;
+  std::string transport, role = "learner", shm_name, sampler_url, sampler_api_key;
   std::vector<std::string> faults;
   // Empty: not given (the config's value, or its default).
   std::optional<int64_t> steps, warmup_steps, prompts, group, max_new, checkpoint_every;
@@ -126,11 +141,104 @@ void print_result(const rl::RlConfig& c, const rl::RlResult& r, const std::strin
   std::printf("%s\n", fmt::format("  -> {}/metrics.jsonl, {}/report.html, {}/summary.json", c.out, c.out, c.out).c_str());
 }
 
+// --transport http without --sampler-url: `concord serve` started here on the run's model (its
+// weights do not matter: the first step's sync replaces them), at the sampler preset, on a free
+// loopback port read from its ready line; its stderr is passed on. SIGTERM when the run ends.
+struct ServeProcess {
+  rl::SamplerProcesses process;
+  std::string url;
+  std::thread drain;
+  ~ServeProcess() {
+    process.terminate();
+    if (drain.joinable()) drain.join();
+  }
+};
+
+std::unique_ptr<ServeProcess> start_sampler_server(const rl::RlConfig& c, bool quiet) {
+  namespace fs = std::filesystem;
+  std::string model = c.init_from;
+  if (model.empty()) {
+    const fs::path folder = fs::path(c.out) / "sampler-model";
+    model::Model m(c.resolved_model());
+    m.init_random(c.seed, 0.02f);
+    model::ExportOptions o;
+    for (const int64_t id : c.resolved_model().eos_token_ids) o.stop_token_ids.push_back(static_cast<int32_t>(id));
+    model::export_model(m, folder, o);
+    model = folder.string();
+  }
+  const int64_t sequences = std::clamp<int64_t>(c.prompts_per_step * c.group_size, 1, 256);
+  std::vector<std::string> args = {"concord", "serve", "--model", model, "--policy", c.sampler, "--host",
+                                   "127.0.0.1", "--port", "0", "--max-sequences", std::to_string(sequences),
+                                   "--max-queue", std::to_string(std::max<int64_t>(1, c.prompts_per_step * c.group_size))};
+  if (!c.faults.empty()) args.push_back("--weights-faults");
+  std::vector<char*> argv;
+  for (std::string& x : args) argv.push_back(x.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw InputError(fmt::format("[rl] --transport http: pipe: {}", std::strerror(errno)));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw InputError(fmt::format("[rl] --transport http: fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) _exit(127);
+    ::dup2(fds[1], STDERR_FILENO);
+    ::execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  ::close(fds[1]);
+  auto p = std::make_unique<ServeProcess>();
+  p->process = rl::SamplerProcesses({pid});
+  // Read its stderr up to the ready line (or its end: it failed), then keep passing it on.
+  const std::regex ready(R"(\[serve\] listening on (http://[^\s]+) )");
+  std::string seen, line;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  char ch = 0;
+  while (p->url.empty()) {
+    const ssize_t n = ::read(fds[0], &ch, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || std::chrono::steady_clock::now() > deadline) {
+      ::close(fds[0]);
+      throw InputError(fmt::format("[rl] --transport http: `concord serve --model {}` did not start: {}", model,
+                                   seen.empty() ? "(no output)" : seen));
+    }
+    if (ch != '\n') {
+      line += ch;
+      continue;
+    }
+    std::smatch m;
+    if (std::regex_search(line, m, ready)) {
+      p->url = m[1].str();
+    } else {
+      seen += line + " ";
+      if (!quiet) std::fprintf(stderr, "[sampler] %s\n", line.c_str());
+    }
+    line.clear();
+  }
+  const int fd = fds[0];
+  p->drain = std::thread([fd, quiet] {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) != 0) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      if (!quiet) static_cast<void>(::write(STDERR_FILENO, buf, static_cast<size_t>(n)));
+    }
+    ::close(fd);
+  });
+  return p;
+}
+
 void run(const RlArgs& a) {
   std::string transport = a.transport;
   if (transport.empty()) transport = rl::launched_by_mpirun() ? "mpi" : "in-process";
-  if (transport != "in-process" && transport != "shm" && transport != "mpi")
-    throw InputError(fmt::format("[rl] unknown --transport '{}' (in-process, shm, mpi)", transport));
+  if (transport != "in-process" && transport != "shm" && transport != "mpi" && transport != "http")
+    throw InputError(fmt::format("[rl] unknown --transport '{}' (in-process, shm, mpi, http)", transport));
+  if (!a.sampler_url.empty() && transport != "http")
+    throw InputError("[rl] --sampler-url needs --transport http");
+  if (transport == "http" && a.samplers != 1)
+    throw InputError("[rl] --transport http has one sampler: the `concord serve` process (it batches every rollout)");
   if (a.role != "learner" && a.role != "sampler")
     throw InputError(fmt::format("[rl] unknown --role '{}' (learner, sampler)", a.role));
   if (transport == "in-process" && a.samplers != 1)
@@ -156,6 +264,23 @@ void run(const RlArgs& a) {
   }
 
   const rl::RlConfig c = resolve(a);
+  if (transport == "http") {
+    std::unique_ptr<ServeProcess> server;
+    rl::RlOptions o = options(a, true);
+    o.sampler_url = a.sampler_url;
+    o.sampler_api_key = a.sampler_api_key;
+    if (o.sampler_api_key.empty())
+      if (const char* env = std::getenv("CONCORD_API_KEY")) o.sampler_api_key = env;
+    if (o.sampler_url.empty()) {
+      std::filesystem::create_directories(c.out);
+      server = start_sampler_server(c, a.quiet);
+      o.sampler_url = server->url;
+    }
+    auto channel = rl::make_in_process_channel();
+    const rl::RlResult r = rl::run_rl(c, *channel, o);
+    print_result(c, r, "http", 1);
+    return;
+  }
   if (transport == "in-process") {
     auto channel = rl::make_in_process_channel();
     const rl::RlResult r = rl::run_rl(c, *channel, options(a, true));
@@ -233,7 +358,14 @@ void add_rl_command(CLI::App& app) {
                   fmt::format("inject a weight-sync fault at a GRPO step, NAME@STEP (repeatable); NAME: {}",
                               fmt::join(rl::fault_names(), ", ")));
   cmd->add_option("--transport", a->transport,
-                  "in-process (default), shm (sampler processes on this machine), mpi (under mpirun)");
+                  "in-process (default), shm (sampler processes on this machine), mpi (under mpirun), http (a "
+                  "`concord serve` process samples: weights go to its POST /v1/weights, rollouts come from "
+                  "its /v1/completions)");
+  cmd->add_option("--sampler-url", a->sampler_url,
+                  "with --transport http: the running `concord serve` to use (http://HOST:PORT; it must serve "
+                  "the run's model at the sampler preset); default: one started here");
+  cmd->add_option("--sampler-api-key", a->sampler_api_key,
+                  "with --sampler-url: that server's --api-key (default: $CONCORD_API_KEY)");
   add_integer_flag(cmd, "--samplers", a->samplers, between(1, 4096),
                    "sampler processes with --transport shm (default 1)");
   cmd->add_option("--speculative", a->speculative,

@@ -10,6 +10,11 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
 
 #include "concord/io/atomic_file.h"
 #include "concord/io/json_file.h"
@@ -261,6 +266,156 @@ class SamplerRole {
   WeightReceiver receiver_;
   serve::Engine engine_;
   serve::DrafterSpec spec_;  // kind "" when not speculating
+};
+
+// ---- the sampler role played by a `concord serve` process (--transport http) -----------------
+
+// What SamplerRole does, over HTTP: the payload goes to POST /v1/weights (the server runs the
+// seven checks and swaps it in, or refuses it with the failed check and keeps serving), then
+// every completion of the step is a POST /v1/completions with the prompt's token ids, the
+// rollout's seed, the step's temperature and max_new_tokens, "\n" as a stop string (the server
+// stops at eos by itself) and the sampled tokens' log-probs as ids. The server's engine is the
+// in-process sampler's engine and batch-invariant, so the rollouts — and every metric computed
+// from them — equal the in-process run's.
+class HttpSamplerRole {
+ public:
+  // fresh_run: the run publishes from version 1, so a server already past version 0 (another
+  // run's sampler) would refuse every sync by check 1 — an error before anything starts.
+  HttpSamplerRole(const RlConfig& c, std::string url, std::string api_key, bool fresh_run)
+      : c_(c), url_(std::move(url)), api_key_(std::move(api_key)) {
+    if (!c.speculative.empty())
+      throw InputError("[rl] --transport http: speculative rollouts need the in-process sampler (start "
+                       "`concord serve --draft ...` yourself and leave \"speculative\" out)");
+    httplib::Result res = client(30).Get("/v1/weights", headers());
+    if (!res)
+      throw InputError(fmt::format("[rl] sampler {}: GET /v1/weights failed ({}); is `concord serve` running there?",
+                                   url_, httplib::to_string(res.error())));
+    const json info = parse(*res, "GET /v1/weights");
+    if (res->status != 200)
+      throw InputError(fmt::format("[rl] sampler {}: GET /v1/weights answered {}: {}", url_, res->status,
+                                   message_of(info)));
+    if (!info.value("updatable", false))
+      throw InputError(fmt::format("[rl] sampler {}: the server does not take weight updates: {}", url_,
+                                   info.value("reason", std::string("(no reason given)"))));
+    const int64_t serving = info.value("version", int64_t{0});
+    if (fresh_run && serving > 0)
+      throw InputError(fmt::format("[rl] sampler {}: the server already serves weights version {} (another "
+                                   "run's); this run publishes from version 1 — restart the server, or let "
+                                   "--transport http start one", url_, serving));
+  }
+
+  SamplerReply step(const WeightMessage& message, steady::time_point t0) {
+    SamplerReply reply;
+    reply.rank = 1;
+    if (message.version < 1 || message.version > static_cast<uint64_t>(c_.steps))
+      throw InputError(fmt::format("[rl] sampler {}: the learner announced step {} outside [1, {}]", url_,
+                                   message.version, c_.steps));
+    const auto step = static_cast<int64_t>(message.version);
+    reply.step = step;
+    std::string path = fmt::format("/v1/weights?version={}", message.version);
+    if (const Fault fault = fault_at(c_, step, false); fault != Fault::none)
+      path += fmt::format("&fault={}", fault_name(fault));
+    httplib::Result res = client(600).Post(path, headers(), reinterpret_cast<const char*>(message.payload.data()),
+                                           message.payload.size(), "application/octet-stream");
+    if (!res)
+      throw InputError(fmt::format("[rl] sampler {}: POST /v1/weights failed: {}", url_, httplib::to_string(res.error())));
+    const json body = parse(*res, "POST /v1/weights");
+    if (res->status == 200) {
+      reply.applied = true;
+      reply.sync = body.at("report");
+      reply.serving = message.version;
+    } else if (res->status == 409 && body.contains("report") && body.at("error").contains("check")) {
+      reply.sync = body.at("report");
+      reply.serving = reply.sync.at("serving").get<uint64_t>();
+      reply.failed_check = std::string(sync_check_name(static_cast<SyncCheck>(body["error"]["check"].get<int>())));
+      reply.failure_message = message_of(body);
+    } else {
+      throw InputError(fmt::format("[rl] sampler {}: POST /v1/weights answered {}: {}", url_, res->status,
+                                   message_of(body)));
+    }
+    reply.seconds_sync = seconds_since(t0);
+
+    t0 = steady::now();
+    for (int64_t p = 0; p < c_.prompts_per_step; ++p)
+      for (int64_t j = 0; j < c_.group_size; ++j) reply.rollouts.push_back({p, j, {}, {}});
+    std::vector<std::string> bodies(reply.rollouts.size());
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      const Rollout& r = reply.rollouts[i];
+      bodies[i] = json{{"prompt", encode(rl_example(c_, step, r.prompt).prompt)},
+                       {"max_tokens", c_.max_new_tokens},
+                       {"temperature", c_.temperature},
+                       {"seed", sample_seed(c_, step, r.prompt, r.sample)},
+                       {"stop", json::array({"\n"})},
+                       {"logprobs", 0},
+                       {"return_tokens_as_token_ids", true}}.dump();
+    }
+    // One client per worker thread; the server batches what arrives together.
+    std::atomic<size_t> next{0};
+    std::mutex error_mu;
+    std::string error;
+    auto work = [&] {
+      httplib::Client cli = client(600);
+      for (size_t i = next++; i < bodies.size(); i = next++) {
+        try {
+          httplib::Result r = cli.Post("/v1/completions", headers(), bodies[i], "application/json");
+          if (!r) throw InputError(fmt::format("POST /v1/completions failed: {}", httplib::to_string(r.error())));
+          const json out = parse(*r, "POST /v1/completions");
+          if (r->status != 200)
+            throw InputError(fmt::format("POST /v1/completions answered {}: {}", r->status, message_of(out)));
+          const json& lp = out.at("choices").at(0).at("logprobs");
+          Rollout& x = reply.rollouts[i];
+          for (const json& t : lp.at("tokens")) {
+            const std::string id = t.get<std::string>();
+            if (id.rfind("token_id:", 0) != 0) throw InputError(fmt::format("token '{}' is not 'token_id:N'", id));
+            x.tokens.push_back(std::stoi(id.substr(9)));
+          }
+          x.logprobs = lp.at("token_logprobs").get<std::vector<double>>();
+          if (x.logprobs.size() != x.tokens.size())
+            throw InputError(fmt::format("{} tokens with {} log-probs", x.tokens.size(), x.logprobs.size()));
+        } catch (const std::exception& e) {
+          std::lock_guard lk(error_mu);
+          if (error.empty()) error = e.what();
+          next = bodies.size();
+        }
+      }
+    };
+    const size_t workers = std::min<size_t>(bodies.size(), 32);
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers; ++w) threads.emplace_back(work);
+    for (std::thread& t : threads) t.join();
+    if (!error.empty()) throw InputError(fmt::format("[rl] sampler {}: {}", url_, error));
+    for (const Rollout& x : reply.rollouts) reply.tokens += static_cast<int64_t>(x.tokens.size());
+    reply.seconds_rollout = seconds_since(t0);
+    return reply;
+  }
+
+ private:
+  httplib::Client client(time_t read_timeout_s) const {
+    httplib::Client cli(url_);
+    cli.set_connection_timeout(10, 0);
+    cli.set_read_timeout(read_timeout_s, 0);
+    cli.set_write_timeout(600, 0);
+    return cli;
+  }
+  httplib::Headers headers() const {
+    if (api_key_.empty()) return {};
+    return {{"Authorization", "Bearer " + api_key_}};
+  }
+  json parse(const httplib::Response& res, const char* what) const {
+    json j = json::parse(res.body, nullptr, false);
+    if (j.is_discarded())
+      throw InputError(fmt::format("[rl] sampler {}: {} answered {} with a body that is not JSON: {}", url_, what,
+                                   res.status, res.body.substr(0, 200)));
+    return j;
+  }
+  static std::string message_of(const json& body) {
+    if (body.is_object() && body.contains("error") && body["error"].is_object() && body["error"].contains("message"))
+      return body["error"]["message"].get<std::string>();
+    return body.dump().substr(0, 300);
+  }
+
+  const RlConfig& c_;
+  std::string url_, api_key_;
 };
 
 // ---- the learner ------------------------------------------------------------------------------
@@ -620,9 +775,18 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   // The learner (rank 0), and in process the one sampler too.
   const bool in_process = channel.name() == "in-process";
   if (in_process && samplers != 1) throw InputError("[rl] the in-process channel runs exactly one sampler");
+  if (!options.sampler_url.empty() && !in_process)
+    throw InputError("[rl] a sampler URL (--transport http) needs the in-process channel on the learner's side");
   if (options.stop_after && !in_process)
     throw InputError("[rl] stop_after needs the in-process channel (sampler ranks would wait for the next step)");
   const fs::path out = config.out;
+  // The sampler server is asked first: an unreachable or unsuitable one writes nothing.
+  std::unique_ptr<HttpSamplerRole> remote;
+  if (!options.sampler_url.empty()) {
+    std::error_code ec;
+    const bool fresh = !(options.resume && fs::exists(out, ec) && train::latest_checkpoint(out));
+    remote = std::make_unique<HttpSamplerRole>(config, options.sampler_url, options.sampler_api_key, fresh);
+  }
   fs::create_directories(out);
 
   // A run directory belongs to one configuration (train/checkpoint.h, run directories): a resume
@@ -713,7 +877,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   }
   Learner& learner = *learner_ptr;
   std::unique_ptr<SamplerRole> local;
-  if (in_process) local = std::make_unique<SamplerRole>(config, mc, 1, 1);
+  if (in_process && !remote) local = std::make_unique<SamplerRole>(config, mc, 1, 1);
 
   auto save = [&](int64_t at_step) {
     json lines = json::array();
@@ -742,6 +906,10 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
 
     if (local) {
       const SamplerReply reply = local->step(channel);
+      channel.send(encode_reply(reply));
+    } else if (remote) {
+      const auto t_sampler = steady::now();
+      const SamplerReply reply = remote->step(channel.receive(), t_sampler);
       channel.send(encode_reply(reply));
     }
     t0 = steady::now();

@@ -156,6 +156,11 @@ struct RlOptions {
   // Stop (as if killed, after that step's checkpoint when one is due) after this many steps run
   // here; tests of resume. In process only (sampler ranks would wait for the next step).
   std::optional<int64_t> stop_after;
+  // --transport http: the sampler is the `concord serve` at this URL ("http://HOST:PORT", serving
+  // the run's model config at the sampler preset, taking weight updates); the channel must be
+  // the in-process one. Its rollouts equal the in-process sampler's (same engine, same seeds).
+  std::string sampler_url;
+  std::string sampler_api_key;  // its --api-key, if any
 };
 
 // Runs the run on this rank of `channel` (rank 0: learner; others: samplers). Rank 0 writes
