@@ -116,11 +116,37 @@ int64_t Engine::submit(Request request) {
   return next_id_ - 1;
 }
 
+// Whether every forward activation is quantized row by row (no scale shared across a GEMM's rows:
+// not NVFP4's S_enc, not per-tensor FP8), so that any prefill chunking computes the same bits.
+bool rows_quantize_alone(const model::PrecisionPolicy& p) {
+  auto alone = [](const model::LayerPrecision& l) {
+    const auto& a = l[model::GemmRole::forward].a;
+    return !a || !(a->is_per_tensor() || (a->has_scale && a->scale == numerics::Format::ue4m3));
+  };
+  for (const model::LayerPrecision& l : p.layer_class)
+    if (!alone(l)) return false;
+  return p.high_precision_last_layers == 0 || alone(p.high_precision);
+}
+
+void Engine::set_prefix_cache(std::shared_ptr<PrefixCache> cache) {
+  if (cache && !rows_quantize_alone(model_.policy()) && cache->options().block % options_.prefill_chunk != 0)
+    throw InputError(fmt::format(
+        "[engine] the prefix cache's block ({} tokens) must be a multiple of the prefill chunk ({}) under "
+        "policy {}: its activations share a scale across a chunk's rows, so a block must hold whole chunks",
+        cache->options().block, options_.prefill_chunk, model_.policy().name));
+  prefix_cache_ = std::move(cache);
+}
+
 void Engine::admit() {
   while (!waiting_.empty() && cache_.sequences_in_use() < cache_.max_sequences()) {
     std::unique_ptr<Sequence> s = std::move(waiting_.front());
     waiting_.pop_front();
     s->slot = cache_.allocate();
+    if (prefix_cache_ && !s->request.prompt_logprobs) {
+      const int64_t align = rows_quantize_alone(model_.policy()) ? 1 : options_.prefill_chunk;
+      s->prefilled = prefix_cache_->restore(s->request.prompt, cache_, s->slot, align);
+      stats_.prefix_reused_tokens += s->prefilled;
+    }
     running_[static_cast<size_t>(s->slot)] = std::move(s);
   }
 }
@@ -265,6 +291,16 @@ bool Engine::step() {
   const int64_t V = model_.config().vocab_size;
   logits_.resize(static_cast<size_t>(model::logit_rows(inputs) * V));
   model_.forward_cached(cache_, inputs, logits_);
+  // Prefills that completed: their prompts' blocks into the prefix cache (before any slot is
+  // released below).
+  if (prefix_cache_)
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const Sequence& s = *owners[k];
+      if (prompt_first[k] >= 0 && !s.request.prompt_logprobs &&
+          s.prefilled == static_cast<int64_t>(s.request.prompt.size()))
+        prefix_cache_->store(s.request.prompt, cache_, s.slot,
+                             rows_quantize_alone(model_.policy()) ? 1 : options_.prefill_chunk);
+    }
   if (model_.config().recurrent())
     for (int32_t n : model_.last_iterations()) {
       stats_.core_iterations += n;

@@ -30,6 +30,7 @@
 #include "concord/model/model.h"
 #include "concord/serve/drafter.h"
 #include "concord/serve/logprob.h"
+#include "concord/serve/prefix_cache.h"
 #include "concord/serve/sampling.h"
 
 namespace concord::serve {
@@ -138,6 +139,7 @@ struct EngineStats {
                                  // per row)
   double decode_seconds = 0;
   int64_t generated_tokens = 0;  // tokens sampled (each ends a prefill or a decode step's row)
+  int64_t prefix_reused_tokens = 0;  // prompt tokens resumed from the prefix cache (not prefilled)
   int64_t steps = 0;
   // A depth-recurrent model: core iterations summed over the last token of every input of every
   // step, and those tokens (with adaptive exit every token is one; their mean is iterations per
@@ -146,6 +148,10 @@ struct EngineStats {
   int64_t iterated_tokens = 0;
   SpeculationStats speculation;
 };
+
+// Whether a policy quantizes every forward activation row by row (any prefill chunking then
+// computes the same bits; NVFP4 and per-tensor FP8 share a scale across a GEMM's rows).
+bool rows_quantize_alone(const model::PrecisionPolicy& policy);
 
 class Engine {
  public:
@@ -194,6 +200,18 @@ class Engine {
   // distribution; greedy requests emit the non-speculative tokens exactly. Log-probabilities
   // stay the target's. nullptr: off.
   void set_drafter(std::shared_ptr<Drafter> drafter, SpeculationOptions options = {});
+  // A prefix snapshot cache (prefix_cache.h) from now on: an admitted request that does not
+  // score its prompt resumes from the longest stored prefix of its prompt, and every prefill
+  // that completes stores its prompt's blocks. Results are unchanged bit for bit. Under NVFP4
+  // or per-tensor FP8 activations a row's keys depend on every row of its prefill chunk (their
+  // shared scale), so blocks must be whole chunks and a prefix resumes only at a chunk start,
+  // where a full prefill's chunk would start too. The cache
+  // must hold this engine's model's rows (its fingerprint) and be cleared when the weights
+  // change. nullptr: off.
+  // InputError when the policy shares an activation scale across a chunk's rows and the cache's
+  // block is not a multiple of prefill_chunk.
+  void set_prefix_cache(std::shared_ptr<PrefixCache> cache);
+  PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
 
   const EngineStats& stats() const { return stats_; }
   const EngineOptions& options() const { return options_; }
@@ -238,6 +256,7 @@ class Engine {
   TokenCallback on_token_;
   EngineStats stats_;
   std::shared_ptr<Drafter> drafter_;
+  std::shared_ptr<PrefixCache> prefix_cache_;
   SpeculationOptions speculation_;
   std::vector<DraftRequest> drafts_;
 };

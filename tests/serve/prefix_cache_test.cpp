@@ -1,0 +1,239 @@
+// The prefix snapshot cache (serve/prefix_cache.h): restored rows equal the rows a prefill writes,
+// bit for bit; an engine with the cache gives every request the tokens, log-probs and full
+// distributions of an engine without it (repeated prompts, shared prefixes with other tails,
+// unrelated prompts; chunk sizes that cut the blocks anywhere; NVFP4, whose blocks must be whole
+// prefill chunks, refused otherwise); the
+// budget holds and least recently used entries go first; changed weights change the keys;
+// prompt-scoring requests and recurrent models stay out.
+#include "concord/serve/prefix_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "concord/model/model.h"
+#include "concord/numerics/check.h"
+#include "concord/serve/engine.h"
+
+namespace concord::serve {
+namespace {
+
+using model::CachedInput;
+using model::KvCache;
+using model::LogitRows;
+using model::Model;
+using model::ModelConfig;
+using model::PrecisionPolicy;
+
+ModelConfig config() {
+  ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";
+  c.vocab_size = 97;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
+std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % 97);
+  return t;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The prompts a server sees: one repeated, others sharing its first 70 tokens (a system prompt)
+// with their own tails, one unrelated, one shorter than a block, and the first again.
+std::vector<std::vector<int32_t>> prompts() {
+  const std::vector<int32_t> system = tokens(70, 1);
+  return {concat(system, tokens(45, 2)), concat(system, tokens(45, 2)), concat(system, tokens(30, 3)),
+          tokens(90, 4),                 concat(system, tokens(1, 5)),  tokens(9, 6),
+          system,                        concat(system, tokens(45, 2))};
+}
+
+Request request(const std::vector<int32_t>& prompt, uint64_t seed) {
+  Request r;
+  r.prompt = prompt;
+  r.max_tokens = 12;
+  r.sampling.temperature = 0.9f;
+  r.sampling.seed = seed;
+  r.top_logprobs = 3;
+  r.full_logprobs = true;
+  return r;
+}
+
+TEST(PrefixCache, RestoredRowsAreThePrefillsRowsBitForBit) {
+  Model m(config(), PrecisionPolicy::preset("bf16"));
+  m.init_random(7, 0.08f);
+  const std::vector<int32_t> prompt = tokens(150, 9);
+  KvCache a(m.config(), 1), b(m.config(), 1);
+  const int sa = a.allocate(), sb = b.allocate();
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  const CachedInput in{sa, prompt, LogitRows::last};
+  m.forward_cached(a, {&in, 1}, logits);
+  PrefixCache cache(m.config(), PrefixCache::fingerprint_of(m), {.block = 32});
+  cache.store(prompt, a, sa);
+  EXPECT_EQ(cache.stats().stored, 5);  // [0,32) .. [96,128), and the tail [128, 149)
+  EXPECT_EQ(cache.restore(prompt, b, sb), 149);
+  EXPECT_EQ(b.length(sb), 149);
+  const int64_t w = a.row_width();
+  for (int64_t l = 0; l < a.num_layers(); ++l) {
+    EXPECT_EQ(std::memcmp(a.keys(sa, l), b.keys(sb, l), static_cast<size_t>(149 * w) * sizeof(float)), 0) << l;
+    EXPECT_EQ(std::memcmp(a.values(sa, l), b.values(sb, l), static_cast<size_t>(149 * w) * sizeof(float)), 0) << l;
+  }
+  // A prompt that shares 100 tokens resumes from the last whole block inside them.
+  std::vector<int32_t> other = prompt;
+  other[100] = (other[100] + 1) % 97;
+  b.release(sb);
+  const int sc = b.allocate();
+  EXPECT_EQ(cache.restore(other, b, sc), 96);
+  EXPECT_EQ(cache.stats().hits, 2);
+  EXPECT_EQ(cache.stats().tokens_reused, 149 + 96);
+}
+
+TEST(PrefixCache, AnEngineWithTheCacheGivesEveryRequestTheSameBits) {
+  for (const std::string preset : {"fp32", "bf16", "mxfp8", "nvfp4"}) {
+    // NVFP4 shares an activation scale across a prefill chunk's rows: its blocks must be whole
+    // chunks (below); the row-local presets take any chunk.
+    const bool row_local = preset != "nvfp4";
+    for (const int64_t chunk : row_local ? std::vector<int64_t>{512, 24, 7} : std::vector<int64_t>{16, 8}) {
+      Model m(config(), PrecisionPolicy::preset(preset));
+      m.init_random(7, 0.08f);
+      EngineOptions o;
+      o.max_sequences = 3;
+      o.prefill_chunk = chunk;
+      Engine plain(m, o), cached(m, o);
+      auto cache = std::make_shared<PrefixCache>(m.config(), PrefixCache::fingerprint_of(m),
+                                                 PrefixCacheOptions{.block = 16});
+      cached.set_prefix_cache(cache);
+      const auto ps = prompts();
+      // One at a time (later prompts find what earlier ones stored), then all together.
+      std::vector<Request> all;
+      for (size_t i = 0; i < ps.size(); ++i) {
+        all.push_back(request(ps[i], 100 + i));
+        const Completion want = plain.generate({request(ps[i], 100 + i)})[0];
+        const Completion got = cached.generate({request(ps[i], 100 + i)})[0];
+        const std::string where = preset + " chunk " + std::to_string(chunk) + " prompt " + std::to_string(i);
+        EXPECT_EQ(got.tokens, want.tokens) << where;
+        EXPECT_EQ(got.logprobs, want.logprobs) << where;
+        ASSERT_EQ(got.full_logprobs.size(), want.full_logprobs.size()) << where;
+        for (size_t t = 0; t < got.full_logprobs.size(); ++t)
+          EXPECT_EQ(got.full_logprobs[t], want.full_logprobs[t]) << where << " token " << t;
+      }
+      // Prompts 1 and 7 repeat 0 (114 tokens resumed each: its blocks and its tail), 2, 4 and 6
+      // share 64 of its 70 system tokens (four 16-token blocks; 6 is the system prompt alone).
+      // NVFP4 keeps no tail that ends inside a chunk: 112 for the repeats.
+      const int64_t repeat = row_local ? 114 : 112;
+      EXPECT_EQ(cache->stats().hits, 5) << preset << " chunk " << chunk;
+      EXPECT_EQ(cache->stats().tokens_reused, repeat + 64 + 64 + 64 + repeat) << preset << " chunk " << chunk;
+      EXPECT_EQ(cached.stats().prefix_reused_tokens, cache->stats().tokens_reused);
+      const std::vector<Completion> want = plain.generate(all), got = cached.generate(all);
+      for (size_t i = 0; i < all.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << preset << " batch " << i;
+        EXPECT_EQ(got[i].logprobs, want[i].logprobs) << preset << " batch " << i;
+      }
+    }
+  }
+}
+
+TEST(PrefixCache, TheBudgetHoldsAndTheLeastRecentlyUsedGoFirst) {
+  Model m(config(), PrecisionPolicy::preset("fp32"));
+  m.init_random(7, 0.08f);
+  KvCache kv(m.config(), 1);
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  // One 16-token block of this model: 3 layers x 2 x 16 x 32 floats + its tokens and bookkeeping.
+  auto fill = [&](const std::vector<int32_t>& p) {
+    const int slot = kv.allocate();
+    const CachedInput in{slot, p, LogitRows::last};
+    m.forward_cached(kv, {&in, 1}, logits);
+    return slot;
+  };
+  PrefixCache probe(m.config(), 1, {.block = 16});
+  const std::vector<int32_t> a = tokens(17, 1), b = tokens(17, 2), c = tokens(17, 3);
+  int s = fill(a);
+  probe.store(a, kv, s);
+  const size_t one = probe.stats().bytes;  // a's single block [0, 16)
+  kv.release(s);
+  PrefixCache cache(m.config(), 1, {.block = 16, .max_bytes = 2 * one});
+  for (const auto* p : {&a, &b}) {
+    s = fill(*p);
+    cache.store(*p, kv, s);
+    kv.release(s);
+  }
+  EXPECT_EQ(cache.stats().bytes, 2 * one);
+  s = kv.allocate();
+  EXPECT_EQ(cache.restore(a, kv, s), 16);  // a is now the most recently used
+  kv.release(s);
+  s = fill(c);
+  cache.store(c, kv, s);  // evicts b
+  kv.release(s);
+  EXPECT_EQ(cache.stats().evicted, 1);
+  EXPECT_LE(cache.stats().bytes, 2 * one);
+  for (const auto& [p, want] : {std::pair{&a, 16}, {&b, 0}, {&c, 16}}) {
+    s = kv.allocate();
+    EXPECT_EQ(cache.restore(*p, kv, s), want);
+    kv.release(s);
+  }
+}
+
+TEST(PrefixCache, ChangedWeightsChangeTheFingerprintAndScoringRequestsStayOut) {
+  Model m(config(), PrecisionPolicy::preset("fp32"));
+  m.init_random(7, 0.08f);
+  const uint64_t before = PrefixCache::fingerprint_of(m);
+  m.param("model.layers.0.mlp.up_proj.weight")[5] += 1e-3f;
+  EXPECT_NE(PrefixCache::fingerprint_of(m), before);
+  m.init_random(7, 0.08f);
+  EXPECT_EQ(PrefixCache::fingerprint_of(m), before);
+  EXPECT_NE(PrefixCache::fingerprint_of(m), [&] {
+    Model q(config(), PrecisionPolicy::preset("bf16"));
+    q.init_random(7, 0.08f);
+    return PrefixCache::fingerprint_of(q);
+  }());
+
+  Engine e(m, {});
+  auto cache = std::make_shared<PrefixCache>(m.config(), before, PrefixCacheOptions{.block = 8});
+  e.set_prefix_cache(cache);
+  Request r = request(tokens(40, 3), 1);
+  r.prompt_logprobs = true;
+  e.generate({r, r});
+  EXPECT_EQ(cache->stats().lookups, 0);
+  EXPECT_EQ(cache->stats().stored, 0);
+}
+
+TEST(PrefixCache, UnderNvfp4ABlockThatIsNotWholeChunksIsRefused) {
+  // A row's keys depend on every row of its prefill chunk (the shared activation scale), so a
+  // block that ends inside a chunk would hold rows that depend on tokens past its key.
+  Model m(config(), PrecisionPolicy::preset("nvfp4"));
+  Engine e(m, {.prefill_chunk = 24});
+  try {
+    e.set_prefix_cache(std::make_shared<PrefixCache>(m.config(), 1, PrefixCacheOptions{.block = 16}));
+    ADD_FAILURE() << "block 16 with chunk 24 under nvfp4 was accepted";
+  } catch (const InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("multiple of the prefill chunk (24)"), std::string::npos) << err.what();
+  }
+  e.set_prefix_cache(std::make_shared<PrefixCache>(m.config(), 1, PrefixCacheOptions{.block = 48}));
+  Model f(config(), PrecisionPolicy::preset("fp32"));
+  Engine any(f, {.prefill_chunk = 24});
+  any.set_prefix_cache(std::make_shared<PrefixCache>(f.config(), 1, PrefixCacheOptions{.block = 16}));
+}
+
+TEST(PrefixCache, ARecurrentModelIsRefused) {
+  ModelConfig c = config();
+  c.architecture = "ConcordRecurrentForCausalLM";
+  EXPECT_THROW(PrefixCache(c, 1), InputError);
+}
+
+}  // namespace
+}  // namespace concord::serve
