@@ -80,6 +80,8 @@ serve|--model m|--max-context|-1|an integer >= 0
 serve|--model m|--max-queue|0|an integer in [1, 1000000]
 serve|--model m|--max-body-bytes|0|an integer in [1, 4294967296]
 serve|--model m|--max-weights-body-bytes|0|an integer in [1, 1099511627776]
+serve|--model m|--prefix-cache-bytes|-1|an integer in [0, 1099511627776]
+serve|--model m|--prefix-cache-block|-1|an integer in [0, 1048576]
 serve|--model m|--request-timeout|-1|a number >= 0
 serve|--model m|--read-timeout|0|an integer in [1, 3600]
 serve|--model m|--receive-timeout|0|a number > 0

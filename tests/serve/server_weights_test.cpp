@@ -413,6 +413,41 @@ TEST_F(WeightsTest, BadRequestsAreRefusedWithReasons) {
   EXPECT_NE(metrics->body.find("concord_weight_updates_total{result=\"refused\"} 1"), std::string::npos);
 }
 
+double metric(int port, const std::string& name) {
+  httplib::Client cli("127.0.0.1", port);
+  auto res = cli.Get("/metrics");
+  const size_t at = res->body.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(res->body.substr(at + name.size() + 2));
+}
+
+TEST_F(WeightsTest, ThePrefixCacheServesTheSameBitsAndAWeightUpdateEmptiesIt) {
+  ServerOptions o = with_faults();
+  o.prefix_cache_bytes = 64 << 20;
+  o.prefix_cache_block = 16;  // nvfp4 here: a multiple of the prefill chunk (16 below)
+  o.engine.prefill_chunk = 16;
+  start(o);
+  const std::string prompt(150, 'x');
+  auto logprobs_of = [&] {
+    httplib::Client cli("127.0.0.1", port_);
+    auto res = cli.Post("/v1/completions",
+                        json{{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0.8}, {"seed", 3}, {"logprobs", 2}}.dump(),
+                        "application/json");
+    return json::parse(res->body)["choices"][0]["logprobs"];
+  };
+  const json first = logprobs_of();
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_hits_total"), 0);
+  EXPECT_EQ(logprobs_of(), first);  // bit for bit: JSON numbers print every bit of a double
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_hits_total"), 1);
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_reused_tokens_total"), 144);  // 9 blocks of 16
+  EXPECT_GT(metric(port_, "concord_prefix_cache_bytes"), 0);
+  ASSERT_EQ(post_weights({{"version", 1}, {"path", write(publish(1), "v1.safetensors")}})->status, 200);
+  const json after = logprobs_of();  // the old rows are gone: no hit, the new weights' bits
+  EXPECT_NE(after, first);
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_hits_total"), 1);
+  EXPECT_EQ(logprobs_of(), after);
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_hits_total"), 2);
+}
+
 TEST_F(WeightsTest, FaultsAreRefusedUnlessTheServerAllowsThem) {
   ServerOptions o;
   o.weights_faults = false;

@@ -59,7 +59,7 @@ void add_serve_command(CLI::App& app) {
     DraftArgs draft;
     int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
             max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
-            max_weights_body_bytes = int64_t{1} << 30;
+            max_weights_body_bytes = int64_t{1} << 30, prefix_cache_bytes = 0, prefix_cache_block = 0;
     double request_timeout = 600, receive_timeout = 30;
     bool weights_from_any_host = false, weights_faults = false;
   };
@@ -110,6 +110,13 @@ void add_serve_command(CLI::App& app) {
   add_integer_flag(cmd, "--max-weights-body-bytes", a->max_weights_body_bytes, between(1, int64_t{1} << 40),
                    "largest weight payload sent in a POST /v1/weights body (a file path or "
                    "shared-memory segment has no limit; default 1073741824)");
+  add_integer_flag(cmd, "--prefix-cache-bytes", a->prefix_cache_bytes, between(0, int64_t{1} << 40),
+                   "keep the KV rows of prompt prefixes, up to this many bytes, so that a prompt sharing a "
+                   "stored prefix (a repeated prompt, a common system prompt) skips its prefill; responses "
+                   "are unchanged bit for bit (default 0: off)");
+  add_integer_flag(cmd, "--prefix-cache-block", a->prefix_cache_block, between(0, 1 << 20),
+                   "prefix-cache block in tokens (default 0: 64, or --prefill-chunk under NVFP4 / per-tensor "
+                   "FP8 activations, where a block must be whole chunks)");
   cmd->add_flag("--weights-from-any-host", a->weights_from_any_host,
                 "accept POST /v1/weights from any peer (default: loopback only)");
   cmd->add_flag("--weights-faults", a->weights_faults,
@@ -130,6 +137,8 @@ void add_serve_command(CLI::App& app) {
     options.max_weights_body_bytes = a->max_weights_body_bytes;
     options.weights_from_any_host = a->weights_from_any_host;
     options.weights_faults = a->weights_faults;
+    options.prefix_cache_bytes = a->prefix_cache_bytes;
+    options.prefix_cache_block = a->prefix_cache_block;
     options.request_timeout_seconds = a->request_timeout;
     options.read_timeout_seconds = static_cast<int>(a->read_timeout);
     options.write_timeout_seconds = static_cast<int>(a->write_timeout);

@@ -68,6 +68,11 @@ struct ServerOptions {
   bool weights_from_any_host = false;
   int64_t max_weights_body_bytes = int64_t{1} << 30;  // a payload sent in the body; larger: 413
   bool weights_faults = false;  // honour a request's "fault" (tests: rl::Fault's sampler side)
+  // The prefix snapshot cache (prefix_cache.h; docs/serve.md): bytes of KV rows kept for prompt
+  // prefixes (0: off) and the block in tokens (0: 64, or prefill_chunk under NVFP4 / per-tensor
+  // FP8 activations). Responses are unchanged bit for bit; a weight update empties it.
+  int64_t prefix_cache_bytes = 0;
+  int64_t prefix_cache_block = 0;
 };
 
 // What a server serves: the model (must outlive the server), its tokenizer, chat template

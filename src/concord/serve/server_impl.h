@@ -174,6 +174,12 @@ struct Server::Impl {
   Gauge& weights_version_gauge;
   Counter& weight_updates_applied;
   Counter& weight_updates_refused;
+  Counter& prefix_hits;
+  Counter& prefix_reused;
+  Gauge& prefix_bytes;
+  int64_t prefix_hits_seen = 0, prefix_reused_seen = 0;
+  // A prefix cache for the model as it is now (its fingerprint); nullptr when off.
+  std::shared_ptr<PrefixCache> make_prefix_cache();
 
   // Scheduler-only.
   std::vector<std::shared_ptr<Job>> active;
@@ -210,10 +216,16 @@ struct Server::Impl {
                                                {{"result", "applied"}})),
         weight_updates_refused(metrics.counter("concord_weight_updates_total",
                                                "Weight updates (POST /v1/weights) by result.",
-                                               {{"result", "refused"}})) {
+                                               {{"result", "refused"}})),
+        prefix_hits(metrics.counter("concord_prefix_cache_hits_total",
+                                    "Requests resumed from the prefix cache (--prefix-cache-bytes).")),
+        prefix_reused(metrics.counter("concord_prefix_cache_reused_tokens_total",
+                                      "Prompt tokens resumed from the prefix cache instead of prefilled.")),
+        prefix_bytes(metrics.gauge("concord_prefix_cache_bytes", "Bytes the prefix cache holds.")) {
     context = options.engine.max_context > 0 ? options.engine.max_context
                                              : served.model.config().max_position_embeddings;
     if (options.drafter) engine.set_drafter(options.drafter, options.speculation);
+    if (options.prefix_cache_bytes > 0) engine.set_prefix_cache(make_prefix_cache());
   }
 
   // ---- metrics, connections (server.cpp)

@@ -152,6 +152,16 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   active.push_back(job);
 }
 
+std::shared_ptr<PrefixCache> Server::Impl::make_prefix_cache() {
+  if (options.prefix_cache_bytes <= 0) return nullptr;
+  PrefixCacheOptions o;
+  o.max_bytes = static_cast<size_t>(options.prefix_cache_bytes);
+  o.block = options.prefix_cache_block > 0                   ? options.prefix_cache_block
+            : rows_quantize_alone(served.model.policy()) ? 64
+                                                         : options.engine.prefill_chunk;
+  return std::make_shared<PrefixCache>(served.model.config(), PrefixCache::fingerprint_of(served.model), o);
+}
+
 void Server::Impl::serve_swap_request() {
   SwapRequest* request = nullptr;
   {
@@ -175,6 +185,7 @@ void Server::Impl::serve_swap_request() {
   try {
     receiver.commit(*request->report);  // nothing runs on the model now
     if (options.remake_drafter) engine.set_drafter(options.remake_drafter(), options.speculation);
+    if (engine.prefix_cache()) engine.set_prefix_cache(make_prefix_cache());  // the old rows are stale
     info = make_weights_info();
   } catch (const std::exception& e) {
     error = e.what();
@@ -255,6 +266,16 @@ void Server::Impl::run_scheduler() {
     if (spec.accepted > spec_accepted_seen) spec_accepted.inc(static_cast<double>(spec.accepted - spec_accepted_seen));
     spec_drafted_seen = spec.drafted;
     spec_accepted_seen = spec.accepted;
+    if (const PrefixCache* pc = engine.prefix_cache()) {
+      // Totals over every cache this server had (a weight update starts a new one).
+      const PrefixCacheStats& ps = pc->stats();
+      if (ps.hits < prefix_hits_seen || ps.tokens_reused < prefix_reused_seen) prefix_hits_seen = prefix_reused_seen = 0;
+      prefix_hits.inc(static_cast<double>(ps.hits - prefix_hits_seen));
+      prefix_reused.inc(static_cast<double>(ps.tokens_reused - prefix_reused_seen));
+      prefix_hits_seen = ps.hits;
+      prefix_reused_seen = ps.tokens_reused;
+      prefix_bytes.set(static_cast<double>(ps.bytes));
+    }
     // Finished choices (a finishing token's event, a cancel by stop string, max_tokens = 0).
     for (const auto& job : active) {
       if (job->finished) continue;
