@@ -489,6 +489,27 @@ if [[ -s "$WORK/gen_st.out" ]] && cmp -s "$WORK/gen_st.out" "$WORK/gen_gguf.out"
 else
   fail "generate formats differ: '$(cat "$WORK/gen_st.out")' / '$(cat "$WORK/gen_gguf.out")' / '$(cat "$WORK/gen_back.out")' $(cat "$WORK/gen_st.err" "$WORK/gen_gguf.err")"
 fi
+# The prefix snapshot cache across processes (issue 25): the second run resumes every prompt token
+# but the last from the files and prints the same log-probs bit for bit; a corrupt file is named
+# on stderr and recomputed.
+LONG_PROMPT="And God said, Let there be light: and there was l"  # 49 tokens of the 64 the model has
+for i in 1 2; do
+  "$CONCORD" generate --model "$WORK/run" --prompt "$LONG_PROMPT" --max-tokens 8 --seed 3 --json \
+    --prefix-cache-dir "$WORK/snaps" >"$WORK/snap$i.json" 2>"$WORK/snap$i.err"
+done
+if [[ -s "$WORK/snap1.json" ]] && cmp -s "$WORK/snap1.json" "$WORK/snap2.json" \
+    && grep -q "prefix cache: 0 prompt tokens resumed" "$WORK/snap1.err" \
+    && grep -q "prefix cache: 48 prompt tokens resumed" "$WORK/snap2.err"; then
+  pass "generate --prefix-cache-dir: a second run resumes the prompt from the files, same bits"
+else
+  fail "prefix cache runs: $(cat "$WORK/snap1.err" "$WORK/snap2.err")"
+fi
+SNAP=$(ls "$WORK"/snaps/*/*.kvsnap | head -1)
+printf 'garbage' | dd of="$SNAP" bs=1 seek=100 conv=notrunc 2>/dev/null
+"$CONCORD" generate --model "$WORK/run" --prompt "$LONG_PROMPT" --max-tokens 8 --seed 3 --json \
+  --prefix-cache-dir "$WORK/snaps" >"$WORK/snap3.json" 2>"$WORK/snap3.err"
+cmp -s "$WORK/snap1.json" "$WORK/snap3.json" && grep -qF "$SNAP: checksum mismatch (corrupt); the prefix is recomputed" "$WORK/snap3.err" \
+  && pass "a corrupt snapshot file is named and recomputed, same bits" || fail "corrupt snapshot: $(cat "$WORK/snap3.err")"
 a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 --policy mxfp8 2>/dev/null)"
 c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"

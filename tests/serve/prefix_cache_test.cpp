@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +19,9 @@
 #include "concord/model/model.h"
 #include "concord/numerics/check.h"
 #include "concord/serve/engine.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
 
 namespace concord::serve {
 namespace {
@@ -63,6 +68,13 @@ std::vector<std::vector<int32_t>> prompts() {
           system,                        concat(system, tokens(45, 2))};
 }
 
+PrefixCacheOptions blocks(int64_t block, size_t max_bytes = size_t{256} << 20) {
+  PrefixCacheOptions o;
+  o.block = block;
+  o.max_bytes = max_bytes;
+  return o;
+}
+
 Request request(const std::vector<int32_t>& prompt, uint64_t seed) {
   Request r;
   r.prompt = prompt;
@@ -83,7 +95,7 @@ TEST(PrefixCache, RestoredRowsAreThePrefillsRowsBitForBit) {
   std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
   const CachedInput in{sa, prompt, LogitRows::last};
   m.forward_cached(a, {&in, 1}, logits);
-  PrefixCache cache(m.config(), PrefixCache::fingerprint_of(m), {.block = 32});
+  PrefixCache cache(m.config(), PrefixCache::fingerprint_of(m), blocks(32));
   cache.store(prompt, a, sa);
   EXPECT_EQ(cache.stats().stored, 5);  // [0,32) .. [96,128), and the tail [128, 149)
   EXPECT_EQ(cache.restore(prompt, b, sb), 149);
@@ -116,7 +128,7 @@ TEST(PrefixCache, AnEngineWithTheCacheGivesEveryRequestTheSameBits) {
       o.prefill_chunk = chunk;
       Engine plain(m, o), cached(m, o);
       auto cache = std::make_shared<PrefixCache>(m.config(), PrefixCache::fingerprint_of(m),
-                                                 PrefixCacheOptions{.block = 16});
+                                                 blocks(16));
       cached.set_prefix_cache(cache);
       const auto ps = prompts();
       // One at a time (later prompts find what earlier ones stored), then all together.
@@ -160,13 +172,13 @@ TEST(PrefixCache, TheBudgetHoldsAndTheLeastRecentlyUsedGoFirst) {
     m.forward_cached(kv, {&in, 1}, logits);
     return slot;
   };
-  PrefixCache probe(m.config(), 1, {.block = 16});
+  PrefixCache probe(m.config(), 1, blocks(16));
   const std::vector<int32_t> a = tokens(17, 1), b = tokens(17, 2), c = tokens(17, 3);
   int s = fill(a);
   probe.store(a, kv, s);
   const size_t one = probe.stats().bytes;  // a's single block [0, 16)
   kv.release(s);
-  PrefixCache cache(m.config(), 1, {.block = 16, .max_bytes = 2 * one});
+  PrefixCache cache(m.config(), 1, blocks(16, 2 * one));
   for (const auto* p : {&a, &b}) {
     s = fill(*p);
     cache.store(*p, kv, s);
@@ -203,7 +215,7 @@ TEST(PrefixCache, ChangedWeightsChangeTheFingerprintAndScoringRequestsStayOut) {
   }());
 
   Engine e(m, {});
-  auto cache = std::make_shared<PrefixCache>(m.config(), before, PrefixCacheOptions{.block = 8});
+  auto cache = std::make_shared<PrefixCache>(m.config(), before, blocks(8));
   e.set_prefix_cache(cache);
   Request r = request(tokens(40, 3), 1);
   r.prompt_logprobs = true;
@@ -218,15 +230,137 @@ TEST(PrefixCache, UnderNvfp4ABlockThatIsNotWholeChunksIsRefused) {
   Model m(config(), PrecisionPolicy::preset("nvfp4"));
   Engine e(m, {.prefill_chunk = 24});
   try {
-    e.set_prefix_cache(std::make_shared<PrefixCache>(m.config(), 1, PrefixCacheOptions{.block = 16}));
+    e.set_prefix_cache(std::make_shared<PrefixCache>(m.config(), 1, blocks(16)));
     ADD_FAILURE() << "block 16 with chunk 24 under nvfp4 was accepted";
   } catch (const InputError& err) {
     EXPECT_NE(std::string(err.what()).find("multiple of the prefill chunk (24)"), std::string::npos) << err.what();
   }
-  e.set_prefix_cache(std::make_shared<PrefixCache>(m.config(), 1, PrefixCacheOptions{.block = 48}));
+  e.set_prefix_cache(std::make_shared<PrefixCache>(m.config(), 1, blocks(48)));
   Model f(config(), PrecisionPolicy::preset("fp32"));
   Engine any(f, {.prefill_chunk = 24});
-  any.set_prefix_cache(std::make_shared<PrefixCache>(f.config(), 1, PrefixCacheOptions{.block = 16}));
+  any.set_prefix_cache(std::make_shared<PrefixCache>(f.config(), 1, blocks(16)));
+}
+
+// On disk: a new cache (as in a new process) of the same model restores from the files bit for
+// bit; a corrupt, truncated or misnamed file is a miss with a warning naming it and its problem,
+// then rewritten; another model's cache does not see the files; the disk budget holds.
+TEST(PrefixCache, SnapshotFilesOutliveTheCacheAndBadOnesAreRecomputed) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("concord-prefix-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Model m(config(), PrecisionPolicy::preset("bf16"));
+  m.init_random(7, 0.08f);
+  const uint64_t fp = PrefixCache::fingerprint_of(m);
+  const std::vector<int32_t> prompt = tokens(100, 4);
+  KvCache kv(m.config(), 2);
+  const int full = kv.allocate();
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  const CachedInput in{full, prompt, LogitRows::last};
+  m.forward_cached(kv, {&in, 1}, logits);
+  std::vector<std::string> warnings;
+  PrefixCacheOptions o = blocks(32);
+  o.dir = dir.string();
+  o.warn = [&](const std::string& message) { warnings.push_back(message); };
+  const int64_t w = kv.row_width();
+  auto restore_and_compare = [&](PrefixCache& c) {
+    const int slot = kv.allocate();
+    const int64_t n = c.restore(prompt, kv, slot);
+    for (int64_t l = 0; l < kv.num_layers() && n > 0; ++l) {
+      EXPECT_EQ(std::memcmp(kv.keys(slot, l), kv.keys(full, l), static_cast<size_t>(n * w) * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(kv.values(slot, l), kv.values(full, l), static_cast<size_t>(n * w) * sizeof(float)), 0);
+    }
+    kv.release(slot);
+    return n;
+  };
+  {
+    PrefixCache a(m.config(), fp, o);
+    a.store(prompt, kv, full);
+    EXPECT_EQ(a.stats().disk_writes, 4);  // [0,32) [32,64) [64,96) and the tail [96,99)
+  }
+  const fs::path files = dir / fmt::format("{:016x}", fp);
+  std::vector<fs::path> snaps;
+  for (const auto& f : fs::directory_iterator(files)) snaps.push_back(f.path());
+  ASSERT_EQ(snaps.size(), 4u);
+  {
+    PrefixCache b(m.config(), fp, o);
+    EXPECT_EQ(restore_and_compare(b), 99);
+    EXPECT_EQ(b.stats().disk_reads, 4);
+  }
+  // Another model (fingerprint) has its own directory: nothing to read, nothing to warn about.
+  {
+    PrefixCache other(m.config(), fp + 1, o);
+    EXPECT_EQ(restore_and_compare(other), 0);
+  }
+  EXPECT_TRUE(warnings.empty());
+  // Corrupt the second block's rows, truncate the tail.
+  PrefixCache probe(m.config(), fp, blocks(32));
+  auto file_for = [&](int64_t end) {  // the file whose header says it ends at `end`
+    for (const fs::path& p : snaps) {
+      std::ifstream f(p, std::ios::binary);
+      char header[72];
+      f.read(header, 72);
+      int64_t e = 0;
+      std::memcpy(&e, header + 40, 8);
+      if (e == end) return p;
+    }
+    return fs::path();
+  };
+  const fs::path second = file_for(64), tail = file_for(99);
+  ASSERT_FALSE(second.empty());
+  ASSERT_FALSE(tail.empty());
+  {
+    std::fstream f(second, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(second) - 100));
+    f.put('\x55');
+  }
+  fs::resize_file(tail, fs::file_size(tail) - 8);
+  {
+    PrefixCache c(m.config(), fp, o);
+    EXPECT_EQ(restore_and_compare(c), 32);  // the first block only
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find(second.string() + ": checksum mismatch (corrupt)"), std::string::npos) << warnings[0];
+    c.store(prompt, kv, full);  // rewrites the second block and the tail (not read: replaced)
+    EXPECT_EQ(warnings.size(), 1u);
+  }
+  // A truncated file, read: rejected as such.
+  fs::resize_file(tail, fs::file_size(tail) - 8);
+  {
+    PrefixCache c(m.config(), fp, o);
+    EXPECT_EQ(restore_and_compare(c), 96);  // the blocks, not the tail
+    ASSERT_EQ(warnings.size(), 2u);
+    EXPECT_NE(warnings[1].find(tail.string() + ": "), std::string::npos) << warnings[1];
+    EXPECT_NE(warnings[1].find("(truncated)"), std::string::npos) << warnings[1];
+    c.store(prompt, kv, full);
+  }
+  warnings.clear();
+  {
+    PrefixCache d(m.config(), fp, o);
+    EXPECT_EQ(restore_and_compare(d), 99);
+    EXPECT_TRUE(warnings.empty()) << warnings.front();
+  }
+  // A file under another entry's name.
+  fs::copy_file(file_for(32), second, fs::copy_options::overwrite_existing);
+  {
+    PrefixCache e(m.config(), fp, o);
+    EXPECT_EQ(restore_and_compare(e), 32);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("not the one its name says"), std::string::npos) << warnings[0];
+  }
+  // The disk budget: one block's file at most, the older ones removed.
+  warnings.clear();
+  fs::remove_all(dir);
+  {
+    PrefixCacheOptions small = o;
+    small.max_disk_bytes = 1;  // less than any file
+    PrefixCache f(m.config(), fp, small);
+    f.store(prompt, kv, full);
+    EXPECT_EQ(f.stats().disk_writes, 4);
+    EXPECT_EQ(f.stats().disk_evicted, 3);  // the newest file always stays
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& x : fs::directory_iterator(dir / fmt::format("{:016x}", fp))) ++n;
+    EXPECT_EQ(n, 1u);
+  }
+  fs::remove_all(dir);
 }
 
 TEST(PrefixCache, ARecurrentModelIsRefused) {

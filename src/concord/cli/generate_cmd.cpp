@@ -46,7 +46,7 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, prompt, system, policy = "native", router_stats;
+    std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
@@ -109,6 +109,10 @@ void add_generate_command(CLI::App& app) {
   add_integer_flag(cmd, "--kv-core-slots", a->kv_core_slots, between(1, 4096),
                    "a depth-recurrent model: KV-cache slots per core layer (default: one per iteration up to "
                    "max_recurrence; fewer: Huginn's fixed budget, iterations share slots)");
+  cmd->add_option("--prefix-cache-dir", a->prefix_cache_dir,
+                  "keep the prompt's KV rows as snapshot files in this folder (per model) and resume from the "
+                  "longest stored prefix of the next prompt: a repeated long prompt skips its prefill; output "
+                  "unchanged bit for bit (docs/serve.md, the prefix snapshot cache)");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
     a->draft.check("generate");
@@ -180,6 +184,14 @@ void add_generate_command(CLI::App& app) {
     }
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = prefill_chunk,
                                         .kv_core_slots = a->kv_core_slots.value_or(0)});
+    if (!a->prefix_cache_dir.empty()) {
+      if (recurrent) throw InputError("[generate] --prefix-cache-dir: a depth-recurrent model's state is not only KV rows");
+      serve::PrefixCacheOptions o;
+      o.dir = a->prefix_cache_dir;
+      o.block = serve::rows_quantize_alone(loaded.model.policy()) ? 64 : prefill_chunk;
+      engine.set_prefix_cache(std::make_shared<serve::PrefixCache>(
+          loaded.model.config(), serve::PrefixCache::fingerprint_of(loaded.model), o));
+    }
     if (!a->draft.spec.empty()) {
       if (recurrent && a->exit_kl)
         throw InputError("[generate] --draft with --exit-kl: adaptive exit decodes one token per forward");
@@ -258,12 +270,15 @@ void add_generate_command(CLI::App& app) {
     std::fprintf(stderr, "%s\n",
                  fmt::format("load: {:.2f} s, prompt tokens: {}, prefill: {:.1f} tok/s, time to "
                              "first token: {:.0f} ms, generated tokens: {} ({}), decode: {:.1f} "
-                             "tok/s [{}]",
+                             "tok/s [{}]{}",
                              load_seconds, request.prompt.size(),
                              rate(s.prefill_tokens, s.prefill_seconds),
                              1e3 * std::max(first_token_seconds, 0.0), done.tokens.size(),
                              stopped_by_string ? "stop" : serve::finish_reason_name(done.finish),
-                             rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name)
+                             rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name,
+                             engine.prefix_cache()
+                                 ? fmt::format(", prefix cache: {} prompt tokens resumed", s.prefix_reused_tokens)
+                                 : std::string())
                      .c_str());
     if (!a->draft.spec.empty()) {
       const serve::SpeculationStats& sp = s.speculation;

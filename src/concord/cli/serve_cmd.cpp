@@ -55,7 +55,7 @@ std::string default_model_name(const std::filesystem::path& path) {
 
 void add_serve_command(CLI::App& app) {
   struct Args {
-    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key;
+    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, prefix_cache_dir;
     DraftArgs draft;
     int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
             max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
@@ -117,6 +117,9 @@ void add_serve_command(CLI::App& app) {
   add_integer_flag(cmd, "--prefix-cache-block", a->prefix_cache_block, between(0, 1 << 20),
                    "prefix-cache block in tokens (default 0: 64, or --prefill-chunk under NVFP4 / per-tensor "
                    "FP8 activations, where a block must be whole chunks)");
+  cmd->add_option("--prefix-cache-dir", a->prefix_cache_dir,
+                  "also keep the prefix cache's snapshots as files in this folder (per model; they outlive the "
+                  "server); turns the cache on (256 MiB in memory unless --prefix-cache-bytes)");
   cmd->add_flag("--weights-from-any-host", a->weights_from_any_host,
                 "accept POST /v1/weights from any peer (default: loopback only)");
   cmd->add_flag("--weights-faults", a->weights_faults,
@@ -139,6 +142,7 @@ void add_serve_command(CLI::App& app) {
     options.weights_faults = a->weights_faults;
     options.prefix_cache_bytes = a->prefix_cache_bytes;
     options.prefix_cache_block = a->prefix_cache_block;
+    options.prefix_cache_dir = a->prefix_cache_dir;
     options.request_timeout_seconds = a->request_timeout;
     options.read_timeout_seconds = static_cast<int>(a->read_timeout);
     options.write_timeout_seconds = static_cast<int>(a->write_timeout);

@@ -1,10 +1,13 @@
 // The prefix snapshot cache (prefix_cache.h).
 #include "concord/serve/prefix_cache.h"
 
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include <fmt/format.h>
 
@@ -21,6 +24,190 @@ PrefixCache::PrefixCache(const model::ModelConfig& config, uint64_t fingerprint,
   if (options_.block < 1) throw InputError(fmt::format("[prefix-cache] block {} must be at least 1", options_.block));
   layers_ = config.applications();
   row_width_ = config.num_key_value_heads * config.head_dim;
+  if (!options_.dir.empty()) {
+    namespace fs = std::filesystem;
+    dir_ = fs::path(options_.dir) / fmt::format("{:016x}", fingerprint_);
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) throw InputError(fmt::format("[prefix-cache] cannot create {}: {}", dir_.string(), ec.message()));
+    for (const fs::directory_entry& f : fs::directory_iterator(dir_, ec)) {
+      if (f.path().extension() != ".kvsnap" || !f.is_regular_file(ec)) continue;
+      const size_t size = static_cast<size_t>(f.file_size(ec));
+      disk_.emplace(f.last_write_time(ec), std::pair{f.path(), size});
+      stats_.disk_bytes += size;
+    }
+  }
+}
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'C', 'D', 'K', 'V', 'S', '0', '1'};
+constexpr uint32_t kFormat = 1;
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8 * 7;
+
+template <class T>
+void put_le(std::vector<uint8_t>& out, T v) {
+  uint8_t b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // the formats are little-endian; concord builds for x86-64
+  out.insert(out.end(), b, b + sizeof(T));
+}
+template <class T>
+T get_le(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+uint64_t payload_hash(std::span<const int32_t> tokens, std::span<const float> rows) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, tokens.data(), tokens.size_bytes());
+  XXH3_64bits_update(state, rows.data(), rows.size_bytes());
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h;
+}
+
+}  // namespace
+
+void PrefixCache::warn(const std::string& message) {
+  if (options_.warn) {
+    options_.warn(message);
+  } else {
+    std::fprintf(stderr, "concord: [prefix-cache] %s\n", message.c_str());
+  }
+}
+
+std::filesystem::path PrefixCache::file_of(uint64_t key) const { return dir_ / fmt::format("{:016x}.kvsnap", key); }
+
+void PrefixCache::write_file(const Entry& e) {
+  std::vector<uint8_t> out;
+  out.reserve(kHeaderBytes + e.tokens.size() * 4 + e.rows.size() * 4);
+  out.insert(out.end(), kMagic, kMagic + 8);
+  put_le<uint32_t>(out, kFormat);
+  put_le<uint32_t>(out, 0);
+  put_le<uint64_t>(out, fingerprint_);
+  put_le<uint64_t>(out, e.key);
+  put_le<int64_t>(out, e.start);
+  put_le<int64_t>(out, e.end);
+  put_le<int64_t>(out, layers_);
+  put_le<int64_t>(out, row_width_);
+  put_le<uint64_t>(out, payload_hash(e.tokens, e.rows));
+  const auto* t = reinterpret_cast<const uint8_t*>(e.tokens.data());
+  out.insert(out.end(), t, t + e.tokens.size() * sizeof(int32_t));
+  const auto* r = reinterpret_cast<const uint8_t*>(e.rows.data());
+  out.insert(out.end(), r, r + e.rows.size() * sizeof(float));
+  // Atomic (a temporary file renamed over the name: a reader sees the old file or the whole new
+  // one), not fsynced: a snapshot is a cache, and one torn by a power loss fails its checksum.
+  const std::filesystem::path path = file_of(e.key);
+  const std::filesystem::path temp = path.string() + fmt::format(".tmp{}", ::getpid());
+  std::error_code ec;
+  {
+    std::ofstream o(temp, std::ios::binary | std::ios::trunc);
+    o.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+    if (!o.good()) {  // a full disk costs the snapshot, not the request
+      o.close();
+      std::filesystem::remove(temp, ec);
+      warn(fmt::format("{}: not written (out of space?)", path.string()));
+      return;
+    }
+  }
+  std::filesystem::rename(temp, path, ec);
+  if (ec) {
+    std::filesystem::remove(temp, ec);
+    warn(fmt::format("{}: not written ({})", path.string(), ec.message()));
+    return;
+  }
+  for (auto it = disk_.begin(); it != disk_.end(); ++it)
+    if (it->second.first == path) {
+      stats_.disk_bytes -= it->second.second;
+      disk_.erase(it);
+      break;
+    }
+  disk_.emplace(std::filesystem::last_write_time(path, ec), std::pair{path, out.size()});
+  stats_.disk_bytes += out.size();
+  ++stats_.disk_writes;
+  while (stats_.disk_bytes > options_.max_disk_bytes && disk_.size() > 1) {
+    auto oldest = disk_.begin();
+    if (oldest->second.first == path) ++oldest;
+    std::filesystem::remove(oldest->second.first, ec);
+    stats_.disk_bytes -= oldest->second.second;
+    disk_.erase(oldest);
+    ++stats_.disk_evicted;
+  }
+}
+
+std::optional<PrefixCache::Entry> PrefixCache::read_file(uint64_t key) {
+  namespace fs = std::filesystem;
+  const fs::path path = file_of(key);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  auto reject = [&](const std::string& problem) -> std::optional<Entry> {
+    warn(fmt::format("{}: {}; the prefix is recomputed and the file replaced", path.string(), problem));
+    ++stats_.disk_rejected;
+    fs::remove(path, ec);
+    return std::nullopt;
+  };
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) return reject("cannot be read");
+  if (bytes.size() < kHeaderBytes)
+    return reject(fmt::format("{} bytes, shorter than the {}-byte header (truncated)", bytes.size(), kHeaderBytes));
+  const uint8_t* p = bytes.data();
+  if (std::memcmp(p, kMagic, 8) != 0) return reject("not a concord KV snapshot (bad magic)");
+  if (get_le<uint32_t>(p + 8) != kFormat) return reject(fmt::format("format {} (this concord reads {})", get_le<uint32_t>(p + 8), kFormat));
+  const auto fingerprint = get_le<uint64_t>(p + 16), file_key = get_le<uint64_t>(p + 24);
+  const auto start = get_le<int64_t>(p + 32), end = get_le<int64_t>(p + 40);
+  const auto layers = get_le<int64_t>(p + 48), width = get_le<int64_t>(p + 56);
+  const auto checksum = get_le<uint64_t>(p + 64);
+  if (fingerprint != fingerprint_) return reject("written for another model (fingerprint differs)");
+  if (file_key != key) return reject(fmt::format("holds key {:016x}, not the one its name says", file_key));
+  if (layers != layers_ || width != row_width_)
+    return reject(fmt::format("{} layers x {} floats per row, the model has {} x {}", layers, width, layers_, row_width_));
+  if (start < 0 || end <= start || end - start > (int64_t{1} << 24))
+    return reject(fmt::format("positions [{}, {}) out of range", start, end));
+  const auto n = static_cast<size_t>(end - start);
+  const size_t rows = static_cast<size_t>(layers_) * 2 * n * static_cast<size_t>(row_width_);
+  const size_t want = kHeaderBytes + n * sizeof(int32_t) + rows * sizeof(float);
+  if (bytes.size() != want)
+    return reject(fmt::format("{} bytes where its header implies {} ({})", bytes.size(), want,
+                              bytes.size() < want ? "truncated" : "trailing bytes"));
+  Entry e;
+  e.key = key;
+  e.start = start;
+  e.end = end;
+  e.tokens.resize(n);
+  std::memcpy(e.tokens.data(), p + kHeaderBytes, n * sizeof(int32_t));
+  e.rows.resize(rows);
+  std::memcpy(e.rows.data(), p + kHeaderBytes + n * sizeof(int32_t), rows * sizeof(float));
+  if (payload_hash(e.tokens, e.rows) != checksum) return reject("checksum mismatch (corrupt)");
+  ++stats_.disk_reads;
+  return e;
+}
+
+PrefixCache::Entry* PrefixCache::lookup(uint64_t key) {
+  const auto it = entries_.find(key);
+  if (it != entries_.end()) return &it->second;
+  if (dir_.empty()) return nullptr;
+  std::optional<Entry> e = read_file(key);
+  return e ? insert(std::move(*e)) : nullptr;
+}
+
+PrefixCache::Entry* PrefixCache::insert(Entry e) {
+  const size_t bytes = entry_bytes(e);
+  if (bytes > options_.max_bytes) return nullptr;  // larger than the whole budget: not kept
+  while (stats_.bytes + bytes > options_.max_bytes && !lru_.empty()) {
+    const auto victim = entries_.find(lru_.back());
+    stats_.bytes -= entry_bytes(victim->second);
+    entries_.erase(victim);
+    lru_.pop_back();
+    ++stats_.evicted;
+  }
+  const uint64_t key = e.key;
+  lru_.push_front(key);
+  e.lru = lru_.begin();
+  stats_.bytes += bytes;
+  return &entries_.insert_or_assign(key, std::move(e)).first->second;
 }
 
 uint64_t PrefixCache::fingerprint_of(model::Model& m) {
@@ -61,9 +248,9 @@ PrefixCache::PrefixKeys PrefixCache::keys_of(std::span<const int32_t> prompt, in
 }
 
 PrefixCache::Entry* PrefixCache::find(uint64_t key, std::span<const int32_t> prompt, int64_t start, int64_t end) {
-  const auto it = entries_.find(key);
-  if (it == entries_.end()) return nullptr;
-  Entry& e = it->second;
+  Entry* found = lookup(key);
+  if (!found) return nullptr;
+  Entry& e = *found;
   // The same prefix, as far as the hash can tell: the entry's own tokens must be the prompt's.
   if (e.start != start || e.end != end ||
       !std::equal(e.tokens.begin(), e.tokens.end(), prompt.begin() + start, prompt.begin() + end))
@@ -79,7 +266,7 @@ int64_t PrefixCache::restore(std::span<const int32_t> prompt, model::KvCache& ca
   ++stats_.lookups;
   if (align < 1) throw InputError(fmt::format("[prefix-cache] alignment {} must be at least 1", align));
   const auto last = static_cast<int64_t>(prompt.size()) - 1;  // the last prompt token is always fed
-  if (last < 1 || entries_.empty()) return 0;
+  if (last < 1 || (entries_.empty() && dir_.empty())) return 0;
   CONCORD_CHECK(cache.length(slot) == 0, "PrefixCache::restore into a slot that holds rows");
   CONCORD_CHECK(cache.num_layers() == layers_ && cache.row_width() == row_width_,
                 "PrefixCache::restore into a cache of another model");
@@ -128,20 +315,8 @@ void PrefixCache::put(uint64_t key, std::span<const int32_t> prompt, int64_t sta
     std::memcpy(to, cache.keys(slot, l) + start * row_width_, n * sizeof(float));
     std::memcpy(to + n, cache.values(slot, l) + start * row_width_, n * sizeof(float));
   }
-  const size_t bytes = entry_bytes(e);
-  if (bytes > options_.max_bytes) return;  // larger than the whole budget: not kept
-  while (stats_.bytes + bytes > options_.max_bytes && !lru_.empty()) {
-    const auto victim = entries_.find(lru_.back());
-    stats_.bytes -= entry_bytes(victim->second);
-    entries_.erase(victim);
-    lru_.pop_back();
-    ++stats_.evicted;
-  }
-  lru_.push_front(key);
-  e.lru = lru_.begin();
-  stats_.bytes += bytes;
-  entries_.insert_or_assign(key, std::move(e));
-  ++stats_.stored;
+  if (!dir_.empty()) write_file(e);
+  if (insert(std::move(e))) ++stats_.stored;
 }
 
 void PrefixCache::store(std::span<const int32_t> prompt, model::KvCache& cache, int slot, int64_t align) {
@@ -165,7 +340,7 @@ void PrefixCache::store(std::span<const int32_t> prompt, model::KvCache& cache, 
     put(keys.tail, prompt, tail_start, last, cache, slot);
 }
 
-void PrefixCache::clear() {
+void PrefixCache::clear() {  // the directory is per fingerprint: another model's files stay
   entries_.clear();
   lru_.clear();
   stats_.bytes = 0;

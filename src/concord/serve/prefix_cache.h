@@ -15,12 +15,22 @@
 // change of weights makes every entry stale: clear() (concord serve does on a weight update).
 // Models whose state is not only KV rows (depth-recurrent) and requests that score their prompt
 // (prompt_logprobs needs every prompt row's logits) do not use the cache.
+//
+// On disk (options.dir), one file per entry, DIR/<fingerprint 16 hex>/<key 16 hex>.kvsnap, written
+// atomically; little-endian: "CCDKVS01", u32 format 1, u32 0, u64 fingerprint, u64 key, i64 start,
+// i64 end, i64 layers, i64 row_width, u64 XXH3-64 of what follows, then the tokens (i32, end -
+// start) and the rows (f32; per layer keys then values, (end - start) * row_width each). Read back
+// only after every field and the checksum are checked against this model and the file's name.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <list>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -35,6 +45,14 @@ namespace concord::serve {
 struct PrefixCacheOptions {
   int64_t block = 64;                  // tokens per snapshot block
   size_t max_bytes = size_t{256} << 20;  // memory budget; least recently used entries go past it
+  // Also on disk: every entry is written atomically as DIR/<fingerprint>/<key>.kvsnap and read
+  // back (validated) on a memory miss, so snapshots outlive the process. "": memory only.
+  std::string dir;
+  size_t max_disk_bytes = size_t{4} << 30;  // the oldest files (by modification time) go past it
+  // A snapshot file that fails validation (truncated, corrupt, another model's) is a miss: the
+  // prefix is recomputed and the file replaced. This is told what was wrong ("FILE: PROBLEM");
+  // empty: one line on stderr.
+  std::function<void(const std::string&)> warn;
 };
 
 struct PrefixCacheStats {
@@ -44,6 +62,10 @@ struct PrefixCacheStats {
   int64_t stored = 0;         // entries stored
   int64_t evicted = 0;        // entries evicted for room
   size_t bytes = 0;           // held now
+  int64_t disk_reads = 0;     // entries read back from the directory
+  int64_t disk_rejected = 0;  // snapshot files that failed validation
+  int64_t disk_writes = 0, disk_evicted = 0;
+  size_t disk_bytes = 0;      // files in this model's directory
 };
 
 class PrefixCache {
@@ -88,6 +110,13 @@ class PrefixCache {
   };
   PrefixKeys keys_of(std::span<const int32_t> prompt, int64_t last) const;
   Entry* find(uint64_t key, std::span<const int32_t> prompt, int64_t start, int64_t end);
+  // The entry in memory, or read back from the directory (nullptr: neither).
+  Entry* lookup(uint64_t key);
+  Entry* insert(Entry e);
+  std::filesystem::path file_of(uint64_t key) const;
+  void write_file(const Entry& e);
+  std::optional<Entry> read_file(uint64_t key);
+  void warn(const std::string& message);
   void put(uint64_t key, std::span<const int32_t> prompt, int64_t start, int64_t end, model::KvCache& cache, int slot);
   size_t entry_bytes(const Entry& e) const;
 
@@ -96,6 +125,8 @@ class PrefixCache {
   PrefixCacheOptions options_;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // front: most recently used
+  std::filesystem::path dir_;  // DIR/<fingerprint>, "" when memory only
+  std::multimap<std::filesystem::file_time_type, std::pair<std::filesystem::path, size_t>> disk_;  // oldest first
   PrefixCacheStats stats_;
 };
 

@@ -169,6 +169,8 @@ Server::Server(ServedModel served, ServerOptions options) {
     options.http_threads = options.engine.max_sequences + options.max_queue + 64;
   if (options.model_name.empty()) throw InputError("[serve] the model name must not be empty");
   if (options.prefix_cache_bytes < 0) throw InputError("[serve] --prefix-cache-bytes must be >= 0 (0: off)");
+  if (!options.prefix_cache_dir.empty() && options.prefix_cache_bytes == 0)
+    options.prefix_cache_bytes = int64_t{256} << 20;  // a directory turns the cache on
   if (options.prefix_cache_block < 0) throw InputError("[serve] --prefix-cache-block must be >= 0 (0: automatic)");
   if (options.prefix_cache_bytes > 0 && served.model.config().recurrent())
     throw InputError("[serve] --prefix-cache-bytes: a depth-recurrent model's state is not only KV rows; "

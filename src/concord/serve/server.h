@@ -73,6 +73,7 @@ struct ServerOptions {
   // FP8 activations). Responses are unchanged bit for bit; a weight update empties it.
   int64_t prefix_cache_bytes = 0;
   int64_t prefix_cache_block = 0;
+  std::string prefix_cache_dir;  // also keep the snapshots as files here ("": memory only)
 };
 
 // What a server serves: the model (must outlive the server), its tokenizer, chat template

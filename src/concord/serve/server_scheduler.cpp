@@ -156,6 +156,7 @@ std::shared_ptr<PrefixCache> Server::Impl::make_prefix_cache() {
   if (options.prefix_cache_bytes <= 0) return nullptr;
   PrefixCacheOptions o;
   o.max_bytes = static_cast<size_t>(options.prefix_cache_bytes);
+  o.dir = options.prefix_cache_dir;
   o.block = options.prefix_cache_block > 0                   ? options.prefix_cache_block
             : rows_quantize_alone(served.model.policy()) ? 64
                                                          : options.engine.prefill_chunk;
