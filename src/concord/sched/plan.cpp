@@ -1,0 +1,230 @@
+// Offset planning (sched.h): buffers placed in one arena for an order, and the replay that checks
+// a plan and measures its high-water mark.
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "concord/numerics/check.h"
+#include "concord/sched/sched.h"
+
+namespace concord::sched {
+
+namespace {
+
+struct Lifetime {
+  int first = 0, last = 0;
+};
+
+// Each tensor's steps under `order`, and its buffer (an in-place output shares its input's:
+// recomputed here with the rule of sched.cpp's memory model).
+struct Lifetimes {
+  std::vector<Lifetime> tensor;
+  std::vector<int> buffer_of;
+  std::vector<Lifetime> buffer;  // by root tensor
+};
+
+Lifetimes lifetimes(const Graph& g, const Order& order) {
+  if (!is_topological(g, order)) throw InputError("[sched] the order is not a topological order of the graph");
+  const auto N = static_cast<int>(order.size()), T = static_cast<int>(g.tensors.size());
+  std::vector<int> pos(g.nodes.size());
+  for (int i = 0; i < N; ++i) pos[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  std::vector<std::vector<int>> consumers(static_cast<size_t>(T));
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    for (int t : g.nodes[v].inputs) {
+      auto& c = consumers[static_cast<size_t>(t)];
+      if (std::find(c.begin(), c.end(), static_cast<int>(v)) == c.end()) c.push_back(static_cast<int>(v));
+    }
+  Lifetimes L;
+  L.tensor.resize(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t) {
+    const Tensor& x = g.tensors[static_cast<size_t>(t)];
+    Lifetime& l = L.tensor[static_cast<size_t>(t)];
+    l.first = x.producer >= 0 ? pos[static_cast<size_t>(x.producer)] : 0;
+    l.last = l.first;
+    for (int c : consumers[static_cast<size_t>(t)]) l.last = std::max(l.last, pos[static_cast<size_t>(c)]);
+    if (x.keep) l.last = std::max(N - 1, l.first);
+  }
+  L.buffer_of.resize(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t) L.buffer_of[static_cast<size_t>(t)] = t;
+  for (int v : order) {  // topological: an input's buffer is settled before its in-place output
+    const Node& n = g.nodes[static_cast<size_t>(v)];
+    if (n.inplace_input < 0 || n.outputs.empty()) continue;
+    const int in = n.inputs[static_cast<size_t>(n.inplace_input)], out = n.outputs[0];
+    const int root = L.buffer_of[static_cast<size_t>(in)];
+    if (!g.tensors[static_cast<size_t>(in)].keep && consumers[static_cast<size_t>(in)].size() == 1 &&
+        g.tensors[static_cast<size_t>(root)].bytes >= g.tensors[static_cast<size_t>(out)].bytes)
+      L.buffer_of[static_cast<size_t>(out)] = root;
+  }
+  L.buffer.assign(static_cast<size_t>(T), {std::numeric_limits<int>::max(), -1});
+  for (int t = 0; t < T; ++t) {
+    Lifetime& b = L.buffer[static_cast<size_t>(L.buffer_of[static_cast<size_t>(t)])];
+    b.first = std::min(b.first, L.tensor[static_cast<size_t>(t)].first);
+    b.last = std::max(b.last, L.tensor[static_cast<size_t>(t)].last);
+  }
+  return L;
+}
+
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int64_t alignment) {
+  g.validate();
+  if (alignment < 1) throw InputError(fmt::format("[sched] alignment {} must be at least 1", alignment));
+  const Lifetimes L = lifetimes(g, order);
+  struct Buf {
+    int root;  // tensor index, or T + node for a workspace
+    int64_t size;
+    Lifetime life;
+  };
+  const auto T = static_cast<int>(g.tensors.size());
+  std::vector<Buf> bufs;
+  for (int t = 0; t < T; ++t)
+    if (L.buffer_of[static_cast<size_t>(t)] == t && g.tensors[static_cast<size_t>(t)].bytes > 0)
+      bufs.push_back({t, round_up(g.tensors[static_cast<size_t>(t)].bytes, alignment), L.buffer[static_cast<size_t>(t)]});
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    const int v = order[static_cast<size_t>(i)];
+    if (g.nodes[static_cast<size_t>(v)].workspace > 0)
+      bufs.push_back({T + v, round_up(g.nodes[static_cast<size_t>(v)].workspace, alignment), {i, i}});
+  }
+  if (planner == Planner::greedy_by_size) {
+    std::stable_sort(bufs.begin(), bufs.end(), [](const Buf& a, const Buf& b) {
+      return a.size != b.size ? a.size > b.size : a.life.first < b.life.first;
+    });
+  } else {
+    std::stable_sort(bufs.begin(), bufs.end(), [](const Buf& a, const Buf& b) {
+      return a.life.first != b.life.first ? a.life.first < b.life.first : a.size > b.size;
+    });
+  }
+  std::vector<int64_t> offset_of(g.tensors.size() + g.nodes.size(), -1);
+  std::vector<const Buf*> placed;
+  ArenaPlan plan;
+  plan.alignment = alignment;
+  for (const Buf& b : bufs) {
+    // Placed buffers alive at some common step, by offset.
+    std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end)
+    for (const Buf* p : placed)
+      if (p->life.first <= b.life.last && b.life.first <= p->life.last) {
+        const int64_t o = offset_of[static_cast<size_t>(p->root)];
+        busy.emplace_back(o, o + p->size);
+      }
+    std::sort(busy.begin(), busy.end());
+    // Gaps between them: [start, end), the last one unbounded.
+    int64_t chosen = -1, chosen_gap = std::numeric_limits<int64_t>::max();
+    int64_t cursor = 0;
+    auto consider = [&](int64_t start, int64_t end) {
+      if (end - start < b.size) return;
+      const int64_t gap = end - start;
+      if (chosen < 0 || (planner == Planner::best_fit && gap < chosen_gap)) {
+        chosen = start;
+        chosen_gap = gap;
+      }
+    };
+    for (const auto& [o, e] : busy) {
+      if (o > cursor) consider(cursor, o);
+      cursor = std::max(cursor, e);
+      if (chosen >= 0 && planner != Planner::best_fit) break;
+    }
+    if (chosen < 0 || planner == Planner::best_fit) consider(cursor, std::numeric_limits<int64_t>::max());
+    offset_of[static_cast<size_t>(b.root)] = chosen;
+    plan.arena_bytes = std::max(plan.arena_bytes, chosen + b.size);
+    placed.push_back(&b);
+  }
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    if (g.tensors[t].bytes == 0) continue;
+    const int root = L.buffer_of[t];
+    plan.placements.push_back({static_cast<int>(t), -1, offset_of[static_cast<size_t>(root)], g.tensors[t].bytes,
+                               L.tensor[t].first, L.tensor[t].last});
+  }
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    const int v = order[static_cast<size_t>(i)];
+    const int64_t w = g.nodes[static_cast<size_t>(v)].workspace;
+    if (w > 0) plan.placements.push_back({-1, v, offset_of[static_cast<size_t>(T + v)], w, i, i});
+  }
+  return plan;
+}
+
+int64_t replay_plan(const Graph& g, const Order& order, const ArenaPlan& plan) {
+  const Lifetimes L = lifetimes(g, order);
+  const int64_t a = plan.alignment;
+  if (a < 1 || plan.arena_bytes % a != 0) throw InputError("[sched] the plan's arena is not a multiple of its alignment");
+  // Tensors by index, then node workspaces at T + node: each an owner id in the arena.
+  const auto T = static_cast<int>(g.tensors.size());
+  std::vector<const Placement*> of(g.tensors.size() + g.nodes.size(), nullptr);
+  for (const Placement& p : plan.placements) {
+    const int id = p.tensor >= 0 ? p.tensor : T + p.node;
+    if (p.tensor >= T || (p.tensor < 0 && (p.node < 0 || p.node >= static_cast<int>(g.nodes.size()))) ||
+        of[static_cast<size_t>(id)])
+      throw InputError(fmt::format("[sched] the plan places tensor {} / workspace {} twice or out of range", p.tensor, p.node));
+    if (p.offset < 0 || p.offset % a != 0 || p.offset + p.bytes > plan.arena_bytes)
+      throw InputError(fmt::format("[sched] tensor '{}' at {} (+{}) outside the {}-byte arena or misaligned",
+                                   g.tensors[static_cast<size_t>(p.tensor)].name, p.offset, p.bytes, plan.arena_bytes));
+    of[static_cast<size_t>(id)] = &p;
+  }
+  for (size_t t = 0; t < g.tensors.size(); ++t)
+    if (g.tensors[t].bytes > 0 && !of[t])
+      throw InputError(fmt::format("[sched] the plan does not place tensor '{}'", g.tensors[t].name));
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (g.nodes[v].workspace > 0 && !of[static_cast<size_t>(T) + v])
+      throw InputError(fmt::format("[sched] the plan does not place node '{}''s workspace", g.nodes[v].name));
+  auto name_of = [&](int id) {
+    return id < T ? g.tensors[static_cast<size_t>(id)].name
+                  : "workspace of " + g.nodes[static_cast<size_t>(id - T)].name;
+  };
+  auto same_buffer = [&](int x, int y) {
+    return x < T && y < T && L.buffer_of[static_cast<size_t>(x)] == L.buffer_of[static_cast<size_t>(y)];
+  };
+  // The arena as granules, each owned by the tensor whose bytes it holds (-1: free).
+  std::vector<int> owner(static_cast<size_t>(plan.arena_bytes / a), -1);
+  int64_t high_water = 0;
+  auto take = [&](int t, bool inplace_of_live) {
+    const Placement& p = *of[static_cast<size_t>(t)];
+    for (int64_t k = p.offset / a; k < (p.offset + p.bytes + a - 1) / a; ++k) {
+      const int prev = owner[static_cast<size_t>(k)];
+      if (prev >= 0 && prev != t && !(inplace_of_live && same_buffer(prev, t)))
+        throw InputError(fmt::format("[sched] tensor '{}' overwrites live tensor '{}' at byte {}", name_of(t),
+                                     name_of(prev), k * a));
+      owner[static_cast<size_t>(k)] = t;
+    }
+    high_water = std::max(high_water, (p.offset + p.bytes + a - 1) / a * a);
+  };
+  auto check = [&](int t, const char* what, int v) {
+    const Placement& p = *of[static_cast<size_t>(t)];
+    for (int64_t k = p.offset / a; k < (p.offset + p.bytes + a - 1) / a; ++k)
+      if (owner[static_cast<size_t>(k)] != t)
+        throw InputError(fmt::format("[sched] node '{}' {} tensor '{}', whose bytes were overwritten",
+                                     g.nodes[static_cast<size_t>(v)].name, what, name_of(t)));
+  };
+  auto release = [&](int t) {
+    const Placement& p = *of[static_cast<size_t>(t)];
+    for (int64_t k = p.offset / a; k < (p.offset + p.bytes + a - 1) / a; ++k)
+      if (owner[static_cast<size_t>(k)] == t) owner[static_cast<size_t>(k)] = -1;
+  };
+  for (size_t t = 0; t < g.tensors.size(); ++t)
+    if (g.tensors[t].producer < 0 && g.tensors[t].bytes > 0) take(static_cast<int>(t), false);
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    const int v = order[static_cast<size_t>(i)];
+    const Node& n = g.nodes[static_cast<size_t>(v)];
+    for (int t : n.inputs)
+      if (g.tensors[static_cast<size_t>(t)].bytes > 0) check(t, "reads", v);
+    for (int t : n.outputs)
+      if (g.tensors[static_cast<size_t>(t)].bytes > 0) take(t, L.buffer_of[static_cast<size_t>(t)] != t);
+    if (n.workspace > 0) {
+      take(T + v, false);
+      const int taken_over = n.inplace_input >= 0 && !n.outputs.empty() &&
+                                     same_buffer(n.outputs[0], n.inputs[static_cast<size_t>(n.inplace_input)])
+                                 ? n.inputs[static_cast<size_t>(n.inplace_input)]
+                                 : -1;
+      for (int t : n.inputs)  // the workspace did not overwrite what the node reads
+        if (g.tensors[static_cast<size_t>(t)].bytes > 0 && t != taken_over) check(t, "reads", v);
+      release(T + v);
+    }
+    for (size_t t = 0; t < g.tensors.size(); ++t)
+      if (g.tensors[t].bytes > 0 && L.tensor[t].last == i && L.tensor[t].first <= i) release(static_cast<int>(t));
+  }
+  return high_water;
+}
+
+}  // namespace concord::sched

@@ -1,0 +1,141 @@
+// Peak-memory scheduling (sched/sched.h): the memory model by hand on small graphs (lifetimes,
+// kept tensors, workspace, in place); the exact DP against brute force over every topological
+// order on random DAGs of up to 10 nodes; lower bounds never above the optimum; the budgeted DP's
+// bound and order; every planner's plan replayed byte by byte, its high-water mark the plan's
+// arena, never below the order's peak; bad graphs refused.
+#include "concord/sched/sched.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "concord/numerics/check.h"
+
+namespace concord::sched {
+namespace {
+
+// a -> {b, c} -> d: a diamond; which branch runs first decides the peak.
+Graph diamond() {
+  Graph g;
+  const int x = g.add_tensor("x", 10);
+  const int a = g.add_tensor("a", 100), b = g.add_tensor("b", 50), c = g.add_tensor("c", 5), d = g.add_tensor("d", 1, true);
+  const int b2 = g.add_tensor("b2", 5), c2 = g.add_tensor("c2", 40);
+  g.add_node("A", {x}, {a});
+  g.add_node("B", {a}, {b});
+  g.add_node("B2", {b}, {b2});
+  g.add_node("C", {a}, {c});
+  g.add_node("C2", {c}, {c2});
+  g.add_node("D", {b2, c2}, {d});
+  return g;
+}
+
+TEST(Sched, TheMemoryModelByHand) {
+  const Graph g = diamond();
+  // A: x + a = 110. B: a + b = 150. B2: a + b + b2 = 155 (a still needed by C). C: a + b2 + c = 110.
+  // C2: b2 + c + c2 = 50. D: b2 + c2 + d = 46.
+  const Order o = {0, 1, 2, 3, 4, 5};
+  std::vector<int64_t> live;
+  for (const StepMemory& s : memory_profile(g, o)) live.push_back(s.live);
+  EXPECT_EQ(live, (std::vector<int64_t>{110, 150, 155, 110, 50, 46}));
+  EXPECT_EQ(peak(g, o), 155);
+  // C's branch first: A 110, C 105, C2 145 (a, c, c2), B 190 (a + c2 + b) ...
+  EXPECT_EQ(peak(g, {0, 3, 4, 1, 2, 5}), 190);
+  EXPECT_EQ(dp_schedule(g).peak, 155);
+  EXPECT_EQ(brute_force_schedule(g).second, 155);
+}
+
+TEST(Sched, KeptTensorsWorkspaceAndInPlace) {
+  Graph g;
+  const int x = g.add_tensor("x", 64);
+  const int h = g.add_tensor("h", 64), y = g.add_tensor("y", 64), s = g.add_tensor("saved", 32, true);
+  g.add_node("norm", {x}, {h, s}, /*workspace=*/16);
+  g.add_node("act", {h}, {y}, 0, /*inplace_input=*/0);  // h's only reader: y takes its buffer
+  auto prof = memory_profile(g, {0, 1});
+  EXPECT_EQ(prof[0].live, 64 + 64 + 32 + 16);
+  EXPECT_EQ(prof[1].live, 64 + 32);  // y in h's buffer, x freed, saved kept
+  // A second reader of h: no longer in place.
+  const int z = g.add_tensor("z", 8);
+  g.add_node("peek", {h}, {z});
+  prof = memory_profile(g, {0, 1, 2});
+  EXPECT_EQ(prof[1].live, 64 + 32 + 64);
+  for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+    const ArenaPlan plan = plan_offsets(g, {0, 2, 1}, p);
+    EXPECT_EQ(replay_plan(g, {0, 2, 1}, plan), plan.arena_bytes);
+  }
+}
+
+TEST(Sched, TheDpIsTheBruteForceOptimumAndBoundsHold) {
+  int optimal_better_than_program = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    const int n = 2 + static_cast<int>(seed % 9);  // 2..10 nodes
+    const Graph g = random_graph(n, seed);
+    const auto [bf_order, bf_peak] = brute_force_schedule(g);
+    const DpResult dp = dp_schedule(g);
+    ASSERT_TRUE(dp.optimal) << seed;
+    EXPECT_EQ(dp.peak, bf_peak) << "seed " << seed;
+    EXPECT_EQ(peak(g, dp.order), dp.peak) << "seed " << seed;
+    EXPECT_TRUE(is_topological(g, dp.order));
+    EXPECT_LE(working_set_bound(g), bf_peak) << "seed " << seed;
+    EXPECT_LE(bf_peak, peak(g, greedy_order(g))) << "seed " << seed;
+    const int64_t program = peak(g, program_order(g));
+    EXPECT_LE(bf_peak, program);
+    optimal_better_than_program += bf_peak < program;
+  }
+  EXPECT_GT(optimal_better_than_program, 10);  // the search matters on these graphs
+}
+
+TEST(Sched, ABudgetedDpReportsAValidBoundAndItsGap) {
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const Graph g = random_graph(10, seed);
+    const int64_t opt = brute_force_schedule(g).second;
+    const DpResult r = dp_schedule(g, {.max_states = 3, .max_seconds = 60});
+    EXPECT_LE(r.lower_bound, opt) << seed;
+    EXPECT_GE(r.peak, opt) << seed;
+    EXPECT_EQ(peak(g, r.order), r.peak) << seed;
+    EXPECT_EQ(r.optimal, r.lower_bound == r.peak);
+  }
+}
+
+TEST(Sched, EveryPlannerPlacesEveryTensorWithoutOverlapOnLargerGraphs) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    const Graph g = random_graph(40, seed, 5000);
+    for (const Order& o : {program_order(g), greedy_order(g)}) {
+      const int64_t live_peak = peak(g, o);
+      for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+        const ArenaPlan plan = plan_offsets(g, o, p, 64);
+        const int64_t measured = replay_plan(g, o, plan);
+        EXPECT_EQ(measured, plan.arena_bytes) << seed;
+        EXPECT_GE(plan.arena_bytes, live_peak) << seed;  // rounding and fragmentation only add
+      }
+    }
+  }
+}
+
+TEST(Sched, AReplayCatchesAnOverlappingPlan) {
+  const Graph g = diamond();
+  const Order o = program_order(g);
+  ArenaPlan plan = plan_offsets(g, o, Planner::first_fit);
+  for (Placement& p : plan.placements) p.offset = 0;  // everything on top of each other
+  try {
+    replay_plan(g, o, plan);
+    ADD_FAILURE() << "an overlapping plan replayed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("overwrites live tensor"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sched, BadGraphsAndOrdersAreRefused) {
+  Graph g;
+  const int a = g.add_tensor("a", 1), b = g.add_tensor("b", 1);
+  g.add_node("f", {b}, {a});
+  g.add_node("g", {a}, {b});
+  EXPECT_THROW(g.validate(), InputError);  // a cycle
+  Graph h = diamond();
+  EXPECT_THROW(h.add_node("again", {0}, {1}), InputError);  // a produced twice
+  EXPECT_THROW(peak(h, {1, 0, 2, 3, 4, 5}), InputError);    // not topological
+  EXPECT_THROW(brute_force_schedule(random_graph(12, 1)), InputError);
+}
+
+}  // namespace
+}  // namespace concord::sched
