@@ -139,3 +139,61 @@ TEST(Sched, BadGraphsAndOrdersAreRefused) {
 
 }  // namespace
 }  // namespace concord::sched
+
+#include "concord/model/model.h"
+#include "concord/sched/model_graph.h"
+
+namespace concord::sched {
+namespace {
+
+model::ModelConfig model_config(bool moe) {
+  model::ModelConfig c;
+  c.architecture = moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 256;
+  if (moe) {
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 32;
+    c.mlp_only_layers = {0};
+  }
+  return c;
+}
+
+// The model's own node list as a graph: every node of every block in it, the DP certifies an
+// order on it within its budget, the training pass (activations kept) peaks above inference,
+// and every planner's plan replays.
+TEST(SchedModel, TheModelsPassesAreCertifiedAndPlanned) {
+  for (const bool moe : {false, true}) {
+    const model::Model m(model_config(moe));
+    size_t block_nodes = 0;
+    for (int64_t a = 0; a < m.config().applications(); ++a) block_nodes += m.describe_block(m.config().block_of(a)).size();
+    int64_t forward_peak = 0;
+    for (const Pass pass : {Pass::forward, Pass::train}) {
+      const Graph g = model_graph(m, pass, 64, 2);
+      EXPECT_EQ(g.nodes.size(), block_nodes + 3) << moe;  // + embed, final_norm, lm_head
+      const DpResult dp = dp_schedule(g, {.max_states = 2'000'000, .max_seconds = 60});
+      EXPECT_TRUE(dp.optimal) << moe;
+      EXPECT_EQ(peak(g, dp.order), dp.peak);
+      EXPECT_LE(dp.peak, peak(g, program_order(g)));
+      EXPECT_LE(working_set_bound(g), dp.peak);
+      for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+        const ArenaPlan plan = plan_offsets(g, dp.order, p);
+        EXPECT_EQ(replay_plan(g, dp.order, plan), plan.arena_bytes);
+        EXPECT_GE(plan.arena_bytes, dp.peak);
+      }
+      if (pass == Pass::forward) forward_peak = dp.peak;
+      else EXPECT_GT(dp.peak, forward_peak) << moe;
+    }
+  }
+  EXPECT_THROW(pass_from_name("backward"), InputError);
+}
+
+}  // namespace
+}  // namespace concord::sched

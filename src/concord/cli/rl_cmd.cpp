@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <regex>
 #include <thread>
 #include <cstdio>
 #include <filesystem>
@@ -191,7 +190,9 @@ std::unique_ptr<ServeProcess> start_sampler_server(const rl::RlConfig& c, bool q
   auto p = std::make_unique<ServeProcess>();
   p->process = rl::SamplerProcesses({pid});
   // Read its stderr up to the ready line (or its end: it failed), then keep passing it on.
-  const std::regex ready(R"(\[serve\] listening on (http://[^\s]+) )");
+  // The ready line: "[serve] listening on http://HOST:PORT (model ...". (No std::regex: GCC 12's
+  // warns maybe-uninitialized inside it at -O2, which the sanitizer build makes an error.)
+  const std::string ready = "[serve] listening on ";
   std::string seen, line;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
   char ch = 0;
@@ -207,9 +208,10 @@ std::unique_ptr<ServeProcess> start_sampler_server(const rl::RlConfig& c, bool q
       line += ch;
       continue;
     }
-    std::smatch m;
-    if (std::regex_search(line, m, ready)) {
-      p->url = m[1].str();
+    const size_t at = line.find(ready);
+    if (at != std::string::npos && line.compare(at + ready.size(), 7, "http://") == 0) {
+      const size_t from = at + ready.size();
+      p->url = line.substr(from, line.find(' ', from) - from);
     } else {
       seen += line + " ";
       if (!quiet) std::fprintf(stderr, "[sampler] %s\n", line.c_str());

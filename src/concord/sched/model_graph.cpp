@@ -1,0 +1,113 @@
+// A model pass as a sched::Graph (model_graph.h).
+#include "concord/sched/model_graph.h"
+
+#include <map>
+
+#include <fmt/format.h>
+
+#include "concord/numerics/check.h"
+
+namespace concord::sched {
+
+Pass pass_from_name(const std::string& name) {
+  if (name == "forward") return Pass::forward;
+  if (name == "train") return Pass::train;
+  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, train)", name));
+}
+
+Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B) {
+  const model::ModelConfig& c = m.config();
+  if (c.recurrent()) throw InputError("[sched] a depth-recurrent model's pass is not a node list yet");
+  if (T < 1 || B < 1) throw InputError(fmt::format("[sched] {} tokens of {} sequences: need at least 1 of each", T, B));
+  const int64_t rows = T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
+                V = c.vocab_size;
+  const bool train = pass == Pass::train;
+  constexpr int64_t f = 4;  // fp32 activations
+  Graph g;
+  auto tensor = [&](const std::string& name, int64_t elems, bool saved) {
+    return g.add_tensor(name, elems * f, saved && train);
+  };
+  const int tokens = g.add_tensor("tokens", rows * 4);
+  int x = tensor("x0", rows * C, true);
+  g.add_node("embed", {tokens}, {x});
+  for (int64_t a = 0; a < c.applications(); ++a) {
+    const int block = c.block_of(a);
+    const std::string p = fmt::format("a{}.", a);
+    std::map<std::string, int> t;  // this application's tensors by role
+    t["x"] = x;
+    std::vector<int> expert_outputs;
+    for (const model::BlockNode& n : m.describe_block(block)) {
+      const std::string& name = n.name;
+      auto out = [&](const std::string& role, int64_t elems, bool saved = true) {
+        return t[role] = tensor(p + role, elems, saved);
+      };
+      if (name == "input_norm") {
+        g.add_node(p + name, {t["x"]}, {out("xn1", rows * C), out("rstd1", rows)});
+      } else if (name == "q" || name == "k" || name == "v") {
+        g.add_node(p + name, {t["xn1"]}, {out(name == "v" ? "v" : name + "_raw", rows * n.width)});
+      } else if (name == "q_norm" || name == "k_norm") {
+        const std::string w = name.substr(0, 1);
+        g.add_node(p + name, {t[w + "_raw"]}, {out(w + "_normed", rows * n.width), out("rstd_" + w, rows * n.width / D)});
+      } else if (name == "rope_q" || name == "rope_k") {
+        const std::string w = name.substr(5, 1);
+        const int in = t.count(w + "_normed") ? t[w + "_normed"] : t[w + "_raw"];
+        // After QK-norm RoPE rotates in place; without it the raw projection is copied first
+        // (the backward reads both).
+        g.add_node(p + name, {in}, {out(w, rows * n.width)}, 0, t.count(w + "_normed") ? 0 : -1);
+      } else if (name == "attention") {
+        const int64_t probs = B * Hq * T * T;
+        std::vector<int> outs = {out("att", rows * Hq * D)};
+        if (train) outs.push_back(out("probs", probs));
+        g.add_node(p + name, {t["q"], t["k"], t["v"]}, outs, train ? 0 : probs * f);
+      } else if (name == "o") {
+        g.add_node(p + name, {t["att"]}, {out("o", rows * C, false)});
+      } else if (name == "residual_attention") {
+        g.add_node(p + name, {t["x"], t["o"]}, {out("x_mid", rows * C)});
+      } else if (name == "post_norm") {
+        g.add_node(p + name, {t["x_mid"]}, {out("xn2", rows * C), out("rstd2", rows)});
+      } else if (name == "gate" || name == "up") {
+        g.add_node(p + name, {t["xn2"]}, {out(name, rows * n.width)});
+      } else if (name == "swiglu") {
+        g.add_node(p + name, {t["gate"], t["up"]}, {out("h", rows * n.width)});
+      } else if (name == "down") {
+        g.add_node(p + name, {t["h"]}, {out("y", rows * C, false)});
+      } else if (name == "router") {
+        g.add_node(p + name, {t["xn2"]}, {out("router_logits", rows * n.width)});
+      } else if (name == "top_k") {
+        g.add_node(p + name, {t["router_logits"]}, {out("routing", rows * n.width * 2)});
+      } else if (name.rfind("expert.", 0) == 0) {
+        const std::string e = name.substr(0, name.rfind('.') + 1), op = name.substr(e.size());
+        const int64_t share = (rows * c.num_experts_per_tok + c.num_experts - 1) / c.num_experts;
+        if (op == "gate" || op == "up") {
+          g.add_node(p + name, {t["xn2"], t["routing"]}, {out(e + op, share * n.width)});
+        } else if (op == "swiglu") {
+          g.add_node(p + name, {t[e + "gate"], t[e + "up"]}, {out(e + "h", share * n.width)});
+        } else if (op == "down") {
+          expert_outputs.push_back(out(e + "down", share * C));
+          g.add_node(p + name, {t[e + "h"]}, {expert_outputs.back()});
+        } else {
+          throw InputError(fmt::format("[sched] block {}: unknown expert node '{}'", block, name));
+        }
+      } else if (name == "combine") {
+        std::vector<int> in = expert_outputs;
+        in.push_back(t["routing"]);
+        g.add_node(p + name, in, {out("y", rows * C, false)});
+      } else if (name == "residual_mlp") {
+        g.add_node(p + name, {t["x_mid"], t["y"]}, {out("x_out", rows * C)});
+      } else {
+        throw InputError(fmt::format("[sched] block {}: node '{}' ({}) has no data flow here yet", block, name,
+                                     model::node_op_name(n.op)));
+      }
+    }
+    x = t["x_out"];
+  }
+  const int xn = tensor("final_xn", rows * C, true);
+  const int rstd = tensor("final_rstd", rows, true);
+  g.add_node("final_norm", {x}, {xn, rstd});
+  const int logits = g.add_tensor("logits", rows * V * f, true);
+  g.add_node("lm_head", {xn}, {logits});
+  g.validate();
+  return g;
+}
+
+}  // namespace concord::sched

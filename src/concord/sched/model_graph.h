@@ -1,0 +1,35 @@
+// A model pass as a sched::Graph (sched.h): the decoder's node list (Model::describe_block, the
+// list the passes interpret) turned into tensors and data flow, with fp32 activation sizes for T
+// tokens of B sequences.
+//
+//   embed -> per application of the schedule: the block's nodes -> final_norm -> lm_head
+//
+// Dense block: input_norm (x -> xn1 + rstd1), q/k/v (xn1 -> q_raw/k_raw/v), q_norm/k_norm (->
+// q/k + rstd), rope_q/rope_k (in place on q/k; without QK-norm they read q_raw/k_raw into q/k),
+// attention (q, k, v -> att; its probabilities B x Hq x S x S: workspace in inference, kept in
+// training), o (att -> o), residual_attention (x, o -> x_mid), post_norm (-> xn2 + rstd2),
+// gate/up (xn2 -> gate/up), swiglu (gate, up -> h, in place on gate), down (h -> y),
+// residual_mlp (x_mid, y -> x_out). Qwen3-MoE: router (xn2 -> logits), top_k (-> routing:
+// indices and weights), per expert gate/up/swiglu/down on its share of the rows (T·k/E, the
+// balanced load), combine (every expert's rows + routing -> y).
+//
+// Passes: `forward` (inference: only the logits are kept) and `train` (the forward as the
+// training step runs it: every activation the backward reads is kept — LayerActivations — so
+// scheduling can only reorder independent branches; its peak is what the backward starts from).
+// Depth-recurrent models are refused (their adapter is not in the node list yet).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "concord/model/model.h"
+#include "concord/sched/sched.h"
+
+namespace concord::sched {
+
+enum class Pass { forward, train };
+Pass pass_from_name(const std::string& name);  // "forward" | "train"; InputError otherwise
+
+Graph model_graph(const model::Model& m, Pass pass, int64_t tokens, int64_t sequences = 1);
+
+}  // namespace concord::sched
