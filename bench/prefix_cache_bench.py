@@ -10,7 +10,7 @@ Each is sent, in order: the prompt (cold), the same prompt again (a repeat), and
 with another question (a shared prefix). Time to first token is measured from the request to the
 first streamed chunk with text. The answers of both servers must be identical (temperature 0 and
 the same bits by construction). Waits for a quiet machine first, like the other side-by-side
-scripts.
+scripts (machine.py; FORCE=1 skips the wait).
 """
 
 import argparse
@@ -23,24 +23,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, wait_quiet  # noqa: E402
 from serve_fixture import Server, concord_bin, smollm2_path  # noqa: E402
-
-
-def wait_quiet(limit_s=1800):
-    t0 = time.time()
-    while time.time() - t0 < limit_s:
-        busy = subprocess.run(["pgrep", "-x", "cc1plus"], capture_output=True).returncode == 0
-        if not busy and os.getloadavg()[0] < 1.0:
-            return
-        print(f"waiting for a quiet machine (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
-        time.sleep(10)
-
-
-def cpu_name():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def ttft(server, prompt, max_tokens=16):
@@ -79,10 +64,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verses", default="Gen1:1-Gen4:26")
     ap.add_argument("--json")
-    ap.add_argument("--no-wait", action="store_true")
     args = ap.parse_args()
-    if not args.no_wait:
-        wait_quiet()
+    wait_quiet("bench/prefix_cache_bench.py")
     text = subprocess.run(["bible", "-f", args.verses], stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, check=True).stdout
     prompts = {"cold": text + "\nQuestion: Who was the first man?\nAnswer:",

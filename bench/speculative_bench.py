@@ -25,7 +25,9 @@ import os
 import re
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, wait_quiet  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",
@@ -34,27 +36,6 @@ PROMPTS = [
     "List five fruits and one fact about each.",
     "Write a short poem about the sea.",
 ]
-
-
-def quiet():
-    busy = subprocess.run(["pgrep", "-x", "cc1plus"], capture_output=True).returncode == 0
-    if busy:
-        return False
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0]) < 1.0
-
-
-def wait_quiet(limit=1800):
-    if os.environ.get("FORCE"):
-        return
-    waited = 0
-    while not quiet():
-        if waited >= limit:
-            sys.exit(f"bench/speculative_bench.py: the machine stayed busy for {waited} s; rerun later or FORCE=1")
-        if waited % 60 == 0:
-            print(f"waiting for a quiet machine (load {open('/proc/loadavg').read().split()[0]})", file=sys.stderr)
-        time.sleep(5)
-        waited += 5
 
 
 def generate(concord, model, prompt, policy, temp, max_tokens, draft=None, draft_tokens=4, seed=0):
@@ -103,9 +84,8 @@ def main():
         ("native", ["ngram"] + args.draft_model),
         ("fp32", ["ngram", "self:mxfp4", "self:nvfp4", "self:layers=8"] + args.draft_model),
     ]
-    wait_quiet()
-    cpu = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                if l.startswith("Model name")), "?")
+    wait_quiet("bench/speculative_bench.py")
+    cpu = cpu_name()
     rows = []
     for policy, drafters in setups:
         for temp in (0.0, 0.7):

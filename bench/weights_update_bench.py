@@ -11,14 +11,12 @@ Publisher: encode, quantizer hashes, probe forward, serialize), the shared-memor
 server's side as its answer reports it — decode (parse + install + prepare the bf16 copies), the
 seven checks, the swap — and the whole round trip. memcpy: the best of 5 copies of a buffer of the
 payload's size (numpy), in this process, just before the pushes. Like the other side-by-side
-scripts it waits for a quiet machine first (no compiler, load under 1).
+scripts it waits for a quiet machine first (machine.py; FORCE=1 skips the wait).
 """
 
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -27,36 +25,19 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, wait_quiet  # noqa: E402
 from serve_fixture import Server, concord_bin, smollm2_path  # noqa: E402
 
 import concord  # noqa: E402
-
-
-def wait_quiet(limit_s=1800):
-    t0 = time.time()
-    while time.time() - t0 < limit_s:
-        busy = subprocess.run(["pgrep", "-x", "cc1plus"], capture_output=True).returncode == 0
-        if not busy and os.getloadavg()[0] < 1.0:
-            return
-        print(f"waiting for a quiet machine (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
-        time.sleep(10)
-
-
-def cpu_name():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pushes", type=int, default=5)
     ap.add_argument("--json")
-    ap.add_argument("--no-wait", action="store_true")
     args = ap.parse_args()
-    if not args.no_wait:
-        wait_quiet()
+    wait_quiet("bench/weights_update_bench.py")
 
     gguf = smollm2_path()
     state = concord.Model.load(gguf, "fp32").state_dict()
