@@ -8,7 +8,7 @@
 // q/k + rstd), rope_q/rope_k (in place on q/k; without QK-norm they read q_raw/k_raw into q/k),
 // attention (q, k, v -> att; its probabilities B x Hq x S x S: workspace in inference, kept in
 // training), o (att -> o), residual_attention (x, o -> x_mid), post_norm (-> xn2 + rstd2),
-// gate/up (xn2 -> gate/up), swiglu (gate, up -> h, in place on gate), down (h -> y),
+// gate/up (xn2 -> gate/up), swiglu (gate, up -> h; the backward reads all three), down (h -> y),
 // residual_mlp (x_mid, y -> x_out). Qwen3-MoE: router (xn2 -> logits), top_k (-> routing:
 // indices and weights), per expert gate/up/swiglu/down on its share of the rows (T·k/E, the
 // balanced load), combine (every expert's rows + routing -> y).

@@ -201,13 +201,15 @@ int64_t memory_after(const Graph& g, const Model& m, const Bits& done) {
   return total;
 }
 
-// Bytes live while v runs after `done`: what is live, plus v's new buffers and workspace.
-int64_t step_memory(const Graph& g, const Model& m, const Bits& done, int64_t after, int v) {
-  (void)done;
-  int64_t s = after + m.workspace[static_cast<size_t>(v)];
+// Bytes v allocates when it runs: its new buffers and its workspace.
+int64_t allocated_by(const Graph& g, const Model& m, int v) {
+  int64_t s = m.workspace[static_cast<size_t>(v)];
   for (int t : m.allocates[static_cast<size_t>(v)]) s += g.tensors[static_cast<size_t>(t)].bytes;
   return s;
 }
+
+// Bytes live while v runs when `after` bytes are live before it.
+int64_t step_memory(const Graph& g, const Model& m, int64_t after, int v) { return after + allocated_by(g, m, v); }
 
 bool ready(const Model& m, const Bits& done, int v) {
   if (has(done, v)) return false;
@@ -216,15 +218,12 @@ bool ready(const Model& m, const Bits& done, int v) {
   return true;
 }
 
-// Bytes that become free after v runs (for the greedy's tie-break).
-int64_t freed_by(const Graph& g, const Model& m, const Bits& done, int v) {
-  Bits after = done;
-  set(after, v);
-  return memory_after(g, m, done) + [&] {
-    int64_t s = 0;
-    for (int t : m.allocates[static_cast<size_t>(v)]) s += g.tensors[static_cast<size_t>(t)].bytes;
-    return s;
-  }() - memory_after(g, m, after);
+// Bytes that become free once v has run, given `before` bytes live before it (the greedy's
+// tie-break): what it allocates and what was live, less what stays live.
+int64_t freed_by(const Graph& g, const Model& m, const Bits& done, int64_t before, int v) {
+  Bits next = done;
+  set(next, v);
+  return before + allocated_by(g, m, v) - m.workspace[static_cast<size_t>(v)] - memory_after(g, m, next);
 }
 
 }  // namespace
@@ -251,7 +250,7 @@ std::vector<StepMemory> memory_profile(const Graph& g, const Order& order) {
   std::vector<StepMemory> out;
   Bits done((g.nodes.size() + 63) / 64, 0);
   for (int v : order) {
-    out.push_back({v, step_memory(g, m, done, memory_after(g, m, done), v)});
+    out.push_back({v, step_memory(g, m, memory_after(g, m, done), v)});
     set(done, v);
   }
   return out;
@@ -281,7 +280,7 @@ Order greedy_order(const Graph& g) {
     int64_t best_step = 0, best_freed = 0;
     for (int v = 0; v < m.N; ++v) {
       if (!ready(m, done, v)) continue;
-      const int64_t s = step_memory(g, m, done, after, v), f = freed_by(g, m, done, v);
+      const int64_t s = step_memory(g, m, after, v), f = freed_by(g, m, done, after, v);
       if (best < 0 || s < best_step || (s == best_step && f > best_freed)) {
         best = v;
         best_step = s;
@@ -346,7 +345,7 @@ DpResult dp_schedule(const Graph& g, const DpOptions& options) {
       const int64_t after = memory_after(g, m, bits);
       for (int v = 0; v < m.N; ++v) {
         if (!ready(m, bits, v)) continue;
-        const int64_t cost = std::max(st.cost, step_memory(g, m, bits, after, v));
+        const int64_t cost = std::max(st.cost, step_memory(g, m, after, v));
         if (cost >= ub) continue;  // cannot beat the best order known
         Bits next = bits;
         set(next, v);
@@ -414,7 +413,7 @@ std::pair<Order, int64_t> brute_force_schedule(const Graph& g, int max_nodes) {
     const int64_t after = memory_after(g, m, done);
     for (int v = 0; v < m.N; ++v) {
       if (!ready(m, done, v)) continue;
-      const int64_t cost = std::max(prefix, step_memory(g, m, done, after, v));
+      const int64_t cost = std::max(prefix, step_memory(g, m, after, v));
       cur.push_back(v);
       set(done, v);
       rec(cost);
