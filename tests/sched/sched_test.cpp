@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "concord/numerics/check.h"
 
@@ -193,6 +196,103 @@ TEST(SchedModel, TheModelsPassesAreCertifiedAndPlanned) {
     }
   }
   EXPECT_THROW(pass_from_name("backward"), InputError);
+}
+
+}  // namespace
+}  // namespace concord::sched
+
+#include "concord/sched/executor.h"
+
+namespace concord::sched {
+namespace {
+
+model::ModelConfig qwen2_config() {  // no QK-norm (RoPE copies), q/k/v biases
+  model::ModelConfig c = model_config(false);
+  c.architecture = "Qwen2ForCausalLM";
+  return c;
+}
+
+std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((seed * 7919 + static_cast<uint64_t>(i) * 104729) % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+}
+
+// The executor runs the model's passes node by node through memory it owns: for every config
+// (Qwen3 dense, Qwen2 without QK-norm and with biases, Qwen3-MoE), pass, order (program, greedy,
+// the DP's, random valid reorderings) and planner, the logits equal Model::forward's bit for bit;
+// the planned arena's high-water mark — from its allocations and read back from the canary bytes
+// the nodes overwrote — is the plan's arena size, byte for byte; the dynamic executor's counter
+// of bytes held peaks at exactly the memory model's prediction (sched::peak).
+TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPeak) {
+  const int64_t B = 2, S = 24;
+  struct Case {
+    model::ModelConfig config;
+    const char* policy;
+  };
+  const std::vector<Case> cases = {{model_config(false), "fp32"},   {model_config(false), "mxfp8"},
+                                    {qwen2_config(), "bf16"},       {model_config(true), "fp32"},
+                                    {model_config(true), "fp8-tensor"}};
+  for (const Case& k : cases) {
+    model::Model m(k.config, model::PrecisionPolicy::preset(k.policy));
+    m.init_random(11, 0.08f);
+    const std::vector<int32_t> tokens = some_tokens(B * S, k.config.vocab_size, 3);
+    std::vector<float> reference(static_cast<size_t>(B * S * k.config.vocab_size));
+    m.forward(tokens, B, S, reference);
+    const ExpertRows rows = expert_rows_of(m, tokens, B, S);
+    const std::string what = fmt::format("{} {}", k.config.architecture, k.policy);
+    for (const Pass pass : {Pass::forward, Pass::train}) {
+      const Graph g = model_graph(m, pass, S, B, &rows);
+      std::vector<Order> orders = {program_order(g), greedy_order(g), dp_schedule(g).order};
+      for (uint64_t seed = 1; seed <= 3; ++seed) orders.push_back(random_order(g, seed));
+      for (const Order& order : orders) {
+        ASSERT_TRUE(is_topological(g, order));
+        const Execution dynamic = execute_dynamic(m, g, order, tokens, B, S);
+        EXPECT_TRUE(same_bits(dynamic.logits, reference)) << what;
+        EXPECT_EQ(dynamic.high_water, peak(g, order)) << what;
+        for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+          const ArenaPlan plan = plan_offsets(g, order, p);
+          const Execution planned = execute_planned(m, g, order, plan, tokens, B, S);
+          EXPECT_TRUE(same_bits(planned.logits, reference)) << what;
+          EXPECT_EQ(planned.high_water, plan.arena_bytes) << what;
+          EXPECT_EQ(planned.touched_bytes, plan.arena_bytes) << what;
+        }
+      }
+    }
+  }
+}
+
+// Wrong memory is caught, not computed with: a plan with two live tensors at one offset, expert
+// buffers sized for another batch's routing, too few tokens.
+TEST(SchedExecutor, OverlapsAndMisSizedBuffersAreRefused) {
+  const int64_t B = 1, S = 16;
+  model::Model m(model_config(true));
+  m.init_random(5, 0.08f);
+  const std::vector<int32_t> tokens = some_tokens(B * S, 300, 9);
+  ExpertRows rows = expert_rows_of(m, tokens, B, S);
+  const Graph g = model_graph(m, Pass::forward, S, B, &rows);
+  const Order order = program_order(g);
+  ArenaPlan plan = plan_offsets(g, order, Planner::best_fit);
+  for (Placement& p : plan.placements) p.offset = 0;
+  plan.arena_bytes = 0;
+  for (const Placement& p : plan.placements) plan.arena_bytes = std::max(plan.arena_bytes, (p.bytes + 63) / 64 * 64);
+  EXPECT_THROW(execute_planned(m, g, order, plan, tokens, B, S), InternalError);
+
+  for (std::vector<int64_t>& a : rows)
+    if (!a.empty() && a[0] > 0) {
+      --a[0];
+      ++a[1];
+      break;
+    }
+  const Graph wrong = model_graph(m, Pass::forward, S, B, &rows);
+  EXPECT_THROW(execute_dynamic(m, wrong, program_order(wrong), tokens, B, S), InputError);
+  EXPECT_THROW(execute_dynamic(m, g, order, std::span<const int32_t>(tokens).first(8), B, S), InputError);
+  const Order backwards(order.rbegin(), order.rend());
+  EXPECT_THROW(execute_dynamic(m, g, backwards, tokens, B, S), InputError);
 }
 
 }  // namespace

@@ -40,6 +40,11 @@ class LayerBlock : public Block {
 
 std::unique_ptr<Block> make_moe_block(int layer);
 
+// The router of one token (E = num_experts logits): the softmax in double stored in fp32 (prob,
+// E), the k experts of largest probability (ties to the lower expert index) in ascending id
+// (selected, k) and their combine weights (weight, k; renormalised when norm_topk_prob).
+void moe_route_row(const ModelConfig& c, const float* logit, float* prob, int32_t* selected, float* weight);
+
 // HF's load-balancing loss (Qwen3MoeForCausalLM with output_router_logits, Switch Transformer
 // eqs. 4-6) over every MoE application of the last training forward:
 //   f_e = (top-k picks of expert e) / R,  P_e = (Σ_rows p_e) / R,  aux = E · Σ_e f_e · P_e

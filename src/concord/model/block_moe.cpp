@@ -258,34 +258,8 @@ class MoeBlock final : public LayerBlock {
     return -1;
   }
 
-  // Softmax, top-k (ties to the lower expert index) and the combine weights of token t; the
-  // selected experts are stored in ascending id, the order the combine sums in.
   static void route(const ModelConfig& c, MoeActivations& r, int64_t t) {
-    const int64_t E = r.E, k = r.k;
-    const float* logit = r.logits + t * E;
-    float* prob = r.probs + t * E;
-    double mx = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(logit[e]));
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(logit[e]) - mx);
-    for (int64_t e = 0; e < E; ++e) prob[e] = static_cast<float>(std::exp(static_cast<double>(logit[e]) - mx) / sum);
-    std::vector<int32_t> order(static_cast<size_t>(E));
-    std::iota(order.begin(), order.end(), 0);
-    // A NaN probability (a NaN in the layer's input) sorts last, so the order stays a strict weak
-    // ordering; the NaN then reaches the output through the weights, as it should.
-    auto key = [&](int32_t x) { return std::isnan(prob[x]) ? -1.0f : prob[x]; };
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
-      return key(x) > key(y) || (key(x) == key(y) && x < y);
-    });
-    std::sort(order.begin(), order.begin() + k);
-    double selected_sum = 0.0;
-    for (int64_t j = 0; j < k; ++j) selected_sum += prob[order[static_cast<size_t>(j)]];
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = order[static_cast<size_t>(j)];
-      r.selected[static_cast<size_t>(t * k + j)] = e;
-      r.weight[static_cast<size_t>(t * k + j)] =
-          c.norm_topk_prob ? static_cast<float>(static_cast<double>(prob[e]) / selected_sum) : prob[e];
-    }
+    moe_route_row(c, r.logits + t * r.E, r.probs + t * r.E, r.selected.data() + t * r.k, r.weight.data() + t * r.k);
   }
 
   // Expert e's rows grouped by sequence: the gathered rows are in ascending token order, so each
@@ -303,6 +277,31 @@ class MoeBlock final : public LayerBlock {
 };
 
 }  // namespace
+
+void moe_route_row(const ModelConfig& c, const float* logit, float* prob, int32_t* selected, float* weight) {
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok;
+  double mx = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(logit[e]));
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(logit[e]) - mx);
+  for (int64_t e = 0; e < E; ++e) prob[e] = static_cast<float>(std::exp(static_cast<double>(logit[e]) - mx) / sum);
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  std::iota(order.begin(), order.end(), 0);
+  // A NaN probability (a NaN in the layer's input) sorts last, so the order stays a strict weak
+  // ordering; the NaN then reaches the output through the weights, as it should.
+  auto key = [&](int32_t x) { return std::isnan(prob[x]) ? -1.0f : prob[x]; };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
+    return key(x) > key(y) || (key(x) == key(y) && x < y);
+  });
+  std::sort(order.begin(), order.begin() + k);
+  double selected_sum = 0.0;
+  for (int64_t j = 0; j < k; ++j) selected_sum += prob[order[static_cast<size_t>(j)]];
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t e = order[static_cast<size_t>(j)];
+    selected[j] = e;
+    weight[j] = c.norm_topk_prob ? static_cast<float>(static_cast<double>(prob[e]) / selected_sum) : prob[e];
+  }
+}
 
 std::unique_ptr<Block> make_moe_block(int layer) { return std::make_unique<MoeBlock>(layer); }
 

@@ -61,7 +61,8 @@ struct GemmRecord {
 using GemmObserver = std::function<void(const GemmRecord&)>;
 
 // One node of a block, as data (Model::describe_block): what the memory scheduler and the kernel
-// contracts name and size; the passes do not run through this description. `width` is the
+// contracts name and size; Model::forward does not run through this description (the memory
+// scheduler's executor does, node by node: Model::run_node). `width` is the
 // floats per row (token) of the node's output; a linear node lists the GEMM roles it runs in a
 // training step (forward; dgrad and wgrad in the backward).
 enum class NodeOp : uint8_t { rmsnorm, linear, rope, attention, residual_add, swiglu, router, top_k, combine };
@@ -138,6 +139,30 @@ class Model {
   // The nodes of decoder block `block` (0..num_hidden_layers-1) in execution order; which
   // applications run it is config().schedule (block.h).
   std::vector<BlockNode> describe_block(int block) const;
+  // One node of the forward pass over B sequences of S tokens (positions 0..S-1), run on
+  // buffers the caller placed: Model::forward's arithmetic node by node, for the memory
+  // scheduler's executor (sched/executor.h), which owns where every tensor lives and in what
+  // order the nodes run. `node` is "embed", "final_norm", "lm_head" (application -1) or a node
+  // of describe_block(block of `application`). Inputs, outputs and their sizes follow
+  // sched/model_graph.h's data flow for the node (its convention, documented there); the
+  // training pass's extra outputs (attention probabilities, router probabilities) are taken when
+  // given. Sizes are checked against what the node writes (InputError naming the node): an MoE
+  // expert's buffers must hold exactly the rows the routing sent it. An output may be the
+  // buffer of the input the graph lets it overwrite (RoPE after QK-norm, the residual adds).
+  // Running every node of the pass in any order that respects its data flow writes the logits
+  // Model::forward writes, bit for bit.
+  struct NodeCall {
+    std::string_view node;
+    int64_t application = -1;
+    int64_t B = 0, S = 0;
+    std::span<const void* const> inputs;
+    std::span<const int64_t> input_bytes;
+    std::span<void* const> outputs;
+    std::span<const int64_t> output_bytes;
+    void* workspace = nullptr;
+    int64_t workspace_bytes = 0;
+  };
+  void run_node(const NodeCall& call);
   // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
   const tensor::QuantWeight* stored_weight(std::string_view name) const;
   bool has_stored_weights() const;

@@ -15,10 +15,13 @@ Pass pass_from_name(const std::string& name) {
   throw InputError(fmt::format("[sched] unknown pass '{}' (forward, train)", name));
 }
 
-Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B) {
+Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const ExpertRows* expert_rows) {
   const model::ModelConfig& c = m.config();
   if (c.recurrent()) throw InputError("[sched] a depth-recurrent model's pass is not a node list yet");
   if (T < 1 || B < 1) throw InputError(fmt::format("[sched] {} tokens of {} sequences: need at least 1 of each", T, B));
+  if (expert_rows != nullptr && static_cast<int64_t>(expert_rows->size()) != c.applications())
+    throw InputError(fmt::format("[sched] expert rows for {} applications, the model runs {}", expert_rows->size(),
+                                 c.applications()));
   const int64_t rows = T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
                 V = c.vocab_size;
   const bool train = pass == Pass::train;
@@ -62,7 +65,7 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B) {
       } else if (name == "o") {
         g.add_node(p + name, {t["att"]}, {out("o", rows * C, false)});
       } else if (name == "residual_attention") {
-        g.add_node(p + name, {t["x"], t["o"]}, {out("x_mid", rows * C)});
+        g.add_node(p + name, {t["x"], t["o"]}, {out("x_mid", rows * C)}, 0, 1);
       } else if (name == "post_norm") {
         g.add_node(p + name, {t["x_mid"]}, {out("xn2", rows * C), out("rstd2", rows)});
       } else if (name == "gate" || name == "up") {
@@ -74,17 +77,29 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B) {
       } else if (name == "router") {
         g.add_node(p + name, {t["xn2"]}, {out("router_logits", rows * n.width)});
       } else if (name == "top_k") {
-        g.add_node(p + name, {t["router_logits"]}, {out("routing", rows * n.width * 2)});
+        // routing: (rows, k) expert ids and (rows, k) weights; the softmax's probabilities are
+        // workspace, or kept for the backward in training.
+        std::vector<int> outs = {out("routing", rows * n.width * 2)};
+        if (train) outs.push_back(out("router_probs", rows * c.num_experts));
+        g.add_node(p + name, {t["router_logits"]}, outs, train ? 0 : rows * c.num_experts * f);
       } else if (name.rfind("expert.", 0) == 0) {
         const std::string e = name.substr(0, name.rfind('.') + 1), op = name.substr(e.size());
-        const int64_t share = (rows * c.num_experts_per_tok + c.num_experts - 1) / c.num_experts;
-        if (op == "gate" || op == "up") {
-          g.add_node(p + name, {t["xn2"], t["routing"]}, {out(e + op, share * n.width)});
+        const int64_t expert = std::stoll(e.substr(7));
+        int64_t share = (rows * c.num_experts_per_tok + c.num_experts - 1) / c.num_experts;
+        if (expert_rows != nullptr) {
+          const std::vector<int64_t>& counts = (*expert_rows)[static_cast<size_t>(a)];
+          if (static_cast<int64_t>(counts.size()) != c.num_experts)
+            throw InputError(fmt::format("[sched] application {}: expert rows for {} experts, the layer has {}", a,
+                                         counts.size(), c.num_experts));
+          share = counts[static_cast<size_t>(expert)];
+        }
+        if (op == "gate" || op == "up") {  // the expert's rows of xn2 gathered into the workspace
+          g.add_node(p + name, {t["xn2"], t["routing"]}, {out(e + op, share * n.width)}, share * C * f);
         } else if (op == "swiglu") {
           g.add_node(p + name, {t[e + "gate"], t[e + "up"]}, {out(e + "h", share * n.width)});
         } else if (op == "down") {
           expert_outputs.push_back(out(e + "down", share * C));
-          g.add_node(p + name, {t[e + "h"]}, {expert_outputs.back()});
+          g.add_node(p + name, {t[e + "h"], t["routing"]}, {expert_outputs.back()});
         } else {
           throw InputError(fmt::format("[sched] block {}: unknown expert node '{}'", block, name));
         }
@@ -93,7 +108,7 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B) {
         in.push_back(t["routing"]);
         g.add_node(p + name, in, {out("y", rows * C, false)});
       } else if (name == "residual_mlp") {
-        g.add_node(p + name, {t["x_mid"], t["y"]}, {out("x_out", rows * C)});
+        g.add_node(p + name, {t["x_mid"], t["y"]}, {out("x_out", rows * C)}, 0, 1);
       } else {
         throw InputError(fmt::format("[sched] block {}: node '{}' ({}) has no data flow here yet", block, name,
                                      model::node_op_name(n.op)));

@@ -4,14 +4,21 @@
 //
 //   embed -> per application of the schedule: the block's nodes -> final_norm -> lm_head
 //
+// The graph is the data flow Model::run_node follows (model.h): each node's inputs and outputs in
+// the order listed here, which the executor (executor.h) hands it.
+//
 // Dense block: input_norm (x -> xn1 + rstd1), q/k/v (xn1 -> q_raw/k_raw/v), q_norm/k_norm (->
 // q/k + rstd), rope_q/rope_k (in place on q/k; without QK-norm they read q_raw/k_raw into q/k),
-// attention (q, k, v -> att; its probabilities B x Hq x S x S: workspace in inference, kept in
-// training), o (att -> o), residual_attention (x, o -> x_mid), post_norm (-> xn2 + rstd2),
-// gate/up (xn2 -> gate/up), swiglu (gate, up -> h; the backward reads all three), down (h -> y),
-// residual_mlp (x_mid, y -> x_out). Qwen3-MoE: router (xn2 -> logits), top_k (-> routing:
-// indices and weights), per expert gate/up/swiglu/down on its share of the rows (T·k/E, the
-// balanced load), combine (every expert's rows + routing -> y).
+// attention (q, k, v -> att; its probabilities B x Hq x S x S: workspace in inference, a second
+// output kept in training), o (att -> o), residual_attention (x, o -> x_mid, in place on o, as the
+// block writes o_proj's output into x_mid), post_norm (-> xn2 + rstd2), gate/up (xn2 -> gate/up),
+// swiglu (gate, up -> h; the backward reads all three), down (h -> y), residual_mlp (x_mid, y ->
+// x_out, in place on y). Qwen3-MoE: router (xn2 -> logits), top_k (-> routing: (rows, k) expert
+// ids as int32 then (rows, k) weights; the softmax's probabilities are workspace, or a second
+// output kept in training), per expert gate/up (xn2, routing -> its rows; the gathered rows of
+// xn2 are workspace), swiglu, down (h, routing -> its rows), combine (every expert's rows, then
+// routing -> y). An expert's rows are `expert_rows` (Model::RouterStats::counts of the batch:
+// exact, what the executor needs) or else T·k/E rounded up (the balanced load, a planning figure).
 //
 // Passes: `forward` (inference: only the logits are kept) and `train` (the forward as the
 // training step runs it: every activation the backward reads is kept — LayerActivations — so
@@ -21,6 +28,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "concord/model/model.h"
 #include "concord/sched/sched.h"
@@ -30,6 +38,9 @@ namespace concord::sched {
 enum class Pass { forward, train };
 Pass pass_from_name(const std::string& name);  // "forward" | "train"; InputError otherwise
 
-Graph model_graph(const model::Model& m, Pass pass, int64_t tokens, int64_t sequences = 1);
+// Per application, the rows routed to each expert (an empty list for a dense application).
+using ExpertRows = std::vector<std::vector<int64_t>>;
+Graph model_graph(const model::Model& m, Pass pass, int64_t tokens, int64_t sequences = 1,
+                  const ExpertRows* expert_rows = nullptr);
 
 }  // namespace concord::sched

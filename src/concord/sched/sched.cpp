@@ -244,6 +244,8 @@ bool is_topological(const Graph& g, const Order& order) {
   return true;
 }
 
+std::vector<int> buffer_of(const Graph& g) { return Model(g).buffer_of; }
+
 std::vector<StepMemory> memory_profile(const Graph& g, const Order& order) {
   const Model m(g);
   if (!is_topological(g, order)) throw InputError("[sched] the order is not a topological order of the graph");

@@ -61,6 +61,10 @@ struct Graph {
 
 using Order = std::vector<int>;  // node indices, each once
 
+// Each tensor's buffer under the memory model: the tensor itself, or for an in-place output whose
+// input may be overwritten, that input's buffer (the root tensor's index).
+std::vector<int> buffer_of(const Graph& g);
+
 struct StepMemory {
   int node = 0;
   int64_t live = 0;  // bytes live while it runs

@@ -1,0 +1,251 @@
+// Model::run_node (model.h): the forward pass one node at a time on buffers the caller placed —
+// the memory scheduler's executor (sched/executor.h) drives it. The arithmetic is Model::forward's
+// (model.cpp, block_dense.cpp, block_moe.cpp) call for call, so any valid order of the nodes
+// writes the same logits bit for bit; the data flow (which buffers a node reads and writes) is
+// sched/model_graph.cpp's, and every size is checked here before anything is written.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "concord/model/block_layer.h"
+#include "concord/numerics/check.h"
+#include "concord/tensor/gemm.h"
+
+namespace concord::model {
+namespace {
+
+struct Call {
+  const Model::NodeCall& c;
+  std::string where;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InputError(fmt::format("[model] run_node {}: {}", where, what));
+  }
+  void counts(size_t in, size_t out) const {
+    if (c.inputs.size() != in || c.input_bytes.size() != in)
+      fail(fmt::format("{} inputs given, the node reads {}", c.inputs.size(), in));
+    if (c.outputs.size() != out || c.output_bytes.size() != out)
+      fail(fmt::format("{} outputs given, the node writes {}", c.outputs.size(), out));
+  }
+  // Input i holds at least `bytes` / output i exactly `bytes`.
+  const float* in(size_t i, int64_t floats) const {
+    if (c.input_bytes[i] < floats * 4) fail(fmt::format("input {} holds {} bytes, needs {}", i, c.input_bytes[i], floats * 4));
+    return static_cast<const float*>(c.inputs[i]);
+  }
+  float* out(size_t i, int64_t floats) const {
+    if (c.output_bytes[i] != floats * 4)
+      fail(fmt::format("output {} holds {} bytes, the node writes {}", i, c.output_bytes[i], floats * 4));
+    return static_cast<float*>(c.outputs[i]);
+  }
+  float* work(int64_t floats) const {
+    if (c.workspace_bytes < floats * 4) fail(fmt::format("workspace of {} bytes, needs {}", c.workspace_bytes, floats * 4));
+    return static_cast<float*>(c.workspace);
+  }
+};
+
+// The routing buffer of an MoE application (top_k's output): (rows, k) expert ids as int32, then
+// (rows, k) combine weights.
+struct Routing {
+  const int32_t* selected;
+  const float* weight;
+};
+Routing routing_of(const void* buffer, int64_t rows, int64_t k) {
+  const auto* ids = static_cast<const int32_t*>(buffer);
+  return {ids, reinterpret_cast<const float*>(ids + rows * k)};
+}
+
+// The tokens routed to expert e in ascending order.
+std::vector<int32_t> expert_tokens(const Routing& r, int64_t rows, int64_t k, int64_t e) {
+  std::vector<int32_t> tokens;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      if (r.selected[t * k + j] == e) tokens.push_back(static_cast<int32_t>(t));
+  return tokens;
+}
+
+}  // namespace
+
+void Model::run_node(const NodeCall& call) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  if (c.recurrent()) throw InputError("[model] run_node: a depth-recurrent model's pass is not a node list yet");
+  if (call.B < 1 || call.S < 1 || call.S > c.max_position_embeddings)
+    throw InputError(fmt::format("[model] run_node: {} sequences of {} tokens (1..{} tokens each)", call.B, call.S,
+                                 c.max_position_embeddings));
+  const int64_t T = call.B * call.S, C = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  const Call k{call, call.application < 0 ? std::string(call.node)
+                                          : fmt::format("a{}.{}", call.application, call.node)};
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t % call.S);
+  struct RowPositions {  // the forward-GEMM hook sees the rows' positions, as in run_forward
+    Impl& m;
+    RowPositions(Impl& impl, const int32_t* p) : m(impl) { m.row_positions = p; }
+    ~RowPositions() { m.row_positions = nullptr; }
+  } row_positions(m, positions.data());
+
+  if (call.application < 0) {
+    if (call.node == "embed") {
+      k.counts(1, 1);
+      if (call.input_bytes[0] != T * 4) k.fail(fmt::format("the tokens hold {} bytes, need {}", call.input_bytes[0], T * 4));
+      const auto* tokens = static_cast<const int32_t*>(call.inputs[0]);
+      for (int64_t t = 0; t < T; ++t)
+        if (tokens[t] < 0 || tokens[t] >= V) k.fail(fmt::format("token {} at row {} outside the vocabulary 0..{}", tokens[t], t, V - 1));
+      m.embed_tokens(k.out(0, T * C), tokens, T);
+    } else if (call.node == "final_norm") {
+      k.counts(1, 2);
+      rmsnorm_forward(k.out(0, T * C), k.out(1, T), k.in(0, T * C), m.values[static_cast<size_t>(m.final_norm)].data(), T, C,
+                      c.rms_norm_eps);
+    } else if (call.node == "lm_head") {
+      k.counts(1, 1);
+      m.linear_forward(m.policy.for_layer(LayerClass::lm_head, 0, L), m.lm_head, k.in(0, T * C), T, k.out(0, T * V),
+                       positions.data());
+    } else {
+      k.fail("no such model-level node (embed, final_norm, lm_head)");
+    }
+    return;
+  }
+
+  if (call.application >= m.applications()) k.fail(fmt::format("the pass has applications 0..{}", m.applications() - 1));
+  const int layer = m.plan[static_cast<size_t>(call.application)].block;
+  const LayerParams& lp = m.layers[static_cast<size_t>(layer)];
+  const std::vector<BlockNode> nodes = m.blocks[static_cast<size_t>(layer)]->describe(m);
+  const BlockNode* node = nullptr;
+  for (const BlockNode& n : nodes)
+    if (n.name == call.node) node = &n;
+  if (node == nullptr) k.fail(fmt::format("block {} has no such node", layer));
+  const std::string& name = node->name;
+  const LayerPrecision& attn = m.policy.for_layer(LayerClass::attention, layer, L);
+  const LayerPrecision& mlp = m.policy.for_layer(LayerClass::mlp, layer, L);
+  const int64_t E = c.num_experts, topk = c.num_experts_per_tok, Fm = c.moe_intermediate_size;
+
+  switch (node->op) {
+    case NodeOp::rmsnorm: {
+      k.counts(1, 2);
+      const float* w = m.values[static_cast<size_t>(node->param)].data();
+      if (name == "input_norm" || name == "post_norm") {
+        rmsnorm_forward(k.out(0, T * C), k.out(1, T), k.in(0, T * C), w, T, C, c.rms_norm_eps);
+      } else {  // q_norm, k_norm: rows of head_dim
+        const int64_t heads = node->width / D;
+        rmsnorm_forward(k.out(0, T * node->width), k.out(1, T * heads), k.in(0, T * node->width), w, T * heads, D,
+                        c.rms_norm_eps);
+      }
+      return;
+    }
+    case NodeOp::rope: {
+      k.counts(1, 1);
+      const float* x = k.in(0, T * node->width);
+      float* y = k.out(0, T * node->width);
+      if (y != x) std::memcpy(y, x, sizeof(float) * static_cast<size_t>(T * node->width));
+      rope_forward(y, positions.data(), T, node->width / D, D, m.rope);
+      return;
+    }
+    case NodeOp::attention: {
+      const bool keep_probs = call.outputs.size() == 2;
+      k.counts(3, keep_probs ? 2 : 1);
+      const int64_t probs = call.B * Hq * call.S * call.S;
+      float* p = keep_probs ? k.out(1, probs) : k.work(probs);
+      attention_forward(k.out(0, T * Hq * D), p, k.in(0, T * Hq * D), k.in(1, T * Hkv * D), k.in(2, T * Hkv * D), call.B,
+                        call.S, Hq, Hkv, D);
+      return;
+    }
+    case NodeOp::residual_add: {
+      k.counts(2, 1);
+      const float* x = k.in(0, T * C);
+      const float* y = k.in(1, T * C);
+      float* out = k.out(0, T * C);
+      // The branch's output plus the stream, as the block adds them (out may be the branch's buffer).
+      for (int64_t j = 0; j < T * C; ++j) out[j] = y[j] + x[j];
+      return;
+    }
+    case NodeOp::swiglu: {
+      k.counts(2, 1);
+      if (name == "swiglu") {
+        swiglu_forward(k.out(0, T * node->width), k.in(0, T * node->width), k.in(1, T * node->width), T, node->width);
+        return;
+      }
+      const int64_t rows = call.output_bytes[0] / (4 * Fm);  // an expert's: its rows, checked by out()
+      float* h = k.out(0, rows * Fm);
+      if (rows > 0) swiglu_forward(h, k.in(0, rows * Fm), k.in(1, rows * Fm), rows, Fm);
+      return;
+    }
+    case NodeOp::router: {
+      k.counts(1, 1);
+      tensor::gemm(tensor::Trans::no, tensor::Trans::yes, T, E, C, k.in(0, T * C), C,
+                   m.values[static_cast<size_t>(lp.router)].data(), C, k.out(0, T * E), E);
+      return;
+    }
+    case NodeOp::top_k: {
+      const bool keep_probs = call.outputs.size() == 2;
+      k.counts(1, keep_probs ? 2 : 1);
+      const float* logits = k.in(0, T * E);
+      float* routing = k.out(0, T * topk * 2);
+      float* probs = keep_probs ? k.out(1, T * E) : k.work(T * E);
+      auto* selected = reinterpret_cast<int32_t*>(routing);
+      float* weight = routing + T * topk;
+      for (int64_t t = 0; t < T; ++t) moe_route_row(c, logits + t * E, probs + t * E, selected + t * topk, weight + t * topk);
+      return;
+    }
+    case NodeOp::combine: {
+      k.counts(static_cast<size_t>(E) + 1, 1);
+      const Routing r = routing_of(k.in(static_cast<size_t>(E), T * topk * 2), T, topk);
+      std::vector<const float*> y(static_cast<size_t>(E));
+      std::vector<int64_t> cursor(static_cast<size_t>(E), 0), row_of(static_cast<size_t>(T * topk));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < topk; ++j) row_of[static_cast<size_t>(t * topk + j)] = cursor[static_cast<size_t>(r.selected[t * topk + j])]++;
+      for (int64_t e = 0; e < E; ++e) y[static_cast<size_t>(e)] = k.in(static_cast<size_t>(e), cursor[static_cast<size_t>(e)] * C);
+      float* out = k.out(0, T * C);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t col = 0; col < C; ++col) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < topk; ++j) {
+            const size_t tj = static_cast<size_t>(t * topk + j);
+            acc += static_cast<double>(r.weight[tj]) *
+                   static_cast<double>(y[static_cast<size_t>(r.selected[tj])][row_of[tj] * C + col]);
+          }
+          out[t * C + col] = static_cast<float>(acc);
+        }
+      return;
+    }
+    case NodeOp::linear:
+      break;
+  }
+
+  // Linear nodes: the attention projections, the dense MLP, an expert's projections.
+  if (name.rfind("expert.", 0) == 0) {
+    const int64_t e = std::stoll(name.substr(7));
+    const std::string op = name.substr(name.rfind('.') + 1);
+    // Every projection reads the expert's tokens (ascending) from the routing: gate and up
+    // gather their rows of xn2 into the workspace; the GEMM hook sees each row's own position.
+    const bool down = op == "down";
+    k.counts(2, 1);
+    const std::vector<int32_t> tokens = expert_tokens(routing_of(k.in(1, T * topk * 2), T, topk), T, topk, e);
+    const auto rows = static_cast<int64_t>(tokens.size());
+    float* y = k.out(0, rows * (down ? C : Fm));
+    if (rows == 0) return;
+    std::vector<int32_t> pos(tokens.size());
+    for (size_t row = 0; row < tokens.size(); ++row) pos[row] = positions[static_cast<size_t>(tokens[row])];
+    const float* x = nullptr;
+    if (down) {
+      x = k.in(0, rows * Fm);
+    } else {
+      const float* xn2 = k.in(0, T * C);
+      float* gathered = k.work(rows * C);
+      for (size_t row = 0; row < tokens.size(); ++row)
+        std::memcpy(gathered + static_cast<int64_t>(row) * C, xn2 + int64_t{tokens[row]} * C, sizeof(float) * static_cast<size_t>(C));
+      x = gathered;
+    }
+    m.row_positions = pos.data();
+    m.linear_forward_rows(mlp, node->param, x, rows, y, {});
+    return;
+  }
+  k.counts(1, 1);
+  const bool attention_side = name == "q" || name == "k" || name == "v" || name == "o";
+  const int64_t in_width = name == "o" ? Hq * D : name == "down" ? c.intermediate_size : C;
+  m.linear_forward_rows(attention_side ? attn : mlp, node->param, k.in(0, T * in_width), T, k.out(0, T * node->width), {});
+}
+
+}  // namespace concord::model
