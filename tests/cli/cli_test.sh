@@ -138,6 +138,12 @@ flow lsq||--sgd-runs|1|an integer in [2, 100000]
 flow lsq||--precision-step|2|a number in (0, 2)
 flow model|--model m|--population|0|an integer in [1, 4096]
 flow model|--model m|--seq-len|1|an integer in [2, 8192]
+sched|--model m|--tokens|0|an integer in [1, 1048576]
+sched|--model m|--batch|4097|an integer in [1, 4096]
+sched|--model m|--alignment|2|an integer in [4, 1048576]
+sched|--model m|--dp-states|0|an integer in [1, 1099511627776]
+sched|--model m|--dp-seconds|0|a number > 0
+sched|--model m|--seed|-1|an integer in [0, 2^64 - 1]
 flow model|--model m|--probe|0|an integer in [1, 4096]
 flow model|--model m|--time|-1|a number > 0
 flow model|--model m|--gd-steps|0|a number > 0

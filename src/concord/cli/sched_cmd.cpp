@@ -1,0 +1,199 @@
+// `concord sched`: the peak memory of a model pass under every scheduler and planner
+// (docs/sched.md, issue 24) — program order, greedy, the exact DP with its certificate or its
+// proven gap; the working-set bound; each planner's arena; with --run, the pass executed node by
+// node through each arena and the measured high-water marks beside the predictions, the logits
+// checked against Model::forward bit for bit.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "concord/cli/commands.h"
+#include "concord/cli/flags.h"
+#include "concord/io/atomic_file.h"
+#include "concord/model/files.h"
+#include "concord/numerics/check.h"
+#include "concord/sched/executor.h"
+#include "concord/sched/model_graph.h"
+
+namespace concord::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+std::string mib(int64_t bytes) { return fmt::format("{:.3f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+const char* planner_name(sched::Planner p) {
+  switch (p) {
+    case sched::Planner::first_fit: return "first_fit";
+    case sched::Planner::best_fit: return "best_fit";
+    case sched::Planner::greedy_by_size: return "greedy_by_size";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void add_sched_command(CLI::App& app) {
+  struct Args {
+    std::string model, pass = "forward", policy = "fp32", json;
+    int64_t tokens = 256, batch = 1, alignment = 64, dp_states = 2'000'000;
+    double dp_seconds = 60;
+    bool run = false;
+    uint64_t seed = 0;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "sched",
+      "Peak memory of a model pass (the inference forward, or the training step's forward with every "
+      "activation the backward reads) over B sequences of T tokens: the memory model's peak under program "
+      "order, the greedy order and the exact DP (its certificate, or its proven lower bound when the budget "
+      "runs out), the working-set bound, and each offset planner's arena. With --run, the pass runs node by "
+      "node through each plan's arena and through per-buffer allocations, and the measured high-water marks "
+      "are printed beside the predictions (the logits checked against Model::forward bit for bit).");
+  cmd->add_option("--model", a->model,
+                  "a model folder or GGUF file (its config; its weights with --run), or a config.json "
+                  "(random weights with --run)")
+      ->required();
+  cmd->add_option("--pass", a->pass, "forward (inference) or train (the training step's forward; default forward)");
+  add_integer_flag(cmd, "--tokens", a->tokens, between(1, 1 << 20), "tokens per sequence T (default 256)");
+  add_integer_flag(cmd, "--batch", a->batch, between(1, 4096), "sequences B (default 1)");
+  add_integer_flag(cmd, "--alignment", a->alignment, between(4, 1 << 20),
+                   "the planners' alignment in bytes, a multiple of 4 (default 64)");
+  add_integer_flag(cmd, "--dp-states", a->dp_states, between(1, int64_t{1} << 40), "the DP's state budget (default 2000000)");
+  add_real_flag(cmd, "--dp-seconds", a->dp_seconds, positive(), "the DP's time budget (default 60)");
+  cmd->add_flag("--run", a->run, "execute the pass under every order and planner and measure its memory");
+  cmd->add_option("--policy", a->policy, "with --run: precision preset, policy JSON or native (default fp32)");
+  add_seed_flag(cmd, "--seed", a->seed, "with --run: the tokens (and a config.json's random weights; default 0)");
+  cmd->add_option("--json", a->json, "write the figures to this JSON file");
+  cmd->callback([a]() {
+    if (a->alignment % 4 != 0) throw InputError(fmt::format("[sched] --alignment {}: a multiple of 4 bytes", a->alignment));
+    const sched::Pass pass = sched::pass_from_name(a->pass);
+    const std::filesystem::path path(a->model);
+    const bool config_only = path.extension() == ".json";
+    std::optional<model::Model> owned;
+    std::optional<model::LoadedModel> loaded;
+    if (config_only) {
+      owned.emplace(model::ModelConfig::load(path), a->run ? model::PrecisionPolicy::from_name_or_file(a->policy)
+                                                          : model::PrecisionPolicy::preset("fp32"));
+      if (a->run) owned->init_random(a->seed, 0.05f);
+    } else if (a->run) {
+      loaded.emplace(model::load_model(path, a->policy));
+    } else {
+      owned.emplace(model::inspect_model(path).config);
+    }
+    model::Model& m = loaded ? loaded->model : *owned;
+    const model::ModelConfig& c = m.config();
+    const int64_t B = a->batch, T = a->tokens;
+    if (T > c.max_position_embeddings)
+      throw InputError(fmt::format("[sched] --tokens {} exceeds the model's max_position_embeddings {}", T,
+                                   c.max_position_embeddings));
+
+    std::vector<int32_t> tokens;
+    std::vector<float> reference;
+    std::optional<sched::ExpertRows> rows;
+    if (a->run) {
+      std::mt19937_64 rng(a->seed);
+      tokens.resize(static_cast<size_t>(B * T));
+      for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
+      reference.resize(static_cast<size_t>(B * T * c.vocab_size));
+      m.forward(tokens, B, T, reference);
+      if (c.num_experts > 0) rows = sched::expert_rows_of(m, tokens, B, T);
+    }
+    const sched::Graph g = sched::model_graph(m, pass, T, B, rows ? &*rows : nullptr);
+    ordered_json out;
+    out["model"] = a->model;
+    out["architecture"] = c.architecture;
+    out["pass"] = a->pass;
+    out["batch"] = B;
+    out["tokens"] = T;
+    out["nodes"] = g.nodes.size();
+    out["tensors"] = g.tensors.size();
+    out["expert_rows"] = c.num_experts == 0 ? "dense" : rows ? "exact (this batch's routing)" : "balanced (T·k/E)";
+    std::printf("%s\n", fmt::format("{} ({}, {} layers), pass {}, {} x {} tokens: {} nodes, {} tensors{}", a->model,
+                                    c.architecture, c.num_hidden_layers, a->pass, B, T, g.nodes.size(), g.tensors.size(),
+                                    c.num_experts == 0 ? "" : fmt::format("; expert rows {}", out["expert_rows"].get<std::string>()))
+                                .c_str());
+
+    const int64_t bound = sched::working_set_bound(g);
+    const sched::DpResult dp = sched::dp_schedule(g, {.max_states = a->dp_states, .max_seconds = a->dp_seconds});
+    const int64_t lower = std::max(bound, dp.lower_bound);
+    out["working_set_bound"] = bound;
+    out["dp"] = {{"peak", dp.peak},          {"lower_bound", dp.lower_bound}, {"optimal", dp.optimal},
+                 {"states", dp.states},      {"seconds", dp.seconds}};
+    std::printf("%s\n", fmt::format("working-set bound {}; DP: {} states in {:.2f} s, {}", mib(bound), dp.states, dp.seconds,
+                                    dp.optimal ? fmt::format("optimal (certificate: exhaustive, lower bound = peak = {} B)", dp.peak)
+                                               : fmt::format("stopped: peak {} B, proven lower bound {} B (gap {:.2f}%)", dp.peak,
+                                                             lower, 100.0 * static_cast<double>(dp.peak - lower) /
+                                                                        static_cast<double>(std::max<int64_t>(lower, 1))))
+                            .c_str());
+
+    const std::vector<std::pair<std::string, sched::Order>> orders = {
+        {"program", sched::program_order(g)}, {"greedy", sched::greedy_order(g)}, {"dp", dp.order}};
+    const sched::Planner planners[] = {sched::Planner::first_fit, sched::Planner::best_fit, sched::Planner::greedy_by_size};
+    std::string header = fmt::format("  {:<8} {:>16}", "order", "peak (model)");
+    for (sched::Planner p : planners) header += fmt::format(" {:>16}", planner_name(p));
+    if (a->run) header += fmt::format(" {:>16}   {}", "measured dynamic", "measured arenas");
+    std::printf("%s\n", header.c_str());
+    bool all_equal = true;
+    out["orders"] = ordered_json::array();
+    for (const auto& [name, order] : orders) {
+      const int64_t predicted = sched::peak(g, order);
+      ordered_json row = {{"order", name}, {"peak", predicted}, {"planners", ordered_json::object()}};
+      std::string line = fmt::format("  {:<8} {:>16}", name, predicted);
+      std::vector<sched::ArenaPlan> plans;
+      for (sched::Planner p : planners) {
+        plans.push_back(sched::plan_offsets(g, order, p, a->alignment));
+        line += fmt::format(" {:>16}", plans.back().arena_bytes);
+        row["planners"][planner_name(p)] = {{"arena_bytes", plans.back().arena_bytes}};
+      }
+      if (a->run) {
+        auto same = [&](const std::vector<float>& logits) {
+          return logits.size() == reference.size() &&
+                 std::memcmp(logits.data(), reference.data(), sizeof(float) * reference.size()) == 0;
+        };
+        const sched::Execution dyn = sched::execute_dynamic(m, g, order, tokens, B, T);
+        const bool dyn_ok = dyn.high_water == predicted && same(dyn.logits);
+        line += fmt::format(" {:>16}  ", dyn.high_water);
+        row["measured_dynamic"] = dyn.high_water;
+        row["logits_equal"] = same(dyn.logits);
+        bool ok = dyn_ok;
+        for (size_t i = 0; i < plans.size(); ++i) {
+          const sched::Execution ex = sched::execute_planned(m, g, order, plans[i], tokens, B, T);
+          const bool equal = ex.high_water == plans[i].arena_bytes && ex.touched_bytes == plans[i].arena_bytes && same(ex.logits);
+          ok = ok && equal;
+          line += fmt::format(" {}{}", ex.touched_bytes, equal ? "" : "!");
+          row["planners"][planner_name(planners[i])]["measured_high_water"] = ex.high_water;
+          row["planners"][planner_name(planners[i])]["measured_touched"] = ex.touched_bytes;
+          row["planners"][planner_name(planners[i])]["logits_equal"] = same(ex.logits);
+          row["planners"][planner_name(planners[i])]["seconds"] = ex.seconds;
+        }
+        line += ok ? "  (all equal)" : "  MISMATCH";
+        all_equal = all_equal && ok;
+      }
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      out["orders"].push_back(std::move(row));
+    }
+    const int64_t program = sched::peak(g, orders[0].second);
+    std::printf("%s\n", fmt::format("the DP's order saves {:.2f}% of program order's peak ({} of {})",
+                                    100.0 * static_cast<double>(program - dp.peak) / static_cast<double>(program),
+                                    mib(program - dp.peak), mib(program))
+                            .c_str());
+    if (a->run) {
+      out["all_equal"] = all_equal;
+      std::printf("%s\n", all_equal ? "measured == predicted for every order and planner; logits == Model::forward bit for bit"
+                                    : "MISMATCH between measured and predicted (see the rows marked !)");
+    }
+    if (!a->json.empty()) io::write_file_atomic(a->json, out.dump(2) + "\n");
+    if (a->run && !all_equal) throw InternalError("[sched] a measured peak or the logits differ from the prediction");
+  });
+}
+
+}  // namespace concord::cli
