@@ -265,10 +265,10 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
                                  seq, c.max_position_embeddings));
   B = batch;
   S = seq;
-  const int64_t T = B * S, C = c.hidden_size, D = c.head_dim;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, V = c.vocab_size;
+  const int64_t T = B * S, C = c.hidden_size, V = c.vocab_size;
   const int L = static_cast<int>(c.num_hidden_layers);
   arena.reset();
+  arena.reset_high_water();  // Model::activation_memory: this pass's
   positions.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t % S);
   const int64_t A = applications();
@@ -286,11 +286,8 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
   size_t no_grad_mark = 0;
   // The blocks (block.h) are shared with the KV-cache forward; only attention differs: here over
   // the whole sequences at once, saving probs for the backward pass.
-  const AttentionFn full_attention = [&](const BlockPass&, LayerActivations& a) {
-    a.probs = arena.alloc(B * Hq * S * S);
-    a.att = arena.alloc(T * Hq * D);
-    attention_forward(a.att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
-  };
+  const AttentionFn keep_probs = [&](const BlockPass&, LayerActivations& a) { full_attention(a, true); };
+  const AttentionFn drop_probs = [&](const BlockPass&, LayerActivations& a) { full_attention(a, false); };
   for (int64_t app = 0; app < A; ++app) {
     const Application& ap = plan[static_cast<size_t>(app)];
     const bool no_grad = ap.iteration >= 0 && ap.iteration < first_grad_iteration;
@@ -310,7 +307,22 @@ void Model::Impl::run_forward(const int32_t* tokens, int64_t batch, int64_t seq)
     LayerActivations& a = acts[static_cast<size_t>(app)];
     a.x_in = x;
     const BlockPass pass{static_cast<int>(app), ap.repeat, T, positions.data(), &arena, {}};
-    x = blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a, full_attention);
+    const Model::Recompute mode = no_grad ? Model::Recompute::keep : recompute_of(app);
+    if (mode == Model::Recompute::block) {
+      // Only the input is kept: the output is copied below the block's activations, which are
+      // released; the backward runs this forward again (recompute_for_backward).
+      float* out = arena.alloc(T * C);
+      const size_t mark = arena.mark();
+      const float* y = blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a, drop_probs);
+      std::memcpy(out, y, sizeof(float) * static_cast<size_t>(T * C));
+      arena.rewind(mark);
+      a = LayerActivations{};
+      a.x_in = x;
+      x = out;
+    } else {
+      x = blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a,
+                                                         mode == Model::Recompute::attention ? drop_probs : keep_probs);
+    }
     if (no_grad && ap.core_layer == c.n_layers_in_recurrent_block - 1) {
       // The iteration's output is all that is kept of it.
       std::memcpy(carry, x, sizeof(float) * static_cast<size_t>(T * C));
@@ -474,6 +486,69 @@ static void check_tokens(const Model::Impl& m, std::span<const int32_t> tokens, 
     if (t < 0 || t >= m.config.vocab_size)
       throw InputError(fmt::format("[model] {}: token id {} outside the vocabulary [0, {})", what,
                                    t, m.config.vocab_size));
+}
+
+void Model::Impl::full_attention(LayerActivations& a, bool keep_probs) {
+  const ModelConfig& c = config;
+  const int64_t T = B * S, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  a.att = arena.alloc(T * Hq * D);
+  const size_t mark = arena.mark();
+  a.probs = arena.alloc(B * Hq * S * S);
+  attention_forward(a.att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
+  if (!keep_probs) {
+    arena.rewind(mark);  // the probabilities were the arena's last allocation
+    a.probs = nullptr;
+  }
+}
+
+size_t Model::Impl::recompute_for_backward(int64_t app) {
+  const size_t mark = arena.mark();
+  const Model::Recompute mode = recompute_of(app);
+  if (mode == Model::Recompute::keep) return mark;
+  const ModelConfig& c = config;
+  const int64_t T = B * S, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  LayerActivations& a = acts[static_cast<size_t>(app)];
+  if (mode == Model::Recompute::attention) {
+    a.probs = arena.alloc(B * Hq * S * S);
+    float* att = arena.alloc(T * Hq * D);  // equals the kept a.att bit for bit; discarded
+    attention_forward(att, a.probs, a.q, a.k, a.v, B, S, Hq, Hkv, D);
+    return mark;
+  }
+  // block: the forward again from the kept input, keeping everything until the rewind.
+  const Application& ap = plan[static_cast<size_t>(app)];
+  const BlockPass pass{static_cast<int>(app), ap.repeat, T, positions.data(), &arena, {}};
+  const bool stats = router_stats_on;
+  router_stats_on = false;  // counted once, in the forward
+  row_positions = positions.data();
+  const AttentionFn keep_probs = [&](const BlockPass&, LayerActivations& x) { full_attention(x, true); };
+  blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a, keep_probs);
+  row_positions = nullptr;
+  router_stats_on = stats;
+  return mark;
+}
+
+void Model::set_recompute(std::vector<Recompute> per_application) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  if (!per_application.empty()) {
+    if (c.recurrent()) throw InputError("[model] set_recompute: a depth-recurrent model recomputes nothing yet");
+    if (static_cast<int64_t>(per_application.size()) != m.applications())
+      throw InputError(fmt::format("[model] set_recompute: {} modes for a schedule of {} applications",
+                                   per_application.size(), m.applications()));
+    for (int64_t app = 0; app < m.applications(); ++app)
+      if (per_application[static_cast<size_t>(app)] == Recompute::block && c.output_router_logits &&
+          c.is_moe_layer(m.plan[static_cast<size_t>(app)].block))
+        throw InputError(fmt::format("[model] set_recompute: application {} is an MoE layer and the model adds the "
+                                     "load-balancing loss (output_router_logits), which reads its routing after the "
+                                     "forward: recompute its attention only, or keep it", app));
+  }
+  m.recompute = std::move(per_application);
+}
+
+const std::vector<Model::Recompute>& Model::recompute() const { return impl_->recompute; }
+
+Model::ActivationMemory Model::activation_memory() const {
+  return {static_cast<int64_t>(impl_->arena.bytes_high_water()), static_cast<int64_t>(impl_->arena.bytes_reserved())};
 }
 
 void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> logits) {

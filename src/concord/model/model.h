@@ -249,6 +249,30 @@ class Model {
   // sequence outgrowing the cache's capacity / max_position_embeddings, a mis-sized buffer.
   void forward_cached(KvCache& cache, std::span<const CachedInput> inputs, std::span<float> logits);
 
+  // ---- activation recomputation (the training passes; docs/sched.md) ------------------------
+  // What the training forward keeps of each application of the schedule for the backward:
+  //   keep       every activation (the default);
+  //   attention  all but the attention probabilities (B·Hq·S·S floats, the largest for long
+  //              sequences), recomputed from the kept q, k, v just before the application's
+  //              backward (Korthikanti et al. 2022's selective recomputation);
+  //   block      only the application's input; its backward re-runs the block's forward first
+  //              (every application `block`: "checkpoint every layer").
+  // Gradients and losses are bit for bit the same under every choice: the recomputation runs
+  // the same code on the same inputs. InputError: a list whose length is not the schedule's
+  // applications, a depth-recurrent model, `block` on an MoE application of a model with
+  // output_router_logits (the load-balancing loss reads every application's routing after the
+  // forward). moe_selected() of a `block` application is empty.
+  enum class Recompute : uint8_t { keep, attention, block };
+  void set_recompute(std::vector<Recompute> per_application);  // empty: keep everywhere
+  const std::vector<Recompute>& recompute() const;
+  // The activation arena (a pass's activations, the backward's scratch, recomputation): its
+  // high-water mark over the last training or full forward pass (forward and backward; the top
+  // of its bump allocation, bytes), and the bytes its chunks hold (what the process holds for it).
+  struct ActivationMemory {
+    int64_t high_water = 0, reserved = 0;
+  };
+  ActivationMemory activation_memory() const;
+
   // ---- depth recurrence (ConcordRecurrentForCausalLM; docs/recurrence.md) ------------------
   // Each throws InputError for a model that is not recurrent.
   // Core iterations r of later passes (>= 1; mean_recurrence until set). The parameters do not

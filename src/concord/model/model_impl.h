@@ -126,6 +126,16 @@ struct Model::Impl {
   bool router_stats_on = false;
   std::vector<std::vector<int64_t>> router_counts;  // per application (Model::RouterStats)
   int64_t router_rows = 0;
+  std::vector<Model::Recompute> recompute;  // per application; empty: keep everywhere
+  Model::Recompute recompute_of(int64_t app) const {
+    return recompute.empty() ? Model::Recompute::keep : recompute[static_cast<size_t>(app)];
+  }
+  // The training forward's attention of one application (B sequences of S): att, and probs unless
+  // `keep_probs` is false (then computed at the arena's top and released at once).
+  void full_attention(LayerActivations& a, bool keep_probs);
+  // The backward's recomputation of application `app` (Model::Recompute), before its backward:
+  // returns the arena mark to rewind to after it.
+  size_t recompute_for_backward(int64_t app);
   GemmObserver observer;
   ForwardGemmKernel forward_kernel;           // replaces gemm_prepared in linear_forward if set
   const int32_t* row_positions = nullptr;     // positions of the rows the layer GEMMs see now

@@ -41,6 +41,7 @@ class Arena {
 
   size_t bytes_in_use() const { return top_; }
   size_t bytes_high_water() const { return high_water_; }
+  void reset_high_water() { high_water_ = top_; }  // the mark starts again from the current top
   size_t bytes_reserved() const;  // the sum of the chunks' sizes
 
  private:
