@@ -297,3 +297,87 @@ TEST(SchedExecutor, OverlapsAndMisSizedBuffersAreRefused) {
 
 }  // namespace
 }  // namespace concord::sched
+
+#include "concord/sched/recompute.h"
+
+namespace concord::sched {
+namespace {
+
+model::ModelConfig recompute_config(const std::string& kind) {
+  model::ModelConfig c = kind == "qwen2" ? qwen2_config() : model_config(kind == "moe" || kind == "moe-aux");
+  c.output_router_logits = kind == "moe-aux";
+  if (kind == "repeat") c.schedule = {0, 1, 1, 2};
+  return c;
+}
+
+// The arena's live high-water mark of a training step equals training_memory's prediction byte
+// for byte, for every kind of plan on dense, Qwen2, MoE (with and without the aux loss) and a
+// repeated block; and the plans: plan_recompute == the branch and bound == brute force over every
+// plan, the greedy never cheaper, the curve monotone.
+TEST(SchedRecompute, ThePredictedPeakIsTheArenasAndThePlansAreOptimal) {
+  const int64_t B = 2, S = 24;
+  for (const std::string kind : {"qwen3", "qwen2", "moe", "moe-aux", "repeat"}) {
+    const model::ModelConfig c = recompute_config(kind);
+    model::Model m(c);
+    m.init_random(3, 0.08f);
+    const auto A = static_cast<size_t>(c.applications());
+    std::vector<int32_t> tokens = some_tokens(B * S, c.vocab_size, 5), targets = some_tokens(B * S, c.vocab_size, 6);
+    // Every plan (3^A, at most 81 here).
+    std::vector<std::vector<Recompute>> plans(1);
+    for (size_t a = 0; a < A; ++a) {
+      std::vector<std::vector<Recompute>> next;
+      for (const auto& p : plans)
+        for (Recompute r : {Recompute::keep, Recompute::attention, Recompute::block}) {
+          if (r == Recompute::block && c.output_router_logits && c.is_moe_layer(c.block_of(static_cast<int64_t>(a)))) continue;
+          next.push_back(p);
+          next.back().push_back(r);
+        }
+      plans = std::move(next);
+    }
+    int64_t keep_peak = 0, low = INT64_MAX;
+    for (const auto& p : plans) {
+      m.set_recompute(p);
+      m.forward_backward(tokens, targets, B, S, 1);
+      const TrainingMemory t = training_memory(c, B, S, p);
+      ASSERT_EQ(t.peak, m.activation_memory().live_high_water) << kind << " " << recompute_name(p[0]) << recompute_name(p.back());
+      low = std::min(low, t.peak);
+      if (std::all_of(p.begin(), p.end(), [](Recompute r) { return r == Recompute::keep; })) keep_peak = t.peak;
+    }
+    EXPECT_LT(low, keep_peak) << kind;
+    for (int i = 0; i <= 6; ++i) {
+      const int64_t budget = low + (keep_peak - low) * i / 6 - (i == 0 ? 1 : 0);
+      double brute = -1;
+      for (const auto& p : plans) {
+        const TrainingMemory t = training_memory(c, B, S, p);
+        if (t.peak <= budget && (brute < 0 || t.recompute_flops < brute)) brute = t.recompute_flops;
+      }
+      const auto exact = recompute_exact(c, B, S, budget);
+      const auto planned = plan_recompute(c, B, S, budget);
+      const auto greedy = recompute_greedy(c, B, S, budget);
+      ASSERT_EQ(exact.has_value(), brute >= 0) << kind << " " << budget;
+      if (!exact) {
+        EXPECT_FALSE(planned.has_value());
+        continue;
+      }
+      EXPECT_EQ(exact->memory.recompute_flops, brute) << kind << " " << budget;
+      ASSERT_TRUE(planned.has_value()) << kind << " " << budget;
+      EXPECT_EQ(planned->memory.recompute_flops, brute) << kind << " " << budget;
+      EXPECT_LE(planned->memory.peak, budget);
+      if (greedy) {
+        EXPECT_GE(greedy->memory.recompute_flops, brute) << kind;
+        EXPECT_LE(greedy->memory.peak, budget);
+      }
+    }
+    const std::vector<RecomputePlan> curve = recompute_curve(c, B, S, 8);
+    ASSERT_GE(curve.size(), 2u) << kind;
+    for (size_t i = 1; i < curve.size(); ++i) {
+      EXPECT_GT(curve[i].memory.peak, curve[i - 1].memory.peak);
+      EXPECT_LE(curve[i].memory.recompute_flops, curve[i - 1].memory.recompute_flops);
+    }
+  }
+  EXPECT_THROW(training_memory(model_config(false), 1, 8, std::vector<Recompute>{Recompute::keep}), InputError);
+  EXPECT_THROW(recompute_from_name("some"), InputError);
+}
+
+}  // namespace
+}  // namespace concord::sched

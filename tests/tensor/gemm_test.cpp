@@ -478,5 +478,27 @@ TEST(ArenaTest, AlignedNonOverlappingStableMarkRewindHighWater) {
   EXPECT_THROW(arena.alloc(-1), InputError);
 }
 
+// The live bytes leave out the chunk tails a large allocation skipped, through rewinds.
+TEST(ArenaTest, LiveBytesCountAllocationsNotSkippedChunkTails) {
+  Arena arena(4096);
+  arena.alloc(10);                       // 64 B in chunk 0
+  EXPECT_EQ(arena.bytes_live(), 64u);
+  const size_t m = arena.mark();
+  arena.alloc(2000);                     // 8000 B: a chunk of its own, chunk 0's tail skipped
+  EXPECT_EQ(arena.bytes_live(), 64u + 8000u);
+  EXPECT_GT(arena.mark(), arena.bytes_live());
+  arena.alloc(16);                       // 64 B more: a third chunk, the second's tail is 0
+  EXPECT_EQ(arena.bytes_live(), 64u + 8000u + 64u);
+  EXPECT_EQ(arena.bytes_live_high_water(), 8128u);
+  arena.rewind(m);
+  EXPECT_EQ(arena.bytes_live(), 64u);
+  arena.alloc(100);                      // 448 B: fits in chunk 0 again
+  EXPECT_EQ(arena.bytes_live(), 512u);
+  arena.reset_high_water();
+  EXPECT_EQ(arena.bytes_live_high_water(), 512u);
+  arena.reset();
+  EXPECT_EQ(arena.bytes_live(), 0u);
+}
+
 }  // namespace
 }  // namespace concord::tensor

@@ -548,7 +548,9 @@ void Model::set_recompute(std::vector<Recompute> per_application) {
 const std::vector<Model::Recompute>& Model::recompute() const { return impl_->recompute; }
 
 Model::ActivationMemory Model::activation_memory() const {
-  return {static_cast<int64_t>(impl_->arena.bytes_high_water()), static_cast<int64_t>(impl_->arena.bytes_reserved())};
+  const tensor::Arena& a = impl_->arena;
+  return {static_cast<int64_t>(a.bytes_live_high_water()), static_cast<int64_t>(a.bytes_high_water()),
+          static_cast<int64_t>(a.bytes_reserved())};
 }
 
 void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> logits) {

@@ -265,11 +265,13 @@ class Model {
   enum class Recompute : uint8_t { keep, attention, block };
   void set_recompute(std::vector<Recompute> per_application);  // empty: keep everywhere
   const std::vector<Recompute>& recompute() const;
-  // The activation arena (a pass's activations, the backward's scratch, recomputation): its
-  // high-water mark over the last training or full forward pass (forward and backward; the top
-  // of its bump allocation, bytes), and the bytes its chunks hold (what the process holds for it).
+  // The activation arena (a pass's activations, the backward's scratch, recomputation) over the
+  // last training or full forward pass (forward and backward): the high-water mark of its live
+  // allocations (bytes, each rounded up to 64; what sched::training_memory predicts), of the top
+  // of its bump allocation (the live bytes plus chunk tails skipped), and the bytes its chunks
+  // hold (what the process holds for it).
   struct ActivationMemory {
-    int64_t high_water = 0, reserved = 0;
+    int64_t live_high_water = 0, high_water = 0, reserved = 0;
   };
   ActivationMemory activation_memory() const;
 

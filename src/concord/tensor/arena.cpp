@@ -32,6 +32,7 @@ float* Arena::alloc(int64_t n) {
       float* p = c.memory.get() + (top_ - c.begin) / sizeof(float);
       top_ += bytes;
       high_water_ = std::max(high_water_, top_);
+      live_high_water_ = std::max(live_high_water_, bytes_live());
       return p;
     }
   }
@@ -48,8 +49,13 @@ float* Arena::alloc(int64_t n) {
   }
   current_ = next;
   const Chunk& c = chunks_[current_];
+  if (c.begin > top_) {  // the previous chunk's tail, unused
+    skips_.push_back({top_, c.begin - top_});
+    skipped_ += c.begin - top_;
+  }
   top_ = c.begin + bytes;
   high_water_ = std::max(high_water_, top_);
+  live_high_water_ = std::max(live_high_water_, bytes_live());
   return c.memory.get();
 }
 
@@ -59,6 +65,10 @@ void Arena::rewind(size_t mark) {
                      std::to_string(top_) + " (a mark taken before an earlier rewind or reset)");
   }
   top_ = mark;
+  while (!skips_.empty() && skips_.back().start >= mark) {
+    skipped_ -= skips_.back().bytes;
+    skips_.pop_back();
+  }
   // The chunk holding the new top: the last one that begins strictly below it (or the first).
   current_ = 0;
   for (size_t i = 0; i < chunks_.size(); ++i) {

@@ -41,7 +41,16 @@ class Arena {
 
   size_t bytes_in_use() const { return top_; }
   size_t bytes_high_water() const { return high_water_; }
-  void reset_high_water() { high_water_ = top_; }  // the mark starts again from the current top
+  // The bytes of the live allocations (each rounded up to kAlignment), without the tails of chunks
+  // an allocation too large for them skipped; its high-water mark is what a pass needs of memory
+  // whatever the chunk size (what sched::training_memory predicts).
+  size_t bytes_live() const { return top_ - skipped_; }
+  size_t bytes_live_high_water() const { return live_high_water_; }
+  // Both marks start again from the current top.
+  void reset_high_water() {
+    high_water_ = top_;
+    live_high_water_ = bytes_live();
+  }
   size_t bytes_reserved() const;  // the sum of the chunks' sizes
 
  private:
@@ -58,6 +67,12 @@ class Arena {
   size_t current_ = 0;  // index of the chunk holding the top (== chunks_.size() when none)
   size_t top_ = 0;
   size_t high_water_ = 0;
+  struct Skip {
+    size_t start, bytes;  // a chunk's unused tail [start, start + bytes) below the top
+  };
+  std::vector<Skip> skips_;  // ascending
+  size_t skipped_ = 0;       // their total
+  size_t live_high_water_ = 0;
 };
 
 }  // namespace concord::tensor
