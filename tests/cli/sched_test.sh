@@ -36,6 +36,33 @@ if run_rc "sched plan only" 0 "$CONCORD" sched --model "$WORK/config.json" --tok
   else fail "sched plan only: $(cat "$WORK/out")"; fi
 fi
 
+# The training step's recomputation: the curve, a budget's plan; --budget needs --pass train.
+if run_rc "sched --pass train --budget" 0 "$CONCORD" sched --model "$WORK/config.json" --pass train --tokens 64 --batch 2 \
+    --budget 3MiB --json "$WORK/budget.json"; then
+  json_check "sched --budget: a plan within it, the curve from every block to keeping everything" "$WORK/budget.json" \
+    "j['recompute']['budget']['peak'] <= 3 * 2**20 and j['recompute']['block'] < j['recompute']['attention'] < j['recompute']['keep'] and j['recompute']['curve'][0]['peak'] == j['recompute']['block'] and j['recompute']['curve'][-1]['peak'] == j['recompute']['keep'] and all(r['greedy_flops_percent'] >= r['flops_percent'] for r in j['recompute']['curve'])"
+fi
+expect_error "sched: --budget without --pass train" "use it with --pass train" "$CONCORD" sched --model "$WORK/config.json" --budget 1MiB
+
+# concord train --memory-budget: within the budget, the losses of the run without one bit for bit;
+# a budget below what the model and the smallest plan need is refused before the first step.
+TINY="$(dirname "$0")/../../configs/tiny.json"
+if run_rc "train without a budget" 0 "$CONCORD" train --config "$TINY" --out "$WORK/keep" --steps 3 --quiet; then
+  if run_rc "train --memory-budget 140MiB" 0 "$CONCORD" train --config "$TINY" --out "$WORK/budget" --steps 3 \
+      --memory-budget 140MiB --quiet; then
+    if grep -q "memory budget 140.0 MiB: peak RSS .* (within)" "$WORK/out"; then pass "train --memory-budget: peak RSS within"
+    else fail "train --memory-budget: $(cat "$WORK/out")"; fi
+    python3 - "$WORK/keep/metrics.jsonl" "$WORK/budget/metrics.jsonl" <<'PY' && pass "train --memory-budget: the same losses, fewer activation bytes" || fail "train --memory-budget: losses or activations"
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
+assert [x["loss"] for x in a] == [x["loss"] for x in b], "losses differ"
+assert max(x["activation_bytes"] for x in b) < min(x["activation_bytes"] for x in a), "no activation saved"
+PY
+  fi
+fi
+expect_error "train: a budget too small" "the smallest activation plan (every block recomputed) needs" \
+  "$CONCORD" train --config "$TINY" --out "$WORK/small" --steps 3 --memory-budget 20MiB --quiet
+
 expect_error "sched: unknown pass" "unknown pass 'backward'" "$CONCORD" sched --model "$WORK/config.json" --pass backward
 expect_error "sched: alignment" "--alignment 6" "$CONCORD" sched --model "$WORK/config.json" --alignment 6
 expect_error "sched: tokens past the positions" "max_position_embeddings" "$CONCORD" sched --model "$WORK/config.json" --tokens 1000

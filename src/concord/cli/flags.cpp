@@ -128,4 +128,23 @@ CLI::Option* add_real_list_flag(CLI::App* cmd, const std::string& name, std::vec
       ->delimiter(',');
 }
 
+int64_t parse_size(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() || unit == "B" ? 1.0
+                       : unit == "KiB"            ? 1024.0
+                       : unit == "MiB"            ? 1048576.0
+                       : unit == "GiB"            ? 1073741824.0
+                                                  : -1.0;
+  if (used == 0 || scale < 0 || !(value > 0) || value * scale > 9e18 || value * scale < 1)
+    throw CLI::ValidationError(flag, fmt::format("'{}' is not a size (bytes, or a number with KiB, MiB or GiB)", text));
+  return static_cast<int64_t>(value * scale);
+}
+
 }  // namespace concord::cli

@@ -111,6 +111,17 @@ CLI::Option* add_real_flag(CLI::App* cmd, const std::string& name, Out& out, Rea
 // Call after every option is added.
 void check_text_values(CLI::App& app);
 
+// A size in bytes: "600000000", "512MiB", "1.5GiB", "64KiB" (> 0), checked when parsed.
+int64_t parse_size(const std::string& flag, const std::string& text);
+inline CLI::Option* add_size_flag(CLI::App* cmd, const std::string& name, std::optional<int64_t>& out,
+                                  const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&out, name](const std::string& text) { out = parse_size(name, text); },
+          help + " [bytes, or a number with KiB, MiB or GiB]")
+      ->type_name("SIZE");
+}
+
 // A comma-separated list of integers, each in `domain` (replaces the default when given).
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
                                    IntegerDomain domain, const std::string& help);

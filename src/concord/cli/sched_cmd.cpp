@@ -21,6 +21,7 @@
 #include "concord/numerics/check.h"
 #include "concord/sched/executor.h"
 #include "concord/sched/model_graph.h"
+#include "concord/sched/recompute.h"
 
 namespace concord::cli {
 namespace {
@@ -28,6 +29,7 @@ namespace {
 using nlohmann::ordered_json;
 
 std::string mib(int64_t bytes) { return fmt::format("{:.3f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
 
 const char* planner_name(sched::Planner p) {
   switch (p) {
@@ -44,6 +46,7 @@ void add_sched_command(CLI::App& app) {
   struct Args {
     std::string model, pass = "forward", policy = "fp32", json;
     int64_t tokens = 256, batch = 1, alignment = 64, dp_states = 2'000'000;
+    std::optional<int64_t> budget;
     double dp_seconds = 60;
     bool run = false;
     uint64_t seed = 0;
@@ -69,12 +72,16 @@ void add_sched_command(CLI::App& app) {
   add_integer_flag(cmd, "--dp-states", a->dp_states, between(1, int64_t{1} << 40), "the DP's state budget (default 2000000)");
   add_real_flag(cmd, "--dp-seconds", a->dp_seconds, positive(), "the DP's time budget (default 60)");
   cmd->add_flag("--run", a->run, "execute the pass under every order and planner and measure its memory");
+  add_size_flag(cmd, "--budget", a->budget,
+                "with --pass train: the activation plan of least recomputation within this many bytes");
   cmd->add_option("--policy", a->policy, "with --run: precision preset, policy JSON or native (default fp32)");
   add_seed_flag(cmd, "--seed", a->seed, "with --run: the tokens (and a config.json's random weights; default 0)");
   cmd->add_option("--json", a->json, "write the figures to this JSON file");
   cmd->callback([a]() {
     if (a->alignment % 4 != 0) throw InputError(fmt::format("[sched] --alignment {}: a multiple of 4 bytes", a->alignment));
     const sched::Pass pass = sched::pass_from_name(a->pass);
+    if (a->budget && pass != sched::Pass::train)
+      throw InputError("[sched] --budget plans the training step's recomputation: use it with --pass train");
     const std::filesystem::path path(a->model);
     const bool config_only = path.extension() == ".json";
     std::optional<model::Model> owned;
@@ -190,6 +197,58 @@ void add_sched_command(CLI::App& app) {
       out["all_equal"] = all_equal;
       std::printf("%s\n", all_equal ? "measured == predicted for every order and planner; logits == Model::forward bit for bit"
                                     : "MISMATCH between measured and predicted (see the rows marked !)");
+    }
+    if (pass == sched::Pass::train && !c.recurrent()) {
+      // The whole training step through the model's arena (backward included) under recomputation.
+      const auto A = static_cast<size_t>(c.applications());
+      auto all = [&](sched::Recompute r) {
+        std::vector<sched::Recompute> modes(A, r);
+        for (size_t i = 0; i < A; ++i)
+          if (r == sched::Recompute::block && c.output_router_logits && c.is_moe_layer(c.block_of(static_cast<int64_t>(i))))
+            modes[i] = sched::Recompute::attention;
+        return modes;
+      };
+      auto pct = [](const sched::TrainingMemory& t) { return 100 * t.recompute_flops / t.step_flops; };
+      const sched::TrainingMemory keep = sched::training_memory(c, B, T, {});
+      const sched::TrainingMemory attention = sched::training_memory(c, B, T, all(sched::Recompute::attention));
+      const sched::TrainingMemory block = sched::training_memory(c, B, T, all(sched::Recompute::block));
+      std::printf("%s\n", fmt::format("training step (forward and backward, the model's activation arena): keep everything "
+                                      "{} (peak at {}); recompute every attention {} (+{:.2f}% FLOPs); every block {} "
+                                      "(checkpoint every layer, +{:.2f}% FLOPs)",
+                                      mib(keep.peak), keep.peak_at, mib(attention.peak), pct(attention), mib(block.peak), pct(block))
+                              .c_str());
+      std::printf("  %-12s %-12s %-48s %-10s %s\n", "budget", "peak", "exact plan", "+FLOPs", "greedy +FLOPs");
+      out["recompute"] = {{"keep", keep.peak}, {"attention", attention.peak}, {"block", block.peak},
+                          {"block_flops_percent", pct(block)}, {"curve", ordered_json::array()}};
+      auto summary = [](const std::vector<sched::Recompute>& modes) {
+        int64_t n[3] = {0, 0, 0};
+        for (sched::Recompute r : modes) ++n[static_cast<int>(r)];
+        return fmt::format("{} keep, {} attention, {} block", n[0], n[1], n[2]);
+      };
+      std::vector<int64_t> budgets;
+      for (const sched::RecomputePlan& p : sched::recompute_curve(c, B, T, 9)) budgets.push_back(p.memory.peak);
+      const std::optional<int64_t> asked = a->budget;
+      if (asked) budgets.push_back(*asked);
+      for (int64_t b : budgets) {
+        const auto exact = sched::plan_recompute(c, B, T, b);
+        const auto greedy = sched::recompute_greedy(c, B, T, b);
+        const bool mine = asked && b == *asked;
+        if (!exact) {
+          std::printf("%s\n", fmt::format("  {:<12} none fits: the smallest plan needs {}", mib(b), mib(block.peak)).c_str());
+          out["recompute"]["budget"] = {{"bytes", b}, {"fits", false}};
+          continue;
+        }
+        std::printf("%s\n", fmt::format("  {:<12} {:<12} {:<48} {:<10} {}{}", mib(b), mib(exact->memory.peak), summary(exact->modes),
+                                        fmt::format("{:.2f}%", pct(exact->memory)),
+                                        greedy ? fmt::format("{:.2f}%", pct(greedy->memory)) : "none",
+                                        mine ? "   <- --budget" : "")
+                                .c_str());
+        ordered_json row = {{"budget", b}, {"peak", exact->memory.peak}, {"flops_percent", pct(exact->memory)},
+                            {"greedy_flops_percent", greedy ? pct(greedy->memory) : -1.0}, {"modes", ordered_json::array()}};
+        for (sched::Recompute r : exact->modes) row["modes"].push_back(sched::recompute_name(r));
+        if (mine) out["recompute"]["budget"] = row;
+        else out["recompute"]["curve"].push_back(row);
+      }
     }
     if (!a->json.empty()) io::write_file_atomic(a->json, out.dump(2) + "\n");
     if (a->run && !all_equal) throw InternalError("[sched] a measured peak or the logits differ from the prediction");

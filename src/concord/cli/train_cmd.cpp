@@ -1,6 +1,7 @@
 // `concord train`: train a model from a JSON training config (configs/<name>.json).
 #include <cstdio>
 #include <optional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -20,6 +21,7 @@ void add_train_command(CLI::App& app) {
     std::string distill_from;
     std::optional<int64_t> steps;
     std::optional<uint64_t> seed;
+    std::optional<int64_t> memory_budget;
     bool no_resume = false;
     bool quiet = false;
   };
@@ -43,6 +45,10 @@ void add_train_command(CLI::App& app) {
                   "train a draft model for speculative decoding: the loss is the KL divergence to this teacher "
                   "model's next-token distributions (a model folder or GGUF; the corpus is tokenized by its "
                   "tokenizer, model.vocab_size must be its vocabulary's; default: the config's distill.from)");
+  add_size_flag(cmd, "--memory-budget", args->memory_budget,
+                "the run's peak RSS: the step's activations are planned to fit by recomputing attention probabilities "
+                "or whole blocks in the backward (the same gradients, bit for bit); refused, with the figures, when "
+                "even recomputing every block cannot fit");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args]() {
@@ -56,6 +62,7 @@ void add_train_command(CLI::App& app) {
     // Re-validate what the overrides touched.
     config = train::TrainConfig::from_json(config.to_json(), args->config);
     train::TrainOptions options;
+    options.memory_budget = args->memory_budget;
     options.resume = !args->no_resume;
     options.progress = !args->quiet;
     const train::TrainResult r = train::train(config, options);
@@ -75,6 +82,15 @@ void add_train_command(CLI::App& app) {
                                     static_cast<double>(r.peak_rss_bytes) / (1 << 20),
                                     r.run_dir.string())
                             .c_str());
+    if (options.memory_budget)
+      std::printf("%s\n", fmt::format("memory budget {:.1f} MiB: peak RSS {:.1f} MiB ({}); activations {:.1f} MiB measured, "
+                                      "{:.1f} MiB planned",
+                                      static_cast<double>(*options.memory_budget) / (1 << 20),
+                                      static_cast<double>(r.peak_rss_bytes) / (1 << 20),
+                                      static_cast<int64_t>(r.peak_rss_bytes) <= *options.memory_budget ? "within" : "OVER",
+                                      static_cast<double>(r.activation_measured) / (1 << 20),
+                                      static_cast<double>(r.activation_predicted) / (1 << 20))
+                              .c_str());
   });
 }
 

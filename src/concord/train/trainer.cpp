@@ -4,6 +4,7 @@
 #include "concord/train/depth_eval.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "concord/model/model.h"
 #include "concord/model/ops.h"
 #include "concord/numerics/check.h"
+#include "concord/sched/recompute.h"
 #include "concord/train/checkpoint.h"
 #include "concord/train/data.h"
 #include "concord/train/export.h"
@@ -47,6 +49,29 @@ size_t peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<size_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// The resident set now (/proc/self/statm), bytes.
+int64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// The memory-budget plan (TrainOptions::memory_budget).
+struct BudgetPlan {
+  std::vector<sched::Recompute> smallest, chosen;
+  int64_t smallest_peak = 0;
+  std::optional<sched::RecomputePlan> plan;
+};
+
+std::string describe(const std::vector<sched::Recompute>& modes) {
+  int64_t n[3] = {0, 0, 0};
+  for (sched::Recompute r : modes) ++n[static_cast<int>(r)];
+  return fmt::format("{} kept, {} attention recomputed, {} blocks recomputed", n[0], n[1], n[2]);
 }
 
 // A depth-recurrent model is validated from the inference s0 at the depth it trains at: the
@@ -317,6 +342,29 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                     .adamw = {config.lr, config.beta1, config.beta2, 1e-8, config.weight_decay, config.grad_clip}});
   const LrSchedule schedule{config.lr, config.min_lr, config.warmup_steps, std::max(config.steps, config.warmup_steps)};
 
+  // The memory budget: refuse now if even the smallest activation plan cannot fit beside what the
+  // process holds and the gradients; the first step runs under that plan (TrainOptions).
+  BudgetPlan budget;
+  if (options.memory_budget) {
+    if (config.model.recurrent())
+      throw InputError("[train] --memory-budget: a depth-recurrent model's activations are not planned yet");
+    const model::ModelConfig& c = config.model;
+    for (int64_t a = 0; a < c.applications(); ++a)
+      budget.smallest.push_back(c.output_router_logits && c.is_moe_layer(c.block_of(a)) ? sched::Recompute::attention
+                                                                                        : sched::Recompute::block);
+    budget.smallest_peak = sched::training_memory(c, B, T, budget.smallest).peak;
+    int64_t gradients = 0;
+    for (const model::ParamSpec& p : m.params()) gradients += p.numel() * 4;
+    const int64_t held = current_rss_bytes();
+    if (held + gradients + budget.smallest_peak > *options.memory_budget)
+      throw InputError(fmt::format("[train] --memory-budget {}: the process holds {} (model, master weights, optimizer, "
+                                   "data), the gradients take {} and the smallest activation plan (every block "
+                                   "recomputed) needs {}: at least {}",
+                                   mib(*options.memory_budget), mib(held), mib(gradients), mib(budget.smallest_peak),
+                                   mib(held + gradients + budget.smallest_peak)));
+    m.set_recompute(budget.smallest);
+  }
+
   int64_t step = 0;
   const fs::path metrics_path = run_dir / "metrics.jsonl";
   if (checkpoint) {
@@ -391,15 +439,42 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     } else {
       loss = m.forward_backward(batch.inputs, batch.targets, B, T, static_cast<uint64_t>(step));
     }
+    const int64_t activations = m.activation_memory().live_high_water;
+    result.activation_measured = std::max(result.activation_measured, activations);
     const double lr = schedule.at(step);
     const double grad_norm = state.step(m, lr);
+    if (options.memory_budget && !budget.plan) {
+      // After the first step: what the process holds besides the activations, measured.
+      const auto peak = static_cast<int64_t>(peak_rss_bytes());
+      if (peak > *options.memory_budget)
+        throw InputError(fmt::format("[train] --memory-budget {}: the first step, under the smallest activation plan "
+                                     "({} of activations), peaked at {} of RSS", mib(*options.memory_budget),
+                                     mib(activations), mib(peak)));
+      // Kept aside besides: the validation pass's logits (B·T·V floats) and the served copy the
+      // final export writes (a float per parameter), which come after the first step.
+      int64_t later = B * T * config.model.vocab_size * 4;
+      for (const model::ParamSpec& p : m.params()) later += p.numel() * 4;
+      const int64_t other = peak - activations + later;
+      budget.plan = sched::plan_recompute(config.model, B, T, *options.memory_budget - other);
+      if (!budget.plan) budget.plan = sched::RecomputePlan{budget.smallest, sched::training_memory(config.model, B, T, budget.smallest)};
+      m.set_recompute(budget.plan->modes);
+      for (sched::Recompute r : budget.plan->modes) result.recompute.push_back(sched::recompute_name(r));
+      result.activation_predicted = budget.plan->memory.peak;
+      if (options.progress)
+        progress.message(fmt::format("memory budget {}: {} besides activations (measured in the first step, with the "
+                                     "validation logits and the final export's copy); activations "
+                                     "planned at {} ({}; +{:.1f}% FLOPs per step)",
+                                     mib(*options.memory_budget), mib(other), mib(budget.plan->memory.peak),
+                                     describe(budget.plan->modes),
+                                     100 * budget.plan->memory.recompute_flops / budget.plan->memory.step_flops));
+    }
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += dt;
     ++steps_here;
     result.losses.push_back(loss);
     const double tokens_per_s = static_cast<double>(tokens_per_step) / dt;  // tokens, not token·iterations
     nlohmann::json line = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                           {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}};
+                           {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}, {"activation_bytes", activations}};
     if (recurrent) line["depth"] = depth;
     if (moe) {
       // Qwen3-MoE: the step's tokens per expert of each MoE layer, and the load-balancing loss

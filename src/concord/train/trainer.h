@@ -81,6 +81,17 @@ struct TrainOptions {
   bool resume = true;                        // continue from the run directory's last checkpoint
   std::optional<int64_t> stop_after;         // stop (as if killed) after this many steps
   bool progress = true;                      // progress bar on stderr
+  // `concord train --memory-budget`: the run's peak RSS must stay within this many bytes. The
+  // activations are planned to fit (sched/recompute.h: which applications recompute their
+  // attention probabilities or their whole block in the backward; the gradients are bit for bit
+  // the same under every plan). Before the first step the run refuses (InputError, with the
+  // figures) when what it holds already, plus the gradients, plus the smallest plan (every block
+  // recomputed) cannot fit. The first step runs under that smallest plan; its measured peak RSS
+  // less its measured activations, plus what comes later (the validation pass's logits, B·T·V
+  // floats, and the served copy the final export writes, a float per parameter), is what the
+  // process holds besides them; from the second step on the plan of least recomputation that fits
+  // the rest of the budget runs.
+  std::optional<int64_t> memory_budget;
 };
 
 struct TrainResult {
@@ -91,6 +102,10 @@ struct TrainResult {
   double tokens_per_second = 0;
   double seconds = 0;
   size_t peak_rss_bytes = 0;
+  // With a memory budget: the plan of the steps after the first ("keep" / "attention" / "block"
+  // per application), its predicted activation peak and the largest measured one.
+  std::vector<std::string> recompute;
+  int64_t activation_predicted = 0, activation_measured = 0;
   std::filesystem::path run_dir;
   bool final_rebuilt = false;  // the run was already done; final/ was missing or stale and is rebuilt
 };
