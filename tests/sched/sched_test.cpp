@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -62,7 +63,7 @@ TEST(Sched, KeptTensorsWorkspaceAndInPlace) {
   g.add_node("peek", {h}, {z});
   prof = memory_profile(g, {0, 1, 2});
   EXPECT_EQ(prof[1].live, 64 + 32 + 64);
-  for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+  for (Planner p : kPlanners) {
     const ArenaPlan plan = plan_offsets(g, {0, 2, 1}, p);
     EXPECT_EQ(replay_plan(g, {0, 2, 1}, plan), plan.arena_bytes);
   }
@@ -105,12 +106,16 @@ TEST(Sched, EveryPlannerPlacesEveryTensorWithoutOverlapOnLargerGraphs) {
     const Graph g = random_graph(40, seed, 5000);
     for (const Order& o : {program_order(g), greedy_order(g)}) {
       const int64_t live_peak = peak(g, o);
-      for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+      std::map<Planner, int64_t> arena;
+      for (Planner p : kPlanners) {
         const ArenaPlan plan = plan_offsets(g, o, p, 64);
         const int64_t measured = replay_plan(g, o, plan);
         EXPECT_EQ(measured, plan.arena_bytes) << seed;
         EXPECT_GE(plan.arena_bytes, live_peak) << seed;  // rounding and fragmentation only add
+        arena[p] = plan.arena_bytes;
       }
+      // Hill climbing starts from greedy-by-size and keeps only swaps that do not grow the arena.
+      EXPECT_LE(arena[Planner::hill_climb], arena[Planner::greedy_by_size]) << seed;
     }
   }
 }
@@ -186,7 +191,7 @@ TEST(SchedModel, TheModelsPassesAreCertifiedAndPlanned) {
       EXPECT_EQ(peak(g, dp.order), dp.peak);
       EXPECT_LE(dp.peak, peak(g, program_order(g)));
       EXPECT_LE(working_set_bound(g), dp.peak);
-      for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+      for (Planner p : kPlanners) {
         const ArenaPlan plan = plan_offsets(g, dp.order, p);
         EXPECT_EQ(replay_plan(g, dp.order, plan), plan.arena_bytes);
         EXPECT_GE(plan.arena_bytes, dp.peak);
@@ -254,7 +259,7 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
         const Execution dynamic = execute_dynamic(m, g, order, tokens, B, S);
         EXPECT_TRUE(same_bits(dynamic.logits, reference)) << what;
         EXPECT_EQ(dynamic.high_water, peak(g, order)) << what;
-        for (Planner p : {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size}) {
+        for (Planner p : kPlanners) {
           const ArenaPlan plan = plan_offsets(g, order, p);
           const Execution planned = execute_planned(m, g, order, plan, tokens, B, S);
           EXPECT_TRUE(same_bits(planned.logits, reference)) << what;

@@ -31,14 +31,6 @@ using nlohmann::ordered_json;
 std::string mib(int64_t bytes) { return fmt::format("{:.3f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 
-const char* planner_name(sched::Planner p) {
-  switch (p) {
-    case sched::Planner::first_fit: return "first_fit";
-    case sched::Planner::best_fit: return "best_fit";
-    case sched::Planner::greedy_by_size: return "greedy_by_size";
-  }
-  return "?";
-}
 
 }  // namespace
 
@@ -143,9 +135,9 @@ void add_sched_command(CLI::App& app) {
 
     const std::vector<std::pair<std::string, sched::Order>> orders = {
         {"program", sched::program_order(g)}, {"greedy", sched::greedy_order(g)}, {"dp", dp.order}};
-    const sched::Planner planners[] = {sched::Planner::first_fit, sched::Planner::best_fit, sched::Planner::greedy_by_size};
+    const auto& planners = sched::kPlanners;
     std::string header = fmt::format("  {:<8} {:>16}", "order", "peak (model)");
-    for (sched::Planner p : planners) header += fmt::format(" {:>16}", planner_name(p));
+    for (sched::Planner p : planners) header += fmt::format(" {:>19}", sched::planner_name(p));
     if (a->run) header += fmt::format(" {:>16}   {}", "measured dynamic", "measured arenas");
     std::printf("%s\n", header.c_str());
     bool all_equal = true;
@@ -157,8 +149,8 @@ void add_sched_command(CLI::App& app) {
       std::vector<sched::ArenaPlan> plans;
       for (sched::Planner p : planners) {
         plans.push_back(sched::plan_offsets(g, order, p, a->alignment));
-        line += fmt::format(" {:>16}", plans.back().arena_bytes);
-        row["planners"][planner_name(p)] = {{"arena_bytes", plans.back().arena_bytes}};
+        line += fmt::format(" {:>19}", plans.back().arena_bytes);
+        row["planners"][sched::planner_name(p)] = {{"arena_bytes", plans.back().arena_bytes}};
       }
       if (a->run) {
         auto same = [&](const std::vector<float>& logits) {
@@ -176,10 +168,10 @@ void add_sched_command(CLI::App& app) {
           const bool equal = ex.high_water == plans[i].arena_bytes && ex.touched_bytes == plans[i].arena_bytes && same(ex.logits);
           ok = ok && equal;
           line += fmt::format(" {}{}", ex.touched_bytes, equal ? "" : "!");
-          row["planners"][planner_name(planners[i])]["measured_high_water"] = ex.high_water;
-          row["planners"][planner_name(planners[i])]["measured_touched"] = ex.touched_bytes;
-          row["planners"][planner_name(planners[i])]["logits_equal"] = same(ex.logits);
-          row["planners"][planner_name(planners[i])]["seconds"] = ex.seconds;
+          row["planners"][sched::planner_name(planners[i])]["measured_high_water"] = ex.high_water;
+          row["planners"][sched::planner_name(planners[i])]["measured_touched"] = ex.touched_bytes;
+          row["planners"][sched::planner_name(planners[i])]["logits_equal"] = same(ex.logits);
+          row["planners"][sched::planner_name(planners[i])]["seconds"] = ex.seconds;
         }
         line += ok ? "  (all equal)" : "  MISMATCH";
         all_equal = all_equal && ok;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -70,6 +72,17 @@ int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 
+const char* planner_name(Planner p) {
+  switch (p) {
+    case Planner::first_fit: return "first_fit";
+    case Planner::best_fit: return "best_fit";
+    case Planner::greedy_by_size: return "greedy_by_size";
+    case Planner::greedy_by_conflicts: return "greedy_by_conflicts";
+    case Planner::hill_climb: return "hill_climb";
+  }
+  return "?";
+}
+
 ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int64_t alignment) {
   g.validate();
   if (alignment < 1) throw InputError(fmt::format("[sched] alignment {} must be at least 1", alignment));
@@ -89,48 +102,101 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
     if (g.nodes[static_cast<size_t>(v)].workspace > 0)
       bufs.push_back({T + v, round_up(g.nodes[static_cast<size_t>(v)].workspace, alignment), {i, i}});
   }
-  if (planner == Planner::greedy_by_size) {
-    std::stable_sort(bufs.begin(), bufs.end(), [](const Buf& a, const Buf& b) {
-      return a.size != b.size ? a.size > b.size : a.life.first < b.life.first;
-    });
-  } else {
-    std::stable_sort(bufs.begin(), bufs.end(), [](const Buf& a, const Buf& b) {
-      return a.life.first != b.life.first ? a.life.first < b.life.first : a.size > b.size;
-    });
-  }
+  // Each buffer in turn at the lowest offset free for its lifetime (best_fit: the smallest gap
+  // that fits); the offsets by root and the arena's size.
   std::vector<int64_t> offset_of(g.tensors.size() + g.nodes.size(), -1);
-  std::vector<const Buf*> placed;
+  auto place = [&](const std::vector<size_t>& sequence, bool best_fit) {
+    std::vector<size_t> placed;
+    int64_t arena = 0;
+    for (size_t i : sequence) {
+      const Buf& b = bufs[i];
+      std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end) of placed buffers alive with b
+      for (size_t j : placed) {
+        const Buf& p = bufs[j];
+        if (p.life.first <= b.life.last && b.life.first <= p.life.last) {
+          const int64_t o = offset_of[static_cast<size_t>(p.root)];
+          busy.emplace_back(o, o + p.size);
+        }
+      }
+      std::sort(busy.begin(), busy.end());
+      int64_t chosen = -1, chosen_gap = std::numeric_limits<int64_t>::max();
+      int64_t cursor = 0;
+      auto consider = [&](int64_t start, int64_t end) {
+        if (end - start < b.size) return;
+        const int64_t gap = end - start;
+        if (chosen < 0 || (best_fit && gap < chosen_gap)) {
+          chosen = start;
+          chosen_gap = gap;
+        }
+      };
+      for (const auto& [o, e] : busy) {
+        if (o > cursor) consider(cursor, o);
+        cursor = std::max(cursor, e);
+        if (chosen >= 0 && !best_fit) break;
+      }
+      if (chosen < 0 || best_fit) consider(cursor, std::numeric_limits<int64_t>::max());
+      offset_of[static_cast<size_t>(b.root)] = chosen;
+      arena = std::max(arena, chosen + b.size);
+      placed.push_back(i);
+    }
+    return arena;
+  };
+  std::vector<size_t> sequence(bufs.size());
+  std::iota(sequence.begin(), sequence.end(), 0);
+  auto by_size = [&](size_t a, size_t b) {
+    return bufs[a].size != bufs[b].size ? bufs[a].size > bufs[b].size : bufs[a].life.first < bufs[b].life.first;
+  };
   ArenaPlan plan;
   plan.alignment = alignment;
-  for (const Buf& b : bufs) {
-    // Placed buffers alive at some common step, by offset.
-    std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end)
-    for (const Buf* p : placed)
-      if (p->life.first <= b.life.last && b.life.first <= p->life.last) {
-        const int64_t o = offset_of[static_cast<size_t>(p->root)];
-        busy.emplace_back(o, o + p->size);
-      }
-    std::sort(busy.begin(), busy.end());
-    // Gaps between them: [start, end), the last one unbounded.
-    int64_t chosen = -1, chosen_gap = std::numeric_limits<int64_t>::max();
-    int64_t cursor = 0;
-    auto consider = [&](int64_t start, int64_t end) {
-      if (end - start < b.size) return;
-      const int64_t gap = end - start;
-      if (chosen < 0 || (planner == Planner::best_fit && gap < chosen_gap)) {
-        chosen = start;
-        chosen_gap = gap;
-      }
-    };
-    for (const auto& [o, e] : busy) {
-      if (o > cursor) consider(cursor, o);
-      cursor = std::max(cursor, e);
-      if (chosen >= 0 && planner != Planner::best_fit) break;
+  switch (planner) {
+    case Planner::first_fit:
+    case Planner::best_fit:
+      std::stable_sort(sequence.begin(), sequence.end(), [&](size_t a, size_t b) {
+        return bufs[a].life.first != bufs[b].life.first ? bufs[a].life.first < bufs[b].life.first
+                                                        : bufs[a].size > bufs[b].size;
+      });
+      plan.arena_bytes = place(sequence, planner == Planner::best_fit);
+      break;
+    case Planner::greedy_by_size:
+      std::stable_sort(sequence.begin(), sequence.end(), by_size);
+      plan.arena_bytes = place(sequence, false);
+      break;
+    case Planner::greedy_by_conflicts: {
+      // TVM USMP's GreedyByConflicts: the buffers with the most liveness conflicts first (ties:
+      // the larger, then the earlier), each at the lowest offset that fits.
+      std::vector<int64_t> conflicts(bufs.size(), 0);
+      for (size_t a = 0; a < bufs.size(); ++a)
+        for (size_t b = a + 1; b < bufs.size(); ++b)
+          if (bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last) {
+            ++conflicts[a];
+            ++conflicts[b];
+          }
+      std::stable_sort(sequence.begin(), sequence.end(), [&](size_t a, size_t b) {
+        return conflicts[a] != conflicts[b] ? conflicts[a] > conflicts[b] : by_size(a, b);
+      });
+      plan.arena_bytes = place(sequence, false);
+      break;
     }
-    if (chosen < 0 || planner == Planner::best_fit) consider(cursor, std::numeric_limits<int64_t>::max());
-    offset_of[static_cast<size_t>(b.root)] = chosen;
-    plan.arena_bytes = std::max(plan.arena_bytes, chosen + b.size);
-    placed.push_back(&b);
+    case Planner::hill_climb: {
+      // TVM USMP's HillClimb: from the greedy-by-size sequence, swap two random buffers of the
+      // placement sequence and keep the swap when the arena does not grow; a fixed number of
+      // attempts, a fixed seed (the plan is a function of the graph and the order).
+      std::stable_sort(sequence.begin(), sequence.end(), by_size);
+      int64_t best = place(sequence, false);
+      const auto n = static_cast<int64_t>(bufs.size());
+      const int64_t attempts = n < 2 ? 0 : std::clamp<int64_t>(200'000'000 / (n * n), 50, 2000);
+      std::mt19937_64 rng(0x5EED);
+      for (int64_t k = 0; k < attempts; ++k) {
+        const size_t i = rng() % bufs.size(), j = rng() % bufs.size();
+        if (i == j) continue;
+        std::swap(sequence[i], sequence[j]);
+        const int64_t arena = place(sequence, false);
+        if (arena <= best) best = arena;
+        else std::swap(sequence[i], sequence[j]);
+      }
+      plan.arena_bytes = place(sequence, false);
+      break;
+    }
   }
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     if (g.tensors[t].bytes == 0) continue;

@@ -103,7 +103,15 @@ std::pair<Order, int64_t> brute_force_schedule(const Graph& g, int max_nodes = 1
 // Offset planning: one arena, each tensor at an offset for its lifetime under `order` (graph
 // inputs from the start, kept tensors to the end; an in-place output shares its input's offset),
 // each node's workspace for its own step.
-enum class Planner { first_fit, best_fit, greedy_by_size };
+// first_fit / best_fit: buffers by allocation step, each at the lowest offset free for its
+// lifetime / in the smallest gap that fits. greedy_by_size: TFLM's GreedyMemoryPlanner (largest
+// first, lowest offset). greedy_by_conflicts: TVM USMP's (most liveness conflicts first, lowest
+// offset). hill_climb: TVM USMP's (random swaps of the greedy-by-size sequence kept when the
+// arena does not grow; seeded, so a function of the graph and the order).
+enum class Planner { first_fit, best_fit, greedy_by_size, greedy_by_conflicts, hill_climb };
+inline constexpr Planner kPlanners[] = {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size,
+                                        Planner::greedy_by_conflicts, Planner::hill_climb};
+const char* planner_name(Planner p);
 struct Placement {
   int tensor = 0;                     // -1: the workspace of `node`
   int node = -1;
