@@ -149,6 +149,7 @@ TEST(Sched, BadGraphsAndOrdersAreRefused) {
 }  // namespace concord::sched
 
 #include "concord/model/model.h"
+#include "concord/sched/executor.h"
 #include "concord/sched/model_graph.h"
 
 namespace concord::sched {
@@ -203,10 +204,33 @@ TEST(SchedModel, TheModelsPassesAreCertifiedAndPlanned) {
   EXPECT_THROW(pass_from_name("backward"), InputError);
 }
 
+// A decode step's graph: one row per sequence, each attention reading its application's KV cache
+// (kept), the probabilities over the context as workspace; certified by the DP, planned, its peak
+// growing with the context; the executor refuses it (planned, not executed).
+TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
+  for (const bool moe : {false, true}) {
+    model::Model m(model_config(moe));
+    int64_t previous = 0;
+    for (int64_t context : {16, 64, 200}) {
+      const Graph g = model_graph(m, Pass::decode, context, 4);
+      const DpResult dp = dp_schedule(g);
+      EXPECT_TRUE(dp.optimal);
+      EXPECT_GT(dp.peak, previous);
+      previous = dp.peak;
+      for (Planner p : kPlanners) EXPECT_EQ(replay_plan(g, dp.order, plan_offsets(g, dp.order, p)), plan_offsets(g, dp.order, p).arena_bytes);
+      int64_t cache = 0;
+      for (const Tensor& t : g.tensors)
+        if (t.name.find("kv_cache") != std::string::npos) cache += t.bytes;
+      EXPECT_EQ(cache, m.config().applications() * 2 * 4 * context * m.config().num_key_value_heads * m.config().head_dim * 4);
+      EXPECT_GE(dp.peak, cache);  // the caches are kept inputs: live throughout
+      const std::vector<int32_t> tokens(4, 1);
+      EXPECT_THROW(execute_dynamic(m, g, dp.order, tokens, 4, 1), InputError);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace concord::sched
-
-#include "concord/sched/executor.h"
 
 namespace concord::sched {
 namespace {

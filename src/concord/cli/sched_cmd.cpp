@@ -56,8 +56,11 @@ void add_sched_command(CLI::App& app) {
                   "a model folder or GGUF file (its config; its weights with --run), or a config.json "
                   "(random weights with --run)")
       ->required();
-  cmd->add_option("--pass", a->pass, "forward (inference) or train (the training step's forward; default forward)");
-  add_integer_flag(cmd, "--tokens", a->tokens, between(1, 1 << 20), "tokens per sequence T (default 256)");
+  cmd->add_option("--pass", a->pass,
+                  "forward (inference), decode (one decode step after --tokens cached ones per sequence) or train "
+                  "(the training step's forward; default forward)");
+  add_integer_flag(cmd, "--tokens", a->tokens, between(1, 1 << 20),
+                   "tokens per sequence T (decode: the cached context; default 256)");
   add_integer_flag(cmd, "--batch", a->batch, between(1, 4096), "sequences B (default 1)");
   add_integer_flag(cmd, "--alignment", a->alignment, between(4, 1 << 20),
                    "the planners' alignment in bytes, a multiple of 4 (default 64)");
@@ -72,6 +75,8 @@ void add_sched_command(CLI::App& app) {
   cmd->callback([a]() {
     if (a->alignment % 4 != 0) throw InputError(fmt::format("[sched] --alignment {}: a multiple of 4 bytes", a->alignment));
     const sched::Pass pass = sched::pass_from_name(a->pass);
+    if (a->run && pass == sched::Pass::decode)
+      throw InputError("[sched] --run executes the forward and training passes; a decode step is planned only");
     if (a->budget && pass != sched::Pass::train)
       throw InputError("[sched] --budget plans the training step's recomputation: use it with --pass train");
     const std::filesystem::path path(a->model);
@@ -90,9 +95,9 @@ void add_sched_command(CLI::App& app) {
     model::Model& m = loaded ? loaded->model : *owned;
     const model::ModelConfig& c = m.config();
     const int64_t B = a->batch, T = a->tokens;
-    if (T > c.max_position_embeddings)
-      throw InputError(fmt::format("[sched] --tokens {} exceeds the model's max_position_embeddings {}", T,
-                                   c.max_position_embeddings));
+    if (T + (pass == sched::Pass::decode ? 1 : 0) > c.max_position_embeddings)
+      throw InputError(fmt::format("[sched] --tokens {}{} exceeds the model's max_position_embeddings {}", T,
+                                   pass == sched::Pass::decode ? " (+ the decoded token)" : "", c.max_position_embeddings));
 
     std::vector<int32_t> tokens;
     std::vector<float> reference;

@@ -11,8 +11,9 @@ namespace concord::sched {
 
 Pass pass_from_name(const std::string& name) {
   if (name == "forward") return Pass::forward;
+  if (name == "decode") return Pass::decode;
   if (name == "train") return Pass::train;
-  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, train)", name));
+  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, decode, train)", name));
 }
 
 Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const ExpertRows* expert_rows) {
@@ -22,8 +23,10 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
   if (expert_rows != nullptr && static_cast<int64_t>(expert_rows->size()) != c.applications())
     throw InputError(fmt::format("[sched] expert rows for {} applications, the model runs {}", expert_rows->size(),
                                  c.applications()));
-  const int64_t rows = T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
-                V = c.vocab_size;
+  // A decode step: one new token per sequence after T cached ones.
+  const bool decode = pass == Pass::decode;
+  const int64_t rows = decode ? B : T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
+                Hkv = c.num_key_value_heads, V = c.vocab_size;
   const bool train = pass == Pass::train;
   constexpr int64_t f = 4;  // fp32 activations
   Graph g;
@@ -57,6 +60,12 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
         // After QK-norm RoPE rotates in place; without it the raw projection is copied first
         // (the backward reads both).
         g.add_node(p + name, {in}, {out(w, rows * n.width)}, 0, t.count(w + "_normed") ? 0 : -1);
+      } else if (name == "attention" && decode) {
+        // The application's KV cache (B sequences of T cached rows, kept: it outlives the step)
+        // is read beside the new row's k and v; the probabilities of each query over T + 1 keys
+        // are workspace.
+        const int cache = g.add_tensor(p + "kv_cache", 2 * B * T * Hkv * D * f, true);
+        g.add_node(p + name, {t["q"], t["k"], t["v"], cache}, {out("att", rows * Hq * D)}, B * Hq * (T + 1) * f);
       } else if (name == "attention") {
         const int64_t probs = B * Hq * T * T;
         std::vector<int> outs = {out("att", rows * Hq * D)};

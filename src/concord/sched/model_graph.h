@@ -20,7 +20,11 @@
 // routing -> y). An expert's rows are `expert_rows` (Model::RouterStats::counts of the batch:
 // exact, what the executor needs) or else T·k/E rounded up (the balanced load, a planning figure).
 //
-// Passes: `forward` (inference: only the logits are kept) and `train` (the forward as the
+// Passes: `forward` (inference: only the logits are kept), `decode` (one engine decode step: one
+// new token for each of B sequences with `tokens` cached ones; each application's attention reads
+// its KV cache, a kept graph input of 2·B·T·Hkv·D floats, and holds the probabilities over T + 1
+// keys as workspace — planned, not executed: the executor runs the full-sequence passes) and
+// `train` (the forward as the
 // training step runs it: every activation the backward reads is kept — LayerActivations — so
 // scheduling can only reorder independent branches; its peak is what the backward starts from).
 // Depth-recurrent models are refused (their adapter is not in the node list yet).
@@ -35,8 +39,8 @@
 
 namespace concord::sched {
 
-enum class Pass { forward, train };
-Pass pass_from_name(const std::string& name);  // "forward" | "train"; InputError otherwise
+enum class Pass { forward, decode, train };
+Pass pass_from_name(const std::string& name);  // "forward" | "decode" | "train"; InputError otherwise
 
 // Per application, the rows routed to each expert (an empty list for a dense application).
 using ExpertRows = std::vector<std::vector<int64_t>>;
