@@ -252,7 +252,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The executor runs the model's passes node by node through memory it owns: for every config
-// (Qwen3 dense, Qwen2 without QK-norm and with biases, Qwen3-MoE), pass, order (program, greedy,
+// (Qwen3 dense, Qwen2 without QK-norm and with biases, Qwen3-MoE, a depth-recurrent model at
+// depth 3 with a random initial state), pass, order (program, greedy,
 // the DP's, random valid reorderings) and planner, the logits equal Model::forward's bit for bit;
 // the planned arena's high-water mark — from its allocations and read back from the canary bytes
 // the nodes overwrote — is the plan's arena size, byte for byte; the dynamic executor's counter
@@ -263,12 +264,26 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
     model::ModelConfig config;
     const char* policy;
   };
+  model::ModelConfig recurrent = model_config(false);  // Huginn-style: prelude, core x depth, coda
+  recurrent.architecture = "ConcordRecurrentForCausalLM";
+  recurrent.num_hidden_layers = 4;
+  recurrent.n_layers_in_prelude = 1;
+  recurrent.n_layers_in_recurrent_block = 2;
+  recurrent.n_layers_in_coda = 1;
+  recurrent.mean_recurrence = 2;
+  recurrent.max_recurrence = 8;
+  recurrent.state_init = "random";
+  recurrent.state_init_std = 0.5;
   const std::vector<Case> cases = {{model_config(false), "fp32"},   {model_config(false), "mxfp8"},
                                     {qwen2_config(), "bf16"},       {model_config(true), "fp32"},
-                                    {model_config(true), "fp8-tensor"}};
+                                    {model_config(true), "fp8-tensor"}, {recurrent, "fp32"}};
   for (const Case& k : cases) {
     model::Model m(k.config, model::PrecisionPolicy::preset(k.policy));
     m.init_random(11, 0.08f);
+    if (k.config.recurrent()) {
+      m.set_depth(3);
+      m.set_state_seed(17);
+    }
     const std::vector<int32_t> tokens = some_tokens(B * S, k.config.vocab_size, 3);
     std::vector<float> reference(static_cast<size_t>(B * S * k.config.vocab_size));
     m.forward(tokens, B, S, reference);

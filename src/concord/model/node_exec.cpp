@@ -70,7 +70,6 @@ std::vector<int32_t> expert_tokens(const Routing& r, int64_t rows, int64_t k, in
 void Model::run_node(const NodeCall& call) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
-  if (c.recurrent()) throw InputError("[model] run_node: a depth-recurrent model's pass is not a node list yet");
   if (call.B < 1 || call.S < 1 || call.S > c.max_position_embeddings)
     throw InputError(fmt::format("[model] run_node: {} sequences of {} tokens (1..{} tokens each)", call.B, call.S,
                                  c.max_position_embeddings));
@@ -110,6 +109,18 @@ void Model::run_node(const NodeCall& call) {
   }
 
   if (call.application >= m.applications()) k.fail(fmt::format("the pass has applications 0..{}", m.applications() - 1));
+  if (c.recurrent() && (call.node == "init_state" || call.node == "adapter")) {
+    if (!m.plan[static_cast<size_t>(call.application)].enters_iteration)
+      k.fail("the application does not enter a core iteration");
+    if (call.node == "init_state") {  // s0 of every row (the model's state seed)
+      k.counts(0, 1);
+      m.initial_state(k.out(0, T * C), positions.data(), T);
+    } else {  // [s, e] and x = adapter([s, e])
+      k.counts(2, 2);
+      m.adapter_forward(k.in(0, T * C), k.in(1, T * C), T, k.out(0, T * 2 * C), k.out(1, T * C), {});
+    }
+    return;
+  }
   const int layer = m.plan[static_cast<size_t>(call.application)].block;
   const LayerParams& lp = m.layers[static_cast<size_t>(layer)];
   const std::vector<BlockNode> nodes = m.blocks[static_cast<size_t>(layer)]->describe(m);

@@ -18,11 +18,16 @@ Pass pass_from_name(const std::string& name) {
 
 Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const ExpertRows* expert_rows) {
   const model::ModelConfig& c = m.config();
-  if (c.recurrent()) throw InputError("[sched] a depth-recurrent model's pass is not a node list yet");
+  // A depth-recurrent model runs its plan at the model's current depth (prelude, the core's
+  // layers once per iteration, each entered through the adapter, then the coda).
+  const int64_t depth = c.recurrent() ? m.depth() : 0;
+  const int64_t A = c.recurrent() ? c.applications_at(depth) : c.applications();
+  const int64_t P = c.n_layers_in_prelude, R = c.n_layers_in_recurrent_block;
+  if (c.recurrent() && pass == Pass::decode)
+    throw InputError("[sched] a depth-recurrent model's decode step is not planned yet (its KV cache has a slot per iteration)");
   if (T < 1 || B < 1) throw InputError(fmt::format("[sched] {} tokens of {} sequences: need at least 1 of each", T, B));
-  if (expert_rows != nullptr && static_cast<int64_t>(expert_rows->size()) != c.applications())
-    throw InputError(fmt::format("[sched] expert rows for {} applications, the model runs {}", expert_rows->size(),
-                                 c.applications()));
+  if (expert_rows != nullptr && static_cast<int64_t>(expert_rows->size()) != A)
+    throw InputError(fmt::format("[sched] expert rows for {} applications, the model runs {}", expert_rows->size(), A));
   // A decode step: one new token per sequence after T cached ones.
   const bool decode = pass == Pass::decode;
   const int64_t rows = decode ? B : T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
@@ -36,9 +41,23 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
   const int tokens = g.add_tensor("tokens", rows * 4);
   int x = tensor("x0", rows * C, true);
   g.add_node("embed", {tokens}, {x});
-  for (int64_t a = 0; a < c.applications(); ++a) {
-    const int block = c.block_of(a);
+  int injection = -1;  // recurrent: the prelude's output e, read by every iteration's adapter
+  for (int64_t a = 0; a < A; ++a) {
+    const int block = c.recurrent() ? c.block_of_at(a, depth) : c.block_of(a);
     const std::string p = fmt::format("a{}.", a);
+    if (c.recurrent() && a >= P && a < P + depth * R && (a - P) % R == 0) {
+      // Entering a core iteration: x = adapter([s, e]), s the previous iteration's output or s0.
+      int state = x;
+      if (a == P) {
+        injection = x;
+        if (train) g.tensors[static_cast<size_t>(injection)].keep = true;  // the backward reads e
+        state = tensor(p + "s0", rows * C, false);
+        g.add_node(p + "init_state", {}, {state});
+      }
+      const int cat = tensor(p + "adapter_in", rows * 2 * C, true);
+      x = tensor(p + "x_adapted", rows * C, true);
+      g.add_node(p + "adapter", {state, injection}, {cat, x});
+    }
     std::map<std::string, int> t;  // this application's tensors by role
     t["x"] = x;
     std::vector<int> expert_outputs;

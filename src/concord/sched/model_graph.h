@@ -27,7 +27,10 @@
 // `train` (the forward as the
 // training step runs it: every activation the backward reads is kept — LayerActivations — so
 // scheduling can only reorder independent branches; its peak is what the backward starts from).
-// Depth-recurrent models are refused (their adapter is not in the node list yet).
+// A depth-recurrent model's pass is its plan at the model's current depth (Model::set_depth):
+// the prelude's blocks, per core iteration `init_state` (the first: s0, no inputs) and `adapter`
+// (s, e -> [s, e] and x; the prelude's output e is read by every iteration's adapter), the core's
+// blocks, then the coda's. Its decode step is not planned yet.
 #pragma once
 
 #include <cstdint>
