@@ -29,8 +29,8 @@ test: setup build
 
 # The inner loop (docs/development.md): build only what one layer's tests need and run them,
 # without setup or the rest of the build. LAYER is numerics, tensor, io, model, train, serve, rl,
-# audit, cli or python; SLOW=1 adds the tests labelled slow. Example: make check LAYER=model
-LAYERS := numerics tensor io model train serve rl audit cli python
+# sched, audit, cli or python; SLOW=1 adds the tests labelled slow. Example: make check LAYER=model
+LAYERS := numerics tensor io model train serve rl sched audit cli python
 check: $(BUILD)/build.ninja
 	@case " $(LAYERS) " in *" $(LAYER) "*) ;; *) \
 	  echo "make check: LAYER must be one of: $(LAYERS) (got '$(LAYER)')"; exit 2;; esac
