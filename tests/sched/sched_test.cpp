@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -118,6 +119,70 @@ TEST(Sched, EveryPlannerPlacesEveryTensorWithoutOverlapOnLargerGraphs) {
       EXPECT_LE(arena[Planner::hill_climb], arena[Planner::greedy_by_size]) << seed;
     }
   }
+}
+
+// The exact planner: never above any heuristic, at or above the bound, optimal within its budget on
+// small graphs, and equal to a brute force over every offset assignment (on a grid of the
+// alignment) on the smallest — a check that shares nothing with its lowest-fit search.
+TEST(Sched, TheExactPlannerIsTheSmallestArena) {
+  int better = 0;
+  for (uint64_t seed = 1; seed <= 150; ++seed) {
+    const Graph g = random_graph(3 + static_cast<int>(seed % 6), seed, 256);
+    const Order o = greedy_order(g);
+    const ArenaPlan exact = plan_offsets(g, o, Planner::exact, 64);
+    EXPECT_TRUE(exact.optimal) << seed;
+    EXPECT_GE(exact.arena_bytes, exact.lower_bound) << seed;
+    EXPECT_EQ(replay_plan(g, o, exact), exact.arena_bytes) << seed;
+    int64_t best_heuristic = INT64_MAX;
+    for (Planner p : kPlanners) best_heuristic = std::min(best_heuristic, plan_offsets(g, o, p, 64).arena_bytes);
+    EXPECT_LE(exact.arena_bytes, best_heuristic) << seed;
+    better += exact.arena_bytes < plan_offsets(g, o, Planner::greedy_by_size, 64).arena_bytes;
+    // Brute force: buffers (an in-place output shares its input's) with their lifetimes and sizes
+    // in units of 64 bytes, every offset 0..sum for each.
+    struct B {
+      int64_t units;
+      int first, last;
+    };
+    std::map<int64_t, B> buffers;  // by a key: root tensor, or -(node + 1) for a workspace
+    const std::vector<int> root = buffer_of(g);
+    for (const Placement& p : exact.placements) {
+      const int64_t key = p.tensor >= 0 ? root[static_cast<size_t>(p.tensor)] : -(p.node + 1);
+      const int64_t units = (g.tensors.size() > 0 && p.tensor >= 0 ? g.tensors[static_cast<size_t>(root[static_cast<size_t>(p.tensor)])].bytes : p.bytes);
+      auto [it, fresh] = buffers.try_emplace(key, B{(units + 63) / 64, p.first_step, p.last_step});
+      if (!fresh) {
+        it->second.first = std::min(it->second.first, p.first_step);
+        it->second.last = std::max(it->second.last, p.last_step);
+      }
+    }
+    if (buffers.size() > 6) continue;
+    std::vector<B> list;
+    int64_t total = 0;
+    for (const auto& [k, b] : buffers) {
+      list.push_back(b);
+      total += b.units;
+    }
+    int64_t brute = INT64_MAX;
+    std::vector<int64_t> at(list.size(), 0);
+    std::function<void(size_t, int64_t)> search = [&](size_t i, int64_t top) {
+      if (top >= brute) return;
+      if (i == list.size()) {
+        brute = top;
+        return;
+      }
+      for (int64_t o2 = 0; o2 + list[i].units <= total; ++o2) {
+        bool ok = true;
+        for (size_t j = 0; j < i && ok; ++j)
+          if (list[j].first <= list[i].last && list[i].first <= list[j].last && o2 < at[j] + list[j].units && at[j] < o2 + list[i].units)
+            ok = false;
+        if (!ok) continue;
+        at[i] = o2;
+        search(i + 1, std::max(top, o2 + list[i].units));
+      }
+    };
+    search(0, 0);
+    EXPECT_EQ(exact.arena_bytes, brute * 64) << seed;
+  }
+  EXPECT_GT(better, 0);  // TFLM's greedy-by-size is not always optimal
 }
 
 TEST(Sched, AReplayCatchesAnOverlappingPlan) {
@@ -298,7 +363,9 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
         const Execution dynamic = execute_dynamic(m, g, order, tokens, B, S);
         EXPECT_TRUE(same_bits(dynamic.logits, reference)) << what;
         EXPECT_EQ(dynamic.high_water, peak(g, order)) << what;
-        for (Planner p : kPlanners) {
+        std::vector<Planner> planners(std::begin(kPlanners), std::end(kPlanners));
+        planners.push_back(Planner::exact);
+        for (Planner p : planners) {
           const ArenaPlan plan = plan_offsets(g, order, p);
           const Execution planned = execute_planned(m, g, order, plan, tokens, B, S);
           EXPECT_TRUE(same_bits(planned.logits, reference)) << what;

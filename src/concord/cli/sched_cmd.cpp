@@ -140,7 +140,8 @@ void add_sched_command(CLI::App& app) {
 
     const std::vector<std::pair<std::string, sched::Order>> orders = {
         {"program", sched::program_order(g)}, {"greedy", sched::greedy_order(g)}, {"dp", dp.order}};
-    const auto& planners = sched::kPlanners;
+    std::vector<sched::Planner> planners(std::begin(sched::kPlanners), std::end(sched::kPlanners));
+    planners.push_back(sched::Planner::exact);
     std::string header = fmt::format("  {:<8} {:>16}", "order", "peak (model)");
     for (sched::Planner p : planners) header += fmt::format(" {:>19}", sched::planner_name(p));
     if (a->run) header += fmt::format(" {:>16}   {}", "measured dynamic", "measured arenas");
@@ -154,8 +155,10 @@ void add_sched_command(CLI::App& app) {
       std::vector<sched::ArenaPlan> plans;
       for (sched::Planner p : planners) {
         plans.push_back(sched::plan_offsets(g, order, p, a->alignment));
-        line += fmt::format(" {:>19}", plans.back().arena_bytes);
-        row["planners"][sched::planner_name(p)] = {{"arena_bytes", plans.back().arena_bytes}};
+        line += fmt::format(" {:>19}", fmt::format("{}{}", plans.back().arena_bytes, plans.back().optimal ? "*" : ""));
+        row["planners"][sched::planner_name(p)] = {{"arena_bytes", plans.back().arena_bytes},
+                                                   {"lower_bound", plans.back().lower_bound},
+                                                   {"optimal", plans.back().optimal}};
       }
       if (a->run) {
         auto same = [&](const std::vector<float>& logits) {
@@ -185,6 +188,8 @@ void add_sched_command(CLI::App& app) {
       std::fflush(stdout);
       out["orders"].push_back(std::move(row));
     }
+    std::printf("%s\n", "  (* the arena is proven the smallest for the order: it equals the bound of buffers live at once, "
+                        "or the exact planner's search finished)");
     const int64_t program = sched::peak(g, orders[0].second);
     std::printf("%s\n", fmt::format("the DP's order saves {:.2f}% of program order's peak ({} of {})",
                                     100.0 * static_cast<double>(program - dp.peak) / static_cast<double>(program),

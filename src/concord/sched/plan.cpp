@@ -1,6 +1,7 @@
 // Offset planning (sched.h): buffers placed in one arena for an order, and the replay that checks
 // a plan and measures its high-water mark.
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -79,6 +80,7 @@ const char* planner_name(Planner p) {
     case Planner::greedy_by_size: return "greedy_by_size";
     case Planner::greedy_by_conflicts: return "greedy_by_conflicts";
     case Planner::hill_climb: return "hill_climb";
+    case Planner::exact: return "exact";
   }
   return "?";
 }
@@ -148,56 +150,149 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
   };
   ArenaPlan plan;
   plan.alignment = alignment;
+  for (int step = 0; step < static_cast<int>(order.size()); ++step) {
+    int64_t live = 0;
+    for (const Buf& b : bufs)
+      if (b.life.first <= step && step <= b.life.last) live += b.size;
+    plan.lower_bound = std::max(plan.lower_bound, live);
+  }
+  std::vector<size_t> first_sequence = sequence;  // by allocation step, larger first
+  std::stable_sort(first_sequence.begin(), first_sequence.end(), [&](size_t a, size_t b) {
+    return bufs[a].life.first != bufs[b].life.first ? bufs[a].life.first < bufs[b].life.first : bufs[a].size > bufs[b].size;
+  });
+  // TVM USMP's GreedyByConflicts order: the most liveness conflicts first (ties: larger, earlier).
+  auto conflicts_order = [&] {
+    std::vector<int64_t> conflicts(bufs.size(), 0);
+    for (size_t a = 0; a < bufs.size(); ++a)
+      for (size_t b = a + 1; b < bufs.size(); ++b)
+        if (bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last) {
+          ++conflicts[a];
+          ++conflicts[b];
+        }
+    std::vector<size_t> order_ = sequence;
+    std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
+      return conflicts[a] != conflicts[b] ? conflicts[a] > conflicts[b] : by_size(a, b);
+    });
+    return order_;
+  };
+  const std::vector<size_t> conflict_sequence = planner == Planner::greedy_by_conflicts || planner == Planner::exact
+                                                    ? conflicts_order()
+                                                    : std::vector<size_t>{};
+  // TVM USMP's HillClimb: swap two random buffers of the placement sequence, keep the swap when
+  // the arena does not grow; a fixed number of attempts from a fixed seed. Returns the arena.
+  auto climb = [&](std::vector<size_t>& seq) {
+    int64_t best = place(seq, false);
+    const auto n = static_cast<int64_t>(seq.size());
+    const int64_t attempts = n < 2 ? 0 : std::clamp<int64_t>(200'000'000 / (n * n), 50, 2000);
+    std::mt19937_64 rng(0x5EED);
+    for (int64_t k = 0; k < attempts; ++k) {
+      const size_t i = rng() % seq.size(), j = rng() % seq.size();
+      if (i == j) continue;
+      std::swap(seq[i], seq[j]);
+      const int64_t arena = place(seq, false);
+      if (arena <= best) best = arena;
+      else std::swap(seq[i], seq[j]);
+    }
+    return best;
+  };
   switch (planner) {
     case Planner::first_fit:
     case Planner::best_fit:
-      std::stable_sort(sequence.begin(), sequence.end(), [&](size_t a, size_t b) {
-        return bufs[a].life.first != bufs[b].life.first ? bufs[a].life.first < bufs[b].life.first
-                                                        : bufs[a].size > bufs[b].size;
-      });
-      plan.arena_bytes = place(sequence, planner == Planner::best_fit);
+      plan.arena_bytes = place(first_sequence, planner == Planner::best_fit);
       break;
     case Planner::greedy_by_size:
       std::stable_sort(sequence.begin(), sequence.end(), by_size);
       plan.arena_bytes = place(sequence, false);
       break;
-    case Planner::greedy_by_conflicts: {
-      // TVM USMP's GreedyByConflicts: the buffers with the most liveness conflicts first (ties:
-      // the larger, then the earlier), each at the lowest offset that fits.
-      std::vector<int64_t> conflicts(bufs.size(), 0);
-      for (size_t a = 0; a < bufs.size(); ++a)
-        for (size_t b = a + 1; b < bufs.size(); ++b)
-          if (bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last) {
-            ++conflicts[a];
-            ++conflicts[b];
-          }
-      std::stable_sort(sequence.begin(), sequence.end(), [&](size_t a, size_t b) {
-        return conflicts[a] != conflicts[b] ? conflicts[a] > conflicts[b] : by_size(a, b);
-      });
+    case Planner::greedy_by_conflicts:
+      plan.arena_bytes = place(conflict_sequence, false);
+      break;
+    case Planner::hill_climb:
+      // From the greedy-by-size sequence.
+      std::stable_sort(sequence.begin(), sequence.end(), by_size);
+      climb(sequence);
       plan.arena_bytes = place(sequence, false);
       break;
-    }
-    case Planner::hill_climb: {
-      // TVM USMP's HillClimb: from the greedy-by-size sequence, swap two random buffers of the
-      // placement sequence and keep the swap when the arena does not grow; a fixed number of
-      // attempts, a fixed seed (the plan is a function of the graph and the order).
-      std::stable_sort(sequence.begin(), sequence.end(), by_size);
-      int64_t best = place(sequence, false);
-      const auto n = static_cast<int64_t>(bufs.size());
-      const int64_t attempts = n < 2 ? 0 : std::clamp<int64_t>(200'000'000 / (n * n), 50, 2000);
-      std::mt19937_64 rng(0x5EED);
-      for (int64_t k = 0; k < attempts; ++k) {
-        const size_t i = rng() % bufs.size(), j = rng() % bufs.size();
-        if (i == j) continue;
-        std::swap(sequence[i], sequence[j]);
-        const int64_t arena = place(sequence, false);
-        if (arena <= best) best = arena;
-        else std::swap(sequence[i], sequence[j]);
-      }
-      plan.arena_bytes = place(sequence, false);
+    case Planner::exact: {
+      // The incumbent: the best of the heuristics' sequences (hill climbing from greedy-by-size).
+      std::vector<size_t> best_sequence = sequence;
+      std::stable_sort(best_sequence.begin(), best_sequence.end(), by_size);
+      int64_t best = climb(best_sequence);
+      for (const std::vector<size_t>& other : {first_sequence, conflict_sequence})
+        if (const int64_t a = place(other, false); a < best) {
+          best = a;
+          best_sequence = other;
+        }
+      const size_t n = bufs.size();
+      std::vector<size_t> rank(n);  // candidates are tried largest first
+      std::vector<size_t> candidates = sequence;
+      std::stable_sort(candidates.begin(), candidates.end(), by_size);
+      for (size_t r = 0; r < n; ++r) rank[candidates[r]] = r;
+      auto conflict = [&](size_t a, size_t b) {
+        return bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last;
+      };
+      std::vector<int64_t> off(n, -1);
+      std::vector<char> used(n, 0);
+      std::vector<size_t> current;
+      // The lowest offset buffer i fits at among the placed ones: where it lands if placed next,
+      // and a lower bound on where it lands later (more placed buffers only push it up).
+      auto lowest_fit = [&](size_t i) {
+        std::vector<std::pair<int64_t, int64_t>> busy;
+        for (size_t j : current)
+          if (conflict(i, j)) busy.emplace_back(off[j], off[j] + bufs[j].size);
+        std::sort(busy.begin(), busy.end());
+        int64_t o = 0;
+        for (const auto& [start, end] : busy) {
+          if (start >= o + bufs[i].size) break;
+          o = std::max(o, end);
+        }
+        return o;
+      };
+      int64_t nodes = 0;
+      constexpr int64_t kBudget = 2'000'000;
+      bool stopped = false;
+      std::function<void(int64_t)> dfs = [&](int64_t arena) {
+        if (best == plan.lower_bound || stopped) return;
+        if (current.size() == n) {
+          if (arena < best) {
+            best = arena;
+            best_sequence = current;
+          }
+          return;
+        }
+        std::vector<std::pair<size_t, int64_t>> next;  // (buffer, its offset if placed now)
+        int64_t bound = arena;
+        for (size_t i : candidates)
+          if (!used[i]) {
+            const int64_t o = lowest_fit(i);
+            bound = std::max(bound, o + bufs[i].size);
+            next.emplace_back(i, o);
+          }
+        if (bound >= best) return;
+        for (const auto& [i, o] : next) {
+          // Two non-conflicting buffers placed one after the other land where they would in the
+          // other order: only the order by rank is searched.
+          if (!current.empty() && !conflict(i, current.back()) && rank[i] < rank[current.back()]) continue;
+          if (++nodes > kBudget) {
+            stopped = true;
+            return;
+          }
+          used[i] = 1;
+          off[i] = o;
+          current.push_back(i);
+          dfs(std::max(arena, o + bufs[i].size));
+          current.pop_back();
+          used[i] = 0;
+          if (best == plan.lower_bound || stopped) return;
+        }
+      };
+      dfs(0);
+      plan.arena_bytes = place(best_sequence, false);
+      plan.optimal = !stopped;
       break;
     }
   }
+  plan.optimal = plan.optimal || plan.arena_bytes == plan.lower_bound;
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     if (g.tensors[t].bytes == 0) continue;
     const int root = L.buffer_of[t];

@@ -108,7 +108,13 @@ std::pair<Order, int64_t> brute_force_schedule(const Graph& g, int max_nodes = 1
 // first, lowest offset). greedy_by_conflicts: TVM USMP's (most liveness conflicts first, lowest
 // offset). hill_climb: TVM USMP's (random swaps of the greedy-by-size sequence kept when the
 // arena does not grow; seeded, so a function of the graph and the order).
-enum class Planner { first_fit, best_fit, greedy_by_size, greedy_by_conflicts, hill_climb };
+// exact: the smallest arena for the order — every buffer sequence placed lowest-fit, searched by
+// branch and bound from the heuristics' best, pruned at the incumbent and stopped at the lower
+// bound. Lowest-fit over sequences is complete: placing an optimal packing's buffers in order of
+// their offsets, each at the lowest free offset, puts each at or below its optimal offset (by
+// induction, every earlier conflicting buffer ends at or below it), so some sequence reaches the
+// optimum. Past 2,000,000 search nodes it returns its best with `optimal` false.
+enum class Planner { first_fit, best_fit, greedy_by_size, greedy_by_conflicts, hill_climb, exact };
 inline constexpr Planner kPlanners[] = {Planner::first_fit, Planner::best_fit, Planner::greedy_by_size,
                                         Planner::greedy_by_conflicts, Planner::hill_climb};
 const char* planner_name(Planner p);
@@ -122,6 +128,11 @@ struct ArenaPlan {
   std::vector<Placement> placements;  // one per tensor with bytes > 0, one per node workspace
   int64_t arena_bytes = 0;            // max over buffers of offset + bytes rounded up to alignment
   int64_t alignment = 64;             // every offset and buffer size is a multiple of it
+  // The largest total of buffers (rounded up to the alignment) live at one step: no placement of
+  // this order does better. `optimal`: the arena is proven smallest (it equals the bound, or the
+  // exact planner's search finished).
+  int64_t lower_bound = 0;
+  bool optimal = false;
 };
 ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int64_t alignment = 64);
 // Checks a plan: tensors live at the same step never overlap, an in-place pair shares its
