@@ -139,6 +139,7 @@ flow lsq||--precision-step|2|a number in (0, 2)
 flow model|--model m|--population|0|an integer in [1, 4096]
 flow model|--model m|--seq-len|1|an integer in [2, 8192]
 sched|--model m|--tokens|0|an integer in [1, 1048576]
+sched|--model m --pass prefill|--context|-1|an integer in [0, 1048576]
 sched|--model m|--batch|4097|an integer in [1, 4096]
 sched|--model m|--alignment|2|an integer in [4, 1048576]
 sched|--model m|--dp-states|0|an integer in [1, 1099511627776]

@@ -64,12 +64,17 @@ expect_error "train: a budget too small" "the smallest activation plan (every bl
   "$CONCORD" train --config "$TINY" --out "$WORK/small" --steps 3 --memory-budget 20MiB --quiet
 
 # A decode step: planned (the KV caches kept), not executed.
-if run_rc "sched --pass decode" 0 "$CONCORD" sched --model "$WORK/config.json" --pass decode --tokens 200 --batch 4; then
-  if grep -q "pass decode, 4 x 200 tokens" "$WORK/out" && grep -q "optimal (certificate" "$WORK/out"; then pass "sched --pass decode: certified"
+if run_rc "sched --pass decode" 0 "$CONCORD" sched --model "$WORK/config.json" --pass decode --context 200 --batch 4; then
+  if grep -q "pass decode, 4 x 1 tokens after 200 cached" "$WORK/out" && grep -q "optimal (certificate" "$WORK/out"; then pass "sched --pass decode: certified"
   else fail "sched --pass decode: $(cat "$WORK/out")"; fi
 fi
-expect_error "sched: --run on a decode step" "a decode step is planned only" "$CONCORD" sched --model "$WORK/config.json" --pass decode --run
-expect_error "sched: decode past the positions" "(+ the decoded token)" "$CONCORD" sched --model "$WORK/config.json" --pass decode --tokens 256
+if run_rc "sched --pass prefill" 0 "$CONCORD" sched --model "$WORK/config.json" --pass prefill --tokens 32 --context 128; then
+  if grep -q "pass prefill, 1 x 32 tokens after 128 cached" "$WORK/out"; then pass "sched --pass prefill"
+  else fail "sched --pass prefill: $(cat "$WORK/out")"; fi
+fi
+expect_error "sched: --run on a decode step" "planned only" "$CONCORD" sched --model "$WORK/config.json" --pass decode --run
+expect_error "sched: decode past the positions" "after --context 256" "$CONCORD" sched --model "$WORK/config.json" --pass decode --context 256
+expect_error "sched: --context on the forward" "--context is for" "$CONCORD" sched --model "$WORK/config.json" --context 5
 
 expect_error "sched: unknown pass" "unknown pass 'backward'" "$CONCORD" sched --model "$WORK/config.json" --pass backward
 expect_error "sched: alignment" "--alignment 6" "$CONCORD" sched --model "$WORK/config.json" --alignment 6

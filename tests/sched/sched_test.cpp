@@ -271,13 +271,14 @@ TEST(SchedModel, TheModelsPassesAreCertifiedAndPlanned) {
 
 // A decode step's graph: one row per sequence, each attention reading its application's KV cache
 // (kept), the probabilities over the context as workspace; certified by the DP, planned, its peak
-// growing with the context; the executor refuses it (planned, not executed).
+// growing with the context; the executor refuses it (planned, not executed). A prefill chunk after
+// the same context peaks above it.
 TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
   for (const bool moe : {false, true}) {
     model::Model m(model_config(moe));
     int64_t previous = 0;
     for (int64_t context : {16, 64, 200}) {
-      const Graph g = model_graph(m, Pass::decode, context, 4);
+      const Graph g = model_graph(m, Pass::decode, 1, 4, nullptr, context);
       const DpResult dp = dp_schedule(g);
       EXPECT_TRUE(dp.optimal);
       EXPECT_GT(dp.peak, previous);
@@ -286,12 +287,19 @@ TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
       int64_t cache = 0;
       for (const Tensor& t : g.tensors)
         if (t.name.find("kv_cache") != std::string::npos) cache += t.bytes;
-      EXPECT_EQ(cache, m.config().applications() * 2 * 4 * context * m.config().num_key_value_heads * m.config().head_dim * 4);
+      EXPECT_EQ(cache, m.config().applications() * 2 * 4 * (context + 1) * m.config().num_key_value_heads * m.config().head_dim * 4);
       EXPECT_GE(dp.peak, cache);  // the caches are kept inputs: live throughout
       const std::vector<int32_t> tokens(4, 1);
       EXPECT_THROW(execute_dynamic(m, g, dp.order, tokens, 4, 1), InputError);
+      // A prefill chunk of 32 after the same context peaks above the decode step.
+      const Graph chunk = model_graph(m, Pass::prefill, 32, 4, nullptr, context);
+      EXPECT_GT(dp_schedule(chunk).peak, dp.peak);
     }
   }
+  model::Model m(model_config(false));
+  EXPECT_THROW(model_graph(m, Pass::decode, 2, 4, nullptr, 8), InputError);     // one token per step
+  EXPECT_THROW(model_graph(m, Pass::forward, 8, 1, nullptr, 8), InputError);    // no context there
+  EXPECT_THROW(model_graph(m, Pass::prefill, 200, 1, nullptr, 100), InputError);  // past 256 positions
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ std::string mib(int64_t bytes) { return fmt::format("{:.3f} MiB", static_cast<do
 void add_sched_command(CLI::App& app) {
   struct Args {
     std::string model, pass = "forward", policy = "fp32", json;
-    int64_t tokens = 256, batch = 1, alignment = 64, dp_states = 2'000'000;
+    int64_t tokens = 256, batch = 1, alignment = 64, dp_states = 2'000'000, context = 0;
     std::optional<int64_t> budget;
     double dp_seconds = 60;
     bool run = false;
@@ -57,10 +57,11 @@ void add_sched_command(CLI::App& app) {
                   "(random weights with --run)")
       ->required();
   cmd->add_option("--pass", a->pass,
-                  "forward (inference), decode (one decode step after --tokens cached ones per sequence) or train "
-                  "(the training step's forward; default forward)");
-  add_integer_flag(cmd, "--tokens", a->tokens, between(1, 1 << 20),
-                   "tokens per sequence T (decode: the cached context; default 256)");
+                  "forward (inference), prefill (a chunk of --tokens after --context cached ones per sequence), "
+                  "decode (one token after --context cached ones) or train (the training step; default forward)");
+  add_integer_flag(cmd, "--tokens", a->tokens, between(1, 1 << 20), "new tokens per sequence T (default 256; decode: 1)");
+  add_integer_flag(cmd, "--context", a->context, between(0, 1 << 20),
+                   "prefill and decode: tokens already in each sequence's KV cache (default 0)");
   add_integer_flag(cmd, "--batch", a->batch, between(1, 4096), "sequences B (default 1)");
   add_integer_flag(cmd, "--alignment", a->alignment, between(4, 1 << 20),
                    "the planners' alignment in bytes, a multiple of 4 (default 64)");
@@ -75,8 +76,10 @@ void add_sched_command(CLI::App& app) {
   cmd->callback([a]() {
     if (a->alignment % 4 != 0) throw InputError(fmt::format("[sched] --alignment {}: a multiple of 4 bytes", a->alignment));
     const sched::Pass pass = sched::pass_from_name(a->pass);
-    if (a->run && pass == sched::Pass::decode)
-      throw InputError("[sched] --run executes the forward and training passes; a decode step is planned only");
+    const bool cached = pass == sched::Pass::decode || pass == sched::Pass::prefill;
+    if (a->run && cached)
+      throw InputError("[sched] --run executes the forward and training passes; a prefill chunk or decode step is planned only");
+    if (a->context > 0 && !cached) throw InputError("[sched] --context is for --pass prefill and decode");
     if (a->budget && pass != sched::Pass::train)
       throw InputError("[sched] --budget plans the training step's recomputation: use it with --pass train");
     const std::filesystem::path path(a->model);
@@ -94,10 +97,10 @@ void add_sched_command(CLI::App& app) {
     }
     model::Model& m = loaded ? loaded->model : *owned;
     const model::ModelConfig& c = m.config();
-    const int64_t B = a->batch, T = a->tokens;
-    if (T + (pass == sched::Pass::decode ? 1 : 0) > c.max_position_embeddings)
-      throw InputError(fmt::format("[sched] --tokens {}{} exceeds the model's max_position_embeddings {}", T,
-                                   pass == sched::Pass::decode ? " (+ the decoded token)" : "", c.max_position_embeddings));
+    const int64_t B = a->batch, T = pass == sched::Pass::decode ? 1 : a->tokens;
+    if (T + a->context > c.max_position_embeddings)
+      throw InputError(fmt::format("[sched] {} tokens{} exceed the model's max_position_embeddings {}", T,
+                                   cached ? fmt::format(" after --context {}", a->context) : "", c.max_position_embeddings));
 
     std::vector<int32_t> tokens;
     std::vector<float> reference;
@@ -110,18 +113,20 @@ void add_sched_command(CLI::App& app) {
       m.forward(tokens, B, T, reference);
       if (c.num_experts > 0) rows = sched::expert_rows_of(m, tokens, B, T);
     }
-    const sched::Graph g = sched::model_graph(m, pass, T, B, rows ? &*rows : nullptr);
+    const sched::Graph g = sched::model_graph(m, pass, T, B, rows ? &*rows : nullptr, a->context);
     ordered_json out;
     out["model"] = a->model;
     out["architecture"] = c.architecture;
     out["pass"] = a->pass;
     out["batch"] = B;
     out["tokens"] = T;
+    out["context"] = a->context;
     out["nodes"] = g.nodes.size();
     out["tensors"] = g.tensors.size();
     out["expert_rows"] = c.num_experts == 0 ? "dense" : rows ? "exact (this batch's routing)" : "balanced (T·k/E)";
-    std::printf("%s\n", fmt::format("{} ({}, {} layers), pass {}, {} x {} tokens: {} nodes, {} tensors{}", a->model,
-                                    c.architecture, c.num_hidden_layers, a->pass, B, T, g.nodes.size(), g.tensors.size(),
+    std::printf("%s\n", fmt::format("{} ({}, {} layers), pass {}, {} x {} tokens{}: {} nodes, {} tensors{}", a->model,
+                                    c.architecture, c.num_hidden_layers, a->pass, B, T,
+                                    cached ? fmt::format(" after {} cached", a->context) : "", g.nodes.size(), g.tensors.size(),
                                     c.num_experts == 0 ? "" : fmt::format("; expert rows {}", out["expert_rows"].get<std::string>()))
                                 .c_str());
 

@@ -12,25 +12,33 @@ namespace concord::sched {
 Pass pass_from_name(const std::string& name) {
   if (name == "forward") return Pass::forward;
   if (name == "decode") return Pass::decode;
+  if (name == "prefill") return Pass::prefill;
   if (name == "train") return Pass::train;
-  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, decode, train)", name));
+  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, prefill, decode, train)", name));
 }
 
-Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const ExpertRows* expert_rows) {
+Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const ExpertRows* expert_rows,
+                  int64_t context) {
   const model::ModelConfig& c = m.config();
   // A depth-recurrent model runs its plan at the model's current depth (prelude, the core's
   // layers once per iteration, each entered through the adapter, then the coda).
   const int64_t depth = c.recurrent() ? m.depth() : 0;
   const int64_t A = c.recurrent() ? c.applications_at(depth) : c.applications();
   const int64_t P = c.n_layers_in_prelude, R = c.n_layers_in_recurrent_block;
-  if (c.recurrent() && pass == Pass::decode)
-    throw InputError("[sched] a depth-recurrent model's decode step is not planned yet (its KV cache has a slot per iteration)");
+  const bool cached = pass == Pass::decode || pass == Pass::prefill;
+  if (c.recurrent() && cached)
+    throw InputError("[sched] a depth-recurrent model's cached passes are not planned yet (its KV cache has a slot per iteration)");
+  if (pass == Pass::decode && T != 1)
+    throw InputError(fmt::format("[sched] a decode step has one new token per sequence ({} given)", T));
+  if (context < 0 || (context > 0 && !cached))
+    throw InputError(fmt::format("[sched] {} cached tokens: a context is for the prefill and decode passes", context));
+  if (context + T > c.max_position_embeddings)
+    throw InputError(fmt::format("[sched] {} cached + {} new tokens exceed max_position_embeddings {}", context, T,
+                                 c.max_position_embeddings));
   if (T < 1 || B < 1) throw InputError(fmt::format("[sched] {} tokens of {} sequences: need at least 1 of each", T, B));
   if (expert_rows != nullptr && static_cast<int64_t>(expert_rows->size()) != A)
     throw InputError(fmt::format("[sched] expert rows for {} applications, the model runs {}", expert_rows->size(), A));
-  // A decode step: one new token per sequence after T cached ones.
-  const bool decode = pass == Pass::decode;
-  const int64_t rows = decode ? B : T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
+  const int64_t rows = T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
                 Hkv = c.num_key_value_heads, V = c.vocab_size;
   const bool train = pass == Pass::train;
   constexpr int64_t f = 4;  // fp32 activations
@@ -79,12 +87,13 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
         // After QK-norm RoPE rotates in place; without it the raw projection is copied first
         // (the backward reads both).
         g.add_node(p + name, {in}, {out(w, rows * n.width)}, 0, t.count(w + "_normed") ? 0 : -1);
-      } else if (name == "attention" && decode) {
-        // The application's KV cache (B sequences of T cached rows, kept: it outlives the step)
-        // is read beside the new row's k and v; the probabilities of each query over T + 1 keys
-        // are workspace.
-        const int cache = g.add_tensor(p + "kv_cache", 2 * B * T * Hkv * D * f, true);
-        g.add_node(p + name, {t["q"], t["k"], t["v"], cache}, {out("att", rows * Hq * D)}, B * Hq * (T + 1) * f);
+      } else if (name == "attention" && cached) {
+        // The application's KV cache (B sequences of context + T rows: the cached ones and the
+        // new ones appended; kept, it outlives the pass) is read beside the new rows' k and v; the
+        // probabilities of each new query over its context + T keys are workspace.
+        const int cache = g.add_tensor(p + "kv_cache", 2 * B * (context + T) * Hkv * D * f, true);
+        g.add_node(p + name, {t["q"], t["k"], t["v"], cache}, {out("att", rows * Hq * D)},
+                   B * Hq * T * (context + T) * f);
       } else if (name == "attention") {
         const int64_t probs = B * Hq * T * T;
         std::vector<int> outs = {out("att", rows * Hq * D)};

@@ -20,11 +20,12 @@
 // routing -> y). An expert's rows are `expert_rows` (Model::RouterStats::counts of the batch:
 // exact, what the executor needs) or else T·k/E rounded up (the balanced load, a planning figure).
 //
-// Passes: `forward` (inference: only the logits are kept), `decode` (one engine decode step: one
-// new token for each of B sequences with `tokens` cached ones; each application's attention reads
-// its KV cache, a kept graph input of 2·B·T·Hkv·D floats, and holds the probabilities over T + 1
-// keys as workspace — planned, not executed: the executor runs the full-sequence passes) and
-// `train` (the forward as the
+// Passes: `forward` (inference: only the logits are kept); `prefill` (an engine prefill chunk: T
+// new tokens for each of B sequences after `context` cached ones; each application's attention
+// reads its KV cache, a kept graph input of 2·B·(context + T)·Hkv·D floats, and holds the
+// probabilities over context + T keys as workspace); `decode` (the same with T = 1: one decode
+// step) — both planned, not executed (the executor runs the full-sequence passes); and `train`
+// (the forward as the
 // training step runs it: every activation the backward reads is kept — LayerActivations — so
 // scheduling can only reorder independent branches; its peak is what the backward starts from).
 // A depth-recurrent model's pass is its plan at the model's current depth (Model::set_depth):
@@ -42,12 +43,13 @@
 
 namespace concord::sched {
 
-enum class Pass { forward, decode, train };
-Pass pass_from_name(const std::string& name);  // "forward" | "decode" | "train"; InputError otherwise
+enum class Pass { forward, prefill, decode, train };
+// "forward" | "prefill" | "decode" | "train"; InputError otherwise
+Pass pass_from_name(const std::string& name);
 
 // Per application, the rows routed to each expert (an empty list for a dense application).
 using ExpertRows = std::vector<std::vector<int64_t>>;
 Graph model_graph(const model::Model& m, Pass pass, int64_t tokens, int64_t sequences = 1,
-                  const ExpertRows* expert_rows = nullptr);
+                  const ExpertRows* expert_rows = nullptr, int64_t context = 0);
 
 }  // namespace concord::sched
