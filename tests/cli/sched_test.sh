@@ -63,6 +63,22 @@ fi
 expect_error "train: a budget too small" "the smallest activation plan (every block recomputed) needs" \
   "$CONCORD" train --config "$TINY" --out "$WORK/small" --steps 3 --memory-budget 20MiB --quiet
 
+# The whole training step as nodes, executed: loss and gradients bit for bit forward_backward's.
+cat >"$WORK/dense.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 300, "hidden_size": 64,
+ "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+ "tie_word_embeddings": true}
+JSON
+if run_rc "sched --pass step --run" 0 "$CONCORD" sched --model "$WORK/dense.json" --pass step --tokens 32 --batch 2 \
+    --run --policy nvfp4 --json "$WORK/step.json"; then
+  if grep -q "loss and gradients == Model::forward_backward bit for bit" "$WORK/out"; then pass "sched --pass step --run: all equal"
+  else fail "sched --pass step --run: $(cat "$WORK/out")"; fi
+  json_check "sched --pass step: measured == predicted" "$WORK/step.json" \
+    "j['all_equal'] and all(r['measured_dynamic'] == r['peak'] for r in j['orders'])"
+fi
+expect_error "sched: --pass step on MoE" "dense decoders" "$CONCORD" sched --model "$WORK/config.json" --pass step
+
 # A decode step: planned (the KV caches kept), not executed.
 if run_rc "sched --pass decode" 0 "$CONCORD" sched --model "$WORK/config.json" --pass decode --context 200 --batch 4; then
   if grep -q "pass decode, 4 x 1 tokens after 200 cached" "$WORK/out" && grep -q "optimal (certificate" "$WORK/out"; then pass "sched --pass decode: certified"

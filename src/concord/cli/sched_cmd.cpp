@@ -58,7 +58,9 @@ void add_sched_command(CLI::App& app) {
       ->required();
   cmd->add_option("--pass", a->pass,
                   "forward (inference), prefill (a chunk of --tokens after --context cached ones per sequence), "
-                  "decode (one token after --context cached ones) or train (the training step; default forward)");
+                  "decode (one token after --context cached ones), train (the training step's forward, with the "
+                  "recomputation plans) or step (the whole training step, backward nodes included; dense models); "
+                  "default forward");
   add_integer_flag(cmd, "--tokens", a->tokens, between(1, 1 << 20), "new tokens per sequence T (default 256; decode: 1)");
   add_integer_flag(cmd, "--context", a->context, between(0, 1 << 20),
                    "prefill and decode: tokens already in each sequence's KV cache (default 0)");
@@ -102,15 +104,29 @@ void add_sched_command(CLI::App& app) {
       throw InputError(fmt::format("[sched] {} tokens{} exceed the model's max_position_embeddings {}", T,
                                    cached ? fmt::format(" after --context {}", a->context) : "", c.max_position_embeddings));
 
-    std::vector<int32_t> tokens;
+    std::vector<int32_t> tokens, targets;
     std::vector<float> reference;
+    std::vector<std::vector<float>> reference_grads;  // --pass step: forward_backward's
+    float reference_loss = 0;
+    constexpr uint64_t kStep = 1;  // seeds the step's backward GEMMs
     std::optional<sched::ExpertRows> rows;
+    const bool step = pass == sched::Pass::step;
     if (a->run) {
       std::mt19937_64 rng(a->seed);
       tokens.resize(static_cast<size_t>(B * T));
       for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
-      reference.resize(static_cast<size_t>(B * T * c.vocab_size));
-      m.forward(tokens, B, T, reference);
+      if (step) {
+        targets.resize(tokens.size());
+        for (int32_t& t : targets) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
+        reference_loss = m.forward_backward(tokens, targets, B, T, kStep);
+        for (const model::ParamSpec& p : m.params()) {
+          const auto gr = m.grad(p.name);
+          reference_grads.emplace_back(gr.begin(), gr.end());
+        }
+      } else {
+        reference.resize(static_cast<size_t>(B * T * c.vocab_size));
+        m.forward(tokens, B, T, reference);
+      }
       if (c.num_experts > 0) rows = sched::expert_rows_of(m, tokens, B, T);
     }
     const sched::Graph g = sched::model_graph(m, pass, T, B, rows ? &*rows : nullptr, a->context);
@@ -166,24 +182,34 @@ void add_sched_command(CLI::App& app) {
                                                    {"optimal", plans.back().optimal}};
       }
       if (a->run) {
-        auto same = [&](const std::vector<float>& logits) {
-          return logits.size() == reference.size() &&
-                 std::memcmp(logits.data(), reference.data(), sizeof(float) * reference.size()) == 0;
+        // The logits bit for bit Model::forward's; for the training step, the loss and every
+        // gradient forward_backward's.
+        auto same = [&](const sched::Execution& ex) {
+          if (!step)
+            return ex.logits.size() == reference.size() &&
+                   std::memcmp(ex.logits.data(), reference.data(), sizeof(float) * reference.size()) == 0;
+          const float loss = static_cast<float>(ex.loss);
+          if (std::memcmp(&loss, &reference_loss, sizeof(float)) != 0) return false;
+          for (size_t i = 0; i < reference_grads.size(); ++i) {
+            const auto gr = m.grad(m.params()[i].name);
+            if (std::memcmp(gr.data(), reference_grads[i].data(), sizeof(float) * gr.size()) != 0) return false;
+          }
+          return true;
         };
-        const sched::Execution dyn = sched::execute_dynamic(m, g, order, tokens, B, T);
-        const bool dyn_ok = dyn.high_water == predicted && same(dyn.logits);
+        const sched::Execution dyn = sched::execute_dynamic(m, g, order, tokens, B, T, targets, kStep);
+        const bool dyn_ok = dyn.high_water == predicted && same(dyn);
         line += fmt::format(" {:>16}  ", dyn.high_water);
         row["measured_dynamic"] = dyn.high_water;
-        row["logits_equal"] = same(dyn.logits);
+        row["logits_equal"] = same(dyn);
         bool ok = dyn_ok;
         for (size_t i = 0; i < plans.size(); ++i) {
-          const sched::Execution ex = sched::execute_planned(m, g, order, plans[i], tokens, B, T);
-          const bool equal = ex.high_water == plans[i].arena_bytes && ex.touched_bytes == plans[i].arena_bytes && same(ex.logits);
+          const sched::Execution ex = sched::execute_planned(m, g, order, plans[i], tokens, B, T, targets, kStep);
+          const bool equal = ex.high_water == plans[i].arena_bytes && ex.touched_bytes == plans[i].arena_bytes && same(ex);
           ok = ok && equal;
           line += fmt::format(" {}{}", ex.touched_bytes, equal ? "" : "!");
           row["planners"][sched::planner_name(planners[i])]["measured_high_water"] = ex.high_water;
           row["planners"][sched::planner_name(planners[i])]["measured_touched"] = ex.touched_bytes;
-          row["planners"][sched::planner_name(planners[i])]["logits_equal"] = same(ex.logits);
+          row["planners"][sched::planner_name(planners[i])]["logits_equal"] = same(ex);
           row["planners"][sched::planner_name(planners[i])]["seconds"] = ex.seconds;
         }
         line += ok ? "  (all equal)" : "  MISMATCH";
@@ -202,7 +228,9 @@ void add_sched_command(CLI::App& app) {
                             .c_str());
     if (a->run) {
       out["all_equal"] = all_equal;
-      std::printf("%s\n", all_equal ? "measured == predicted for every order and planner; logits == Model::forward bit for bit"
+      std::printf("%s\n", all_equal ? (step ? "measured == predicted for every order and planner; loss and gradients == "
+                                             "Model::forward_backward bit for bit"
+                                           : "measured == predicted for every order and planner; logits == Model::forward bit for bit")
                                     : "MISMATCH between measured and predicted (see the rows marked !)");
     }
     if (pass == sched::Pass::train && !c.recurrent()) {

@@ -161,7 +161,13 @@ class Model {
     std::span<const int64_t> output_bytes;
     void* workspace = nullptr;
     int64_t workspace_bytes = 0;
+    uint64_t step = 0;  // the training step's backward nodes: seeds their GEMMs (forward_backward's `step`)
   };
+  // The training step's nodes (sched/model_graph.h, pass `step`) are run here too: "loss" (mean
+  // cross-entropy over targets >= 0; it also zeroes the gradients the backward adds into),
+  // "lm_head.bwd", "final_norm.bwd", "embed.bwd" and a block node's "<node>.bwd"; they write the
+  // model's gradients (grad()) as forward_backward does, bit for bit. Dense decoders with the
+  // identity schedule.
   void run_node(const NodeCall& call);
   // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
   const tensor::QuantWeight* stored_weight(std::string_view name) const;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "concord/model/block.h"
 #include "concord/model/block_layer.h"
 #include "concord/numerics/check.h"
 #include "concord/tensor/gemm.h"
@@ -65,6 +66,82 @@ std::vector<int32_t> expert_tokens(const Routing& r, int64_t rows, int64_t k, in
   return tokens;
 }
 
+// A block's backward node (LayerBlock::backward and DenseBlock::mlp_backward, call for call):
+// d(output) in, d(input) and the weight gradients out; an accumulating dgrad (up into gate's d
+// xn2, k and v into q's d xn1) adds into its third input, which its output is (or is copied to).
+void run_backward_node(Model::Impl& m, const Model::NodeCall& call, const Call& k, const BlockNode& node,
+                       const int32_t* positions) {
+  const ModelConfig& c = m.config;
+  const int64_t T = call.B * call.S, C = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int L = static_cast<int>(c.num_hidden_layers);
+  const int layer = m.plan[static_cast<size_t>(call.application)].block;
+  const LayerPrecision& attn = m.policy.for_layer(LayerClass::attention, layer, L);
+  const LayerPrecision& mlp = m.policy.for_layer(LayerClass::mlp, layer, L);
+  auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };
+  auto id = [&](int param) { return gemm_stream_id(param, 0, m.specs.size()); };
+  const std::string& name = node.name;
+  // The accumulating dgrads: the running sum arrives as input 2.
+  auto accumulated = [&](int64_t floats) {
+    float* out = k.out(0, floats);
+    const float* sum = k.in(2, floats);
+    if (out != sum) std::memcpy(out, sum, sizeof(float) * static_cast<size_t>(floats));
+    return out;
+  };
+  if (node.op == NodeOp::linear) {
+    const bool attention_side = name == "q" || name == "k" || name == "v" || name == "o";
+    const int64_t in_width = name == "o" ? Hq * D : name == "down" ? F : C;
+    const bool adds = name == "up" || name == "k" || name == "v";
+    k.counts(adds ? 3 : 2, 1);
+    float* dx = adds ? accumulated(T * in_width) : k.out(0, T * in_width);
+    m.linear_backward(attention_side ? attn : mlp, node.param, k.in(0, T * node.width), k.in(1, T * in_width), T, dx, adds,
+                      grad(node.param), false, call.step, id(node.param));
+    return;
+  }
+  switch (node.op) {
+    case NodeOp::swiglu:
+      k.counts(3, 2);
+      swiglu_backward(k.out(0, T * F), k.out(1, T * F), k.in(0, T * F), k.in(1, T * F), k.in(2, T * F), T, F);
+      return;
+    case NodeOp::residual_add: {
+      k.counts(2, 1);
+      const float* dy = k.in(0, T * C);
+      const float* branch = k.in(1, T * C);
+      float* out = k.out(0, T * C);
+      for (int64_t j = 0; j < T * C; ++j) out[j] = dy[j] + branch[j];  // add_into(dx, tmp)
+      return;
+    }
+    case NodeOp::rmsnorm: {
+      k.counts(3, 1);
+      const float* w = m.values[static_cast<size_t>(node.param)].data();
+      if (name == "input_norm" || name == "post_norm") {
+        rmsnorm_backward(k.out(0, T * C), grad(node.param), k.in(0, T * C), k.in(1, T * C), w, k.in(2, T), T, C);
+      } else {
+        const int64_t heads = node.width / D;
+        rmsnorm_backward(k.out(0, T * node.width), grad(node.param), k.in(0, T * node.width), k.in(1, T * node.width), w,
+                         k.in(2, T * heads), T * heads, D);
+      }
+      return;
+    }
+    case NodeOp::rope: {
+      k.counts(1, 1);
+      const float* d = k.in(0, T * node.width);
+      float* out = k.out(0, T * node.width);
+      if (out != d) std::memcpy(out, d, sizeof(float) * static_cast<size_t>(T * node.width));
+      rope_backward(out, positions, T, node.width / D, D, m.rope);
+      return;
+    }
+    case NodeOp::attention:
+      k.counts(5, 3);
+      attention_backward(k.out(0, T * Hq * D), k.out(1, T * Hkv * D), k.out(2, T * Hkv * D), k.in(0, T * Hq * D),
+                         k.in(1, call.B * Hq * call.S * call.S), k.in(2, T * Hq * D), k.in(3, T * Hkv * D), k.in(4, T * Hkv * D),
+                         call.B, call.S, Hq, Hkv, D);
+      return;
+    default:
+      k.fail("no backward node of this kind");
+  }
+}
+
 }  // namespace
 
 void Model::run_node(const NodeCall& call) {
@@ -86,7 +163,57 @@ void Model::run_node(const NodeCall& call) {
     ~RowPositions() { m.row_positions = nullptr; }
   } row_positions(m, positions.data());
 
+  auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };
+  auto backward_only_dense = [&] {
+    if (c.moe() || c.recurrent() || !c.schedule.empty())
+      k.fail("the training step's backward nodes cover dense decoders with the identity schedule");
+    m.require_fp32_values("the training step's backward");
+  };
   if (call.application < 0) {
+    if (call.node == "loss") {  // Model::Impl::run_backward's head: the mean loss and d logits
+      backward_only_dense();
+      k.counts(2, 2);
+      if (call.input_bytes[1] != T * 4) k.fail(fmt::format("the targets hold {} bytes, need {}", call.input_bytes[1], T * 4));
+      if (call.output_bytes[1] != 8) k.fail("the loss output holds 8 bytes (a double)");
+      const float* logits = k.in(0, T * V);
+      const auto* targets = static_cast<const int32_t*>(call.inputs[1]);
+      int64_t count = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        if (targets[t] >= V) k.fail(fmt::format("target id {} outside the vocabulary", targets[t]));
+        count += targets[t] >= 0;
+      }
+      if (count == 0) k.fail("every target is ignored (< 0)");
+      const double loss = cross_entropy_forward<float>(nullptr, logits, targets, T, V) / static_cast<double>(count);
+      cross_entropy_backward(k.out(0, T * V), logits, targets, T, V, 1.0 / static_cast<double>(count));
+      std::memcpy(call.outputs[1], &loss, sizeof(double));
+      // The gradients the backward adds into start at zero (backward_from_dlogits).
+      m.ensure_grads();
+      for (size_t p = 0; p < m.specs.size(); ++p)
+        if (!m.specs[p].is_matrix()) std::fill(m.grads[p].begin(), m.grads[p].end(), 0.0f);
+      if (!c.tie_word_embeddings) std::fill(m.grads[static_cast<size_t>(m.embed)].begin(), m.grads[static_cast<size_t>(m.embed)].end(), 0.0f);
+      return;
+    }
+    if (call.node == "lm_head.bwd") {
+      backward_only_dense();
+      k.counts(2, 1);
+      m.linear_backward(m.policy.for_layer(LayerClass::lm_head, 0, L), m.lm_head, k.in(0, T * V), k.in(1, T * C), T,
+                        k.out(0, T * C), false, grad(m.lm_head), false, call.step, static_cast<uint32_t>(m.specs.size()));
+      return;
+    }
+    if (call.node == "final_norm.bwd") {
+      backward_only_dense();
+      k.counts(3, 1);
+      rmsnorm_backward(k.out(0, T * C), grad(m.final_norm), k.in(0, T * C), k.in(1, T * C),
+                       m.values[static_cast<size_t>(m.final_norm)].data(), k.in(2, T), T, C);
+      return;
+    }
+    if (call.node == "embed.bwd") {
+      backward_only_dense();
+      k.counts(2, 0);
+      if (call.input_bytes[1] != T * 4) k.fail(fmt::format("the tokens hold {} bytes, need {}", call.input_bytes[1], T * 4));
+      embedding_backward(grad(m.embed), k.in(0, T * C), static_cast<const int32_t*>(call.inputs[1]), T, V, C);
+      return;
+    }
     if (call.node == "embed") {
       k.counts(1, 1);
       if (call.input_bytes[0] != T * 4) k.fail(fmt::format("the tokens hold {} bytes, need {}", call.input_bytes[0], T * 4));
@@ -125,9 +252,16 @@ void Model::run_node(const NodeCall& call) {
   const LayerParams& lp = m.layers[static_cast<size_t>(layer)];
   const std::vector<BlockNode> nodes = m.blocks[static_cast<size_t>(layer)]->describe(m);
   const BlockNode* node = nullptr;
+  const bool backward = call.node.size() > 4 && call.node.substr(call.node.size() - 4) == ".bwd";
+  const std::string_view base = backward ? call.node.substr(0, call.node.size() - 4) : call.node;
   for (const BlockNode& n : nodes)
-    if (n.name == call.node) node = &n;
+    if (n.name == base) node = &n;
   if (node == nullptr) k.fail(fmt::format("block {} has no such node", layer));
+  if (backward) {
+    backward_only_dense();
+    run_backward_node(m, call, k, *node, positions.data());
+    return;
+  }
   const std::string& name = node->name;
   const LayerPrecision& attn = m.policy.for_layer(LayerClass::attention, layer, L);
   const LayerPrecision& mlp = m.policy.for_layer(LayerClass::mlp, layer, L);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,7 +25,7 @@ struct Flow {
   std::vector<std::vector<int>> members;     // root -> tensors in the buffer
   std::vector<int> pending;                  // tensor -> consumers not yet run
   std::vector<bool> produced;
-  int tokens = -1, logits = -1;
+  int tokens = -1, logits = -1, targets = -1, loss = -1;
 
   Flow(const Graph& g) : buffer_of(sched::buffer_of(g)) {
     const size_t T = g.tensors.size();
@@ -36,6 +37,8 @@ struct Flow {
       if (g.tensors[t].producer < 0) produced[t] = true;
       if (g.tensors[t].name == "tokens") tokens = static_cast<int>(t);
       if (g.tensors[t].name == "logits") logits = static_cast<int>(t);
+      if (g.tensors[t].name == "targets") targets = static_cast<int>(t);
+      if (g.tensors[t].name == "loss") loss = static_cast<int>(t);
     }
     for (const Node& n : g.nodes) {
       std::vector<int> in = n.inputs;
@@ -72,8 +75,8 @@ std::pair<int64_t, std::string> node_of(const std::string& name) {
 // Runs `order`: workspace(v) allocates node v's outputs and returns its workspace, get(t) gives
 // tensor t's memory, after(v) frees what v was the last to read.
 template <class Get, class Workspace, class After>
-double run_order(model::Model& m, const Graph& g, const Order& order, Flow& flow, int64_t B, int64_t S, Get get,
-                 Workspace workspace, After after) {
+double run_order(model::Model& m, const Graph& g, const Order& order, Flow& flow, int64_t B, int64_t S, uint64_t step,
+                 Get get, Workspace workspace, After after) {
   const auto start = std::chrono::steady_clock::now();
   for (int v : order) {
     const Node& n = g.nodes[static_cast<size_t>(v)];
@@ -99,7 +102,8 @@ double run_order(model::Model& m, const Graph& g, const Order& order, Flow& flow
                 .outputs = out,
                 .output_bytes = out_bytes,
                 .workspace = scratch,
-                .workspace_bytes = n.workspace});
+                .workspace_bytes = n.workspace,
+                .step = step});
     for (int t : n.outputs) flow.produced[static_cast<size_t>(t)] = true;
     std::vector<int> read = n.inputs;
     std::sort(read.begin(), read.end());
@@ -110,10 +114,23 @@ double run_order(model::Model& m, const Graph& g, const Order& order, Flow& flow
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void check_tokens(const Graph& g, const Flow& flow, std::span<const int32_t> tokens, int64_t B, int64_t S) {
+void check_tokens(const Graph& g, const Flow& flow, std::span<const int32_t> tokens, int64_t B, int64_t S,
+                  std::span<const int32_t> targets) {
   if (static_cast<int64_t>(tokens.size()) != B * S || g.tensors[static_cast<size_t>(flow.tokens)].bytes != B * S * 4)
     throw InputError(fmt::format("[sched] execute: {} tokens for a graph of {} rows (B {} x S {} given)", tokens.size(),
                                  g.tensors[static_cast<size_t>(flow.tokens)].bytes / 4, B, S));
+  if ((flow.targets >= 0) != !targets.empty() || (!targets.empty() && targets.size() != tokens.size()))
+    throw InputError(fmt::format("[sched] execute: {} targets for {} tokens (the training step's graph takes one per "
+                                 "token, the other passes none)", targets.size(), tokens.size()));
+}
+
+// What a run leaves: the logits when kept, the training step's loss.
+void results(const Graph& g, const Flow& flow, const std::function<const void*(int)>& get, Execution& ex) {
+  if (g.tensors[static_cast<size_t>(flow.logits)].keep) {
+    const auto* logits = static_cast<const float*>(get(flow.logits));
+    ex.logits.assign(logits, logits + g.tensors[static_cast<size_t>(flow.logits)].bytes / 4);
+  }
+  if (flow.loss >= 0) std::memcpy(&ex.loss, get(flow.loss), sizeof(double));
 }
 
 // The roots of the buffers node v's step may have let go of (its inputs' and outputs').
@@ -129,10 +146,11 @@ std::vector<int> touched_roots(const Graph& g, const Flow& flow, int v) {
 }  // namespace
 
 Execution execute_planned(model::Model& m, const Graph& g, const Order& order, const ArenaPlan& plan,
-                          std::span<const int32_t> tokens, int64_t B, int64_t S) {
+                          std::span<const int32_t> tokens, int64_t B, int64_t S, std::span<const int32_t> targets,
+                          uint64_t step) {
   if (!is_topological(g, order)) throw InputError("[sched] execute: the order is not a topological order of the graph");
   Flow flow(g);
-  check_tokens(g, flow, tokens, B, S);
+  check_tokens(g, flow, tokens, B, S, targets);
   const int64_t A = plan.alignment;
   if (A < 4 || A % 4 != 0 || plan.arena_bytes % A != 0)
     throw InputError(fmt::format("[sched] execute: plan alignment {} (a multiple of 4, the floats') and arena {} bytes", A,
@@ -192,6 +210,7 @@ Execution execute_planned(model::Model& m, const Graph& g, const Order& order, c
     if (g.tensors[t].producer < 0) place_tensor(static_cast<int>(t));
   }
   std::memcpy(get(flow.tokens), tokens.data(), tokens.size_bytes());
+  if (flow.targets >= 0) std::memcpy(get(flow.targets), targets.data(), targets.size_bytes());
 
   auto workspace = [&](int v) -> void* {
     for (int t : g.nodes[static_cast<size_t>(v)].outputs) place_tensor(t);
@@ -210,10 +229,8 @@ Execution execute_planned(model::Model& m, const Graph& g, const Order& order, c
         placed[static_cast<size_t>(root)] = false;
       }
   };
-  ex.seconds = run_order(m, g, order, flow, B, S, get, workspace, after);
-
-  const auto* logits = static_cast<const float*>(get(flow.logits));
-  ex.logits.assign(logits, logits + g.tensors[static_cast<size_t>(flow.logits)].bytes / 4);
+  ex.seconds = run_order(m, g, order, flow, B, S, step, get, workspace, after);
+  results(g, flow, get, ex);
   // The highest granule any write reached, read from the memory: its end.
   for (size_t k = owner.size(); k-- > 0;) {
     const unsigned char* granule = arena.get() + k * static_cast<size_t>(A);
@@ -226,10 +243,10 @@ Execution execute_planned(model::Model& m, const Graph& g, const Order& order, c
 }
 
 Execution execute_dynamic(model::Model& m, const Graph& g, const Order& order, std::span<const int32_t> tokens,
-                          int64_t B, int64_t S) {
+                          int64_t B, int64_t S, std::span<const int32_t> targets, uint64_t step) {
   if (!is_topological(g, order)) throw InputError("[sched] execute: the order is not a topological order of the graph");
   Flow flow(g);
-  check_tokens(g, flow, tokens, B, S);
+  check_tokens(g, flow, tokens, B, S, targets);
   std::vector<std::unique_ptr<unsigned char[]>> memory(g.tensors.size());
   Execution ex;
   int64_t live = 0;
@@ -243,6 +260,7 @@ Execution execute_dynamic(model::Model& m, const Graph& g, const Order& order, s
     if (g.tensors[t].producer < 0) allocate(flow.buffer_of[t]);
   auto get = [&](int t) -> void* { return memory[static_cast<size_t>(flow.buffer_of[static_cast<size_t>(t)])].get(); };
   std::memcpy(get(flow.tokens), tokens.data(), tokens.size_bytes());
+  if (flow.targets >= 0) std::memcpy(get(flow.targets), targets.data(), targets.size_bytes());
   std::unique_ptr<unsigned char[]> scratch;
   auto workspace = [&](int v) -> void* {
     const Node& n = g.nodes[static_cast<size_t>(v)];
@@ -260,9 +278,8 @@ Execution execute_dynamic(model::Model& m, const Graph& g, const Order& order, s
         live -= g.tensors[static_cast<size_t>(root)].bytes;
       }
   };
-  ex.seconds = run_order(m, g, order, flow, B, S, get, workspace, after);
-  const auto* logits = static_cast<const float*>(get(flow.logits));
-  ex.logits.assign(logits, logits + g.tensors[static_cast<size_t>(flow.logits)].bytes / 4);
+  ex.seconds = run_order(m, g, order, flow, B, S, step, get, workspace, after);
+  results(g, flow, get, ex);
   return ex;
 }
 

@@ -26,7 +26,8 @@
 namespace concord::sched {
 
 struct Execution {
-  std::vector<float> logits;        // (B*S, V)
+  std::vector<float> logits;        // (B*S, V); empty for the training step (its logits are not kept)
+  double loss = 0;                  // the training step's mean loss (its gradients are the model's)
   int64_t high_water = 0;           // the largest live total the executor's allocations reached
   int64_t touched_bytes = 0;        // planned: the end of the highest arena granule written
   int64_t arena_bytes = 0;          // planned: the arena's size (the plan's)
@@ -35,10 +36,13 @@ struct Execution {
 
 // `g` is model_graph(m, pass, S, B[, expert rows]) — for an MoE model with the batch's exact
 // expert rows (Model::RouterStats::counts of a forward over the same tokens); `tokens` (B*S).
+// The training step's graph (pass `step`) also takes its `targets` (B*S) and the `step` that
+// seeds the backward's GEMMs, and leaves the gradients in the model (Model::grad).
 Execution execute_planned(model::Model& m, const Graph& g, const Order& order, const ArenaPlan& plan,
-                          std::span<const int32_t> tokens, int64_t B, int64_t S);
+                          std::span<const int32_t> tokens, int64_t B, int64_t S, std::span<const int32_t> targets = {},
+                          uint64_t step = 0);
 Execution execute_dynamic(model::Model& m, const Graph& g, const Order& order, std::span<const int32_t> tokens,
-                          int64_t B, int64_t S);
+                          int64_t B, int64_t S, std::span<const int32_t> targets = {}, uint64_t step = 0);
 
 // The exact expert rows of a forward over `tokens` (B sequences of S): per application, the rows
 // routed to each expert (empty for a dense application) — Model::forward with router statistics on.

@@ -14,7 +14,8 @@ Pass pass_from_name(const std::string& name) {
   if (name == "decode") return Pass::decode;
   if (name == "prefill") return Pass::prefill;
   if (name == "train") return Pass::train;
-  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, prefill, decode, train)", name));
+  if (name == "step") return Pass::step;
+  throw InputError(fmt::format("[sched] unknown pass '{}' (forward, prefill, decode, train, step)", name));
 }
 
 Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const ExpertRows* expert_rows,
@@ -40,12 +41,19 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
     throw InputError(fmt::format("[sched] expert rows for {} applications, the model runs {}", expert_rows->size(), A));
   const int64_t rows = T * B, C = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads,
                 Hkv = c.num_key_value_heads, V = c.vocab_size;
-  const bool train = pass == Pass::train;
+  // The training step: the forward as in training, then the loss and the backward's nodes, which
+  // read the activations (nothing is kept: each is freed after its last backward reader).
+  const bool step = pass == Pass::step;
+  if (step && (c.recurrent() || c.moe() || !c.schedule.empty()))
+    throw InputError("[sched] the training step's backward nodes cover dense decoders with the identity schedule "
+                     "(no MoE, depth recurrence or repeated blocks yet): use --pass train for the forward");
+  const bool train = pass == Pass::train || step;
   constexpr int64_t f = 4;  // fp32 activations
   Graph g;
   auto tensor = [&](const std::string& name, int64_t elems, bool saved) {
-    return g.add_tensor(name, elems * f, saved && train);
+    return g.add_tensor(name, elems * f, saved && pass == Pass::train);
   };
+  std::vector<std::map<std::string, int>> roles;  // per application, its tensors by role
   const int tokens = g.add_tensor("tokens", rows * 4);
   int x = tensor("x0", rows * C, true);
   g.add_node("embed", {tokens}, {x});
@@ -152,12 +160,68 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
       }
     }
     x = t["x_out"];
+    roles.push_back(std::move(t));
   }
   const int xn = tensor("final_xn", rows * C, true);
   const int rstd = tensor("final_rstd", rows, true);
   g.add_node("final_norm", {x}, {xn, rstd});
-  const int logits = g.add_tensor("logits", rows * V * f, true);
+  const int logits = g.add_tensor("logits", rows * V * f, !step);
   g.add_node("lm_head", {xn}, {logits});
+  if (step) {
+    // Model::forward_backward's backward (model_backward.cpp, block_dense.cpp) node by node. An
+    // accumulation (k's and v's dgrad into d xn1, up's into d xn2) is an in-place chain, so it
+    // runs in the model's order under every schedule.
+    const int64_t F = c.intermediate_size;
+    const int targets = g.add_tensor("targets", rows * 4);
+    const int dlogits = g.add_tensor("d_logits", rows * V * f);
+    const int loss = g.add_tensor("loss", 8, true);
+    g.add_node("loss", {logits, targets}, {dlogits, loss});
+    const int dxn = g.add_tensor("d_final_xn", rows * C * f);
+    g.add_node("lm_head.bwd", {dlogits, xn}, {dxn});
+    int dx = g.add_tensor("d_x_final", rows * C * f);
+    g.add_node("final_norm.bwd", {dxn, x, rstd}, {dx});
+    for (int64_t a = A - 1; a >= 0; --a) {
+      std::map<std::string, int>& t = roles[static_cast<size_t>(a)];
+      const std::string p = fmt::format("a{}.", a);
+      auto d = [&](const std::string& role, int64_t elems) { return g.add_tensor(p + "d_" + role, elems * f); };
+      const int dh = d("h", rows * F);
+      g.add_node(p + "down.bwd", {dx, t["h"]}, {dh});
+      const int dgate = d("gate", rows * F), dup = d("up", rows * F);
+      g.add_node(p + "swiglu.bwd", {dh, t["gate"], t["up"]}, {dgate, dup});
+      const int dxn2_gate = d("xn2_gate", rows * C);
+      g.add_node(p + "gate.bwd", {dgate, t["xn2"]}, {dxn2_gate});
+      const int dxn2 = d("xn2", rows * C);
+      g.add_node(p + "up.bwd", {dup, t["xn2"], dxn2_gate}, {dxn2}, 0, 2);
+      const int dnorm2 = d("x_mid_norm", rows * C);
+      g.add_node(p + "post_norm.bwd", {dxn2, t["x_mid"], t["rstd2"]}, {dnorm2});
+      const int dx_mid = d("x_mid", rows * C);
+      g.add_node(p + "residual_mlp.bwd", {dx, dnorm2}, {dx_mid}, 0, 0);
+      const int datt = d("att", rows * Hq * D);
+      g.add_node(p + "o.bwd", {dx_mid, t["att"]}, {datt});
+      const int dq = d("q", rows * Hq * D), dk = d("k", rows * Hkv * D), dv = d("v", rows * Hkv * D);
+      g.add_node(p + "attention.bwd", {datt, t["probs"], t["q"], t["k"], t["v"]}, {dq, dk, dv});
+      int gq = d("q_rotated", rows * Hq * D), gk = d("k_rotated", rows * Hkv * D);
+      g.add_node(p + "rope_q.bwd", {dq}, {gq}, 0, 0);
+      g.add_node(p + "rope_k.bwd", {dk}, {gk}, 0, 0);
+      if (c.qk_norm()) {
+        const int dq_raw = d("q_raw", rows * Hq * D), dk_raw = d("k_raw", rows * Hkv * D);
+        g.add_node(p + "q_norm.bwd", {gq, t["q_raw"], t["rstd_q"]}, {dq_raw});
+        g.add_node(p + "k_norm.bwd", {gk, t["k_raw"], t["rstd_k"]}, {dk_raw});
+        gq = dq_raw;
+        gk = dk_raw;
+      }
+      const int dxn1_q = d("xn1_q", rows * C), dxn1_k = d("xn1_k", rows * C), dxn1 = d("xn1", rows * C);
+      g.add_node(p + "q.bwd", {gq, t["xn1"]}, {dxn1_q});
+      g.add_node(p + "k.bwd", {gk, t["xn1"], dxn1_q}, {dxn1_k}, 0, 2);
+      g.add_node(p + "v.bwd", {dv, t["xn1"], dxn1_k}, {dxn1}, 0, 2);
+      const int dnorm1 = d("x_norm", rows * C);
+      g.add_node(p + "input_norm.bwd", {dxn1, t["x"], t["rstd1"]}, {dnorm1});
+      const int dx_in = d("x", rows * C);
+      g.add_node(p + "residual_attention.bwd", {dx_mid, dnorm1}, {dx_in}, 0, 0);
+      dx = dx_in;
+    }
+    g.add_node("embed.bwd", {dx, tokens}, {});
+  }
   g.validate();
   return g;
 }

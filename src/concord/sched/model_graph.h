@@ -28,6 +28,17 @@
 // (the forward as the
 // training step runs it: every activation the backward reads is kept — LayerActivations — so
 // scheduling can only reorder independent branches; its peak is what the backward starts from).
+// `step` is the whole training step (Model::forward_backward) of a dense decoder: the training
+// forward, then `loss` (logits, targets -> d_logits and the loss, 8 bytes, kept), `lm_head.bwd`,
+// `final_norm.bwd`, per application in reverse the block's backward nodes (`down.bwd`,
+// `swiglu.bwd`, `gate.bwd`, `up.bwd` — adding into gate's d xn2 in place —, `post_norm.bwd`,
+// `residual_mlp.bwd`, `o.bwd`, `attention.bwd`, `rope_q.bwd` / `rope_k.bwd` (in place),
+// `q_norm.bwd` / `k_norm.bwd`, `q.bwd`, `k.bwd` and `v.bwd` — adding into q's d xn1 in place —,
+// `input_norm.bwd`, `residual_attention.bwd`), then `embed.bwd`. Nothing of the forward is kept:
+// each activation is freed after its last backward reader, the memory a freeing allocator needs.
+// Weight gradients are the model's (outside the graph). MoE, depth recurrence and repeated blocks
+// are refused for this pass.
+//
 // A depth-recurrent model's pass is its plan at the model's current depth (Model::set_depth):
 // the prelude's blocks, per core iteration `init_state` (the first: s0, no inputs) and `adapter`
 // (s, e -> [s, e] and x; the prelude's output e is read by every iteration's adapter), the core's
@@ -43,8 +54,8 @@
 
 namespace concord::sched {
 
-enum class Pass { forward, prefill, decode, train };
-// "forward" | "prefill" | "decode" | "train"; InputError otherwise
+enum class Pass { forward, prefill, decode, train, step };
+// "forward" | "prefill" | "decode" | "train" | "step"; InputError otherwise
 Pass pass_from_name(const std::string& name);
 
 // Per application, the rows routed to each expert (an empty list for a dense application).
