@@ -553,3 +553,74 @@ TEST(SchedRecompute, ThePredictedPeakIsTheArenasAndThePlansAreOptimal) {
 
 }  // namespace
 }  // namespace concord::sched
+
+namespace concord::sched {
+namespace {
+
+// The lower bounds' traps (docs/sched.md, "Where the bounds are tight and where they are not"):
+// constructed graphs whose numbers are worked out by hand.
+TEST(Sched, TheBoundsTraps) {
+  // A join: k branches each make a tensor the last node reads together. The join's working set is
+  // everything live at the peak: the working-set bound is tight.
+  {
+    Graph g;
+    const int in = g.add_tensor("in", 8);
+    std::vector<int> parts;
+    for (int i = 0; i < 4; ++i) {
+      parts.push_back(g.add_tensor(fmt::format("p{}", i), 100));
+      g.add_node(fmt::format("branch{}", i), {in}, {parts.back()});
+    }
+    const int out = g.add_tensor("out", 10, true);
+    g.add_node("join", parts, {out});
+    const DpResult dp = dp_schedule(g);
+    EXPECT_EQ(working_set_bound(g), 410);
+    EXPECT_EQ(dp.peak, 410);
+  }
+  // A skip connection: a large tensor made first and read last lives through a chain whose nodes
+  // never touch it. The chain's working sets miss it: the bound (the merge's) is loose by what the
+  // chain adds on top of the skip.
+  {
+    Graph g;
+    const int in = g.add_tensor("in", 8);
+    const int skip = g.add_tensor("skip", 1000), a0 = g.add_tensor("a0", 50);
+    g.add_node("split", {in}, {skip, a0});
+    int a = a0;
+    for (int i = 1; i <= 5; ++i) {
+      const int next = g.add_tensor(fmt::format("a{}", i), 50);
+      g.add_node(fmt::format("chain{}", i), {a}, {next});
+      a = next;
+    }
+    const int out = g.add_tensor("out", 10, true);
+    g.add_node("merge", {skip, a}, {out});
+    const DpResult dp = dp_schedule(g);
+    EXPECT_EQ(working_set_bound(g), 1060);  // merge: skip + a5 + out
+    EXPECT_EQ(dp.peak, 1100);               // every chain step: skip + two chain tensors
+    EXPECT_TRUE(dp.optimal);
+  }
+  // Greedy's trap: a cheap step now that makes a long-lived tensor, taken before the expensive step
+  // that frees a big one. Greedy runs v (in -> M, kept to the end) first, and u1 (X -> T) then
+  // finds M live: 230 bytes. The optimum runs x0, u1, u2 first: 181. The working-set bound (u1:
+  // X + T) is 180.
+  {
+    Graph g;
+    const int in = g.add_tensor("in", 1);
+    const int X = g.add_tensor("X", 100);
+    g.add_node("x0", {in}, {X});
+    const int T = g.add_tensor("T", 80);
+    g.add_node("u1", {X}, {T});
+    const int small = g.add_tensor("s", 1);
+    g.add_node("u2", {T}, {small});
+    const int M = g.add_tensor("M", 50);
+    g.add_node("v", {in}, {M});
+    const int out = g.add_tensor("out", 1, true);
+    g.add_node("join", {small, M}, {out});
+    const auto [best, optimum] = brute_force_schedule(g);
+    EXPECT_EQ(optimum, 181);
+    EXPECT_EQ(dp_schedule(g).peak, 181);
+    EXPECT_EQ(peak(g, greedy_order(g)), 230);
+    EXPECT_EQ(working_set_bound(g), 180);
+  }
+}
+
+}  // namespace
+}  // namespace concord::sched
