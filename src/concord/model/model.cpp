@@ -527,6 +527,23 @@ size_t Model::Impl::recompute_for_backward(int64_t app) {
   return mark;
 }
 
+void Model::Impl::release_recomputed(int64_t app) {
+  LayerActivations& a = acts[static_cast<size_t>(app)];
+  switch (recompute_of(app)) {
+    case Model::Recompute::keep:
+      return;
+    case Model::Recompute::attention:
+      a.probs = nullptr;
+      return;
+    case Model::Recompute::block: {
+      float* x_in = a.x_in;
+      a = LayerActivations{};
+      a.x_in = x_in;
+      return;
+    }
+  }
+}
+
 void Model::set_recompute(std::vector<Recompute> per_application) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;

@@ -166,6 +166,7 @@ void Model::Impl::backward_from_dlogits(const int32_t* tokens, const float* dlog
     const size_t mark = recompute_for_backward(app);  // Model::Recompute: what the forward dropped
     blocks[block]->backward(*this, pass, acts[static_cast<size_t>(app)], scratch, dx, written[block] != 0, step);
     arena.rewind(mark);
+    release_recomputed(app);  // no pointer into the released memory stays behind
     written[block] = 1;
     if (!ap.enters_iteration) continue;
     const float* cat = adapter_in[static_cast<size_t>(ap.iteration)];

@@ -136,6 +136,8 @@ struct Model::Impl {
   // The backward's recomputation of application `app` (Model::Recompute), before its backward:
   // returns the arena mark to rewind to after it.
   size_t recompute_for_backward(int64_t app);
+  // After that application's backward and the rewind: what was recomputed is dropped again.
+  void release_recomputed(int64_t app);
   GemmObserver observer;
   ForwardGemmKernel forward_kernel;           // replaces gemm_prepared in linear_forward if set
   const int32_t* row_positions = nullptr;     // positions of the rows the layer GEMMs see now

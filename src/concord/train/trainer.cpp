@@ -456,7 +456,13 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       for (const model::ParamSpec& p : m.params()) later += p.numel() * 4;
       const int64_t other = peak - activations + later;
       budget.plan = sched::plan_recompute(config.model, B, T, *options.memory_budget - other);
-      if (!budget.plan) budget.plan = sched::RecomputePlan{budget.smallest, sched::training_memory(config.model, B, T, budget.smallest)};
+      const bool fits = budget.plan.has_value();
+      if (!fits) budget.plan = sched::RecomputePlan{budget.smallest, sched::training_memory(config.model, B, T, budget.smallest)};
+      if (!fits && options.progress)
+        progress.message(fmt::format("memory budget {}: no plan fits beside the {} the process holds and will hold; the "
+                                     "smallest runs, and the run may exceed the budget by up to {}",
+                                     mib(*options.memory_budget), mib(other),
+                                     mib(other + budget.plan->memory.peak - *options.memory_budget)));
       m.set_recompute(budget.plan->modes);
       for (sched::Recompute r : budget.plan->modes) result.recompute.push_back(sched::recompute_name(r));
       result.activation_predicted = budget.plan->memory.peak;
