@@ -50,8 +50,8 @@ struct Flow {
       throw InputError("[sched] execute: the graph has no 'tokens' input or no 'logits' tensor (model_graph makes both)");
     for (const Tensor& x : g.tensors)
       if (x.name.size() > 9 && x.name.compare(x.name.size() - 9, 9, ".kv_cache") == 0)
-        throw InputError("[sched] execute: a decode step's graph is planned, not executed (the executor runs the "
-                         "forward and training passes)");
+        throw InputError("[sched] execute: a prefill chunk's or decode step's graph is planned, not executed "
+                         "(the executor runs the forward and training passes)");
   }
   // Whether buffer `root` holds nothing a later node reads (every member produced, read by all
   // its consumers, not kept).
