@@ -386,16 +386,18 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
 }
 
 // The whole training step as nodes (pass `step`): under every order and planner the loss and every
-// gradient equal Model::forward_backward's bit for bit — Qwen3 and Qwen2, under fp32, bf16, mxfp8
-// and nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) —
+// gradient equal Model::forward_backward's bit for bit — Qwen3, Qwen2 and a schedule that applies a
+// block twice, under fp32, bf16, mxfp8 and nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) —
 // and the measured memory is the predicted. The DP certifies an order at least as good as the
 // program's.
+model::ModelConfig recompute_config(const std::string& kind);  // below: "qwen3", "qwen2", "moe", "repeat", ...
+
 TEST(SchedExecutor, TheTrainingStepsGradientsAreForwardBackwardsUnderEveryOrder) {
   const int64_t B = 2, S = 16;
   const uint64_t step = 5;
-  for (const bool qwen2 : {false, true})
+  for (const std::string kind : {"qwen3", "qwen2", "repeat"})
     for (const char* policy : {"fp32", "bf16", "mxfp8", "nvfp4"}) {
-      const model::ModelConfig c = qwen2 ? qwen2_config() : model_config(false);
+      const model::ModelConfig c = recompute_config(kind);  // "repeat": the schedule {0, 1, 1, 2}
       model::Model m(c, model::PrecisionPolicy::preset(policy));
       m.init_random(23, 0.08f);
       const std::vector<int32_t> tokens = some_tokens(B * S, c.vocab_size, 4), targets = some_tokens(B * S, c.vocab_size, 8);

@@ -166,8 +166,8 @@ class Model {
   // The training step's nodes (sched/model_graph.h, pass `step`) are run here too: "loss" (mean
   // cross-entropy over targets >= 0; it also zeroes the gradients the backward adds into),
   // "lm_head.bwd", "final_norm.bwd", "embed.bwd" and a block node's "<node>.bwd"; they write the
-  // model's gradients (grad()) as forward_backward does, bit for bit. Dense decoders with the
-  // identity schedule.
+  // model's gradients (grad()) as forward_backward does, bit for bit. Dense decoders (any
+  // schedule).
   void run_node(const NodeCall& call);
   // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
   const tensor::QuantWeight* stored_weight(std::string_view name) const;

@@ -79,7 +79,13 @@ void run_backward_node(Model::Impl& m, const Model::NodeCall& call, const Call& 
   const LayerPrecision& attn = m.policy.for_layer(LayerClass::attention, layer, L);
   const LayerPrecision& mlp = m.policy.for_layer(LayerClass::mlp, layer, L);
   auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };
-  auto id = [&](int param) { return gemm_stream_id(param, 0, m.specs.size()); };
+  // A block applied more than once (the schedule): its later applications' backward runs first
+  // and writes the weight gradients, the earlier ones add to them (model_backward.cpp's `written`),
+  // each application with its own GEMM streams (gemm_stream_id).
+  const int repeat = m.plan[static_cast<size_t>(call.application)].repeat;
+  bool accumulate = false;
+  for (int64_t a = call.application + 1; a < m.applications(); ++a) accumulate |= m.plan[static_cast<size_t>(a)].block == layer;
+  auto id = [&](int param) { return gemm_stream_id(param, repeat, m.specs.size()); };
   const std::string& name = node.name;
   // The accumulating dgrads: the running sum arrives as input 2.
   auto accumulated = [&](int64_t floats) {
@@ -95,7 +101,7 @@ void run_backward_node(Model::Impl& m, const Model::NodeCall& call, const Call& 
     k.counts(adds ? 3 : 2, 1);
     float* dx = adds ? accumulated(T * in_width) : k.out(0, T * in_width);
     m.linear_backward(attention_side ? attn : mlp, node.param, k.in(0, T * node.width), k.in(1, T * in_width), T, dx, adds,
-                      grad(node.param), false, call.step, id(node.param));
+                      grad(node.param), accumulate, call.step, id(node.param));
     return;
   }
   switch (node.op) {
@@ -165,8 +171,7 @@ void Model::run_node(const NodeCall& call) {
 
   auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };
   auto backward_only_dense = [&] {
-    if (c.moe() || c.recurrent() || !c.schedule.empty())
-      k.fail("the training step's backward nodes cover dense decoders with the identity schedule");
+    if (c.moe() || c.recurrent()) k.fail("the training step's backward nodes cover dense decoders");
     m.require_fp32_values("the training step's backward");
   };
   if (call.application < 0) {

@@ -44,9 +44,9 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
   // The training step: the forward as in training, then the loss and the backward's nodes, which
   // read the activations (nothing is kept: each is freed after its last backward reader).
   const bool step = pass == Pass::step;
-  if (step && (c.recurrent() || c.moe() || !c.schedule.empty()))
-    throw InputError("[sched] the training step's backward nodes cover dense decoders with the identity schedule "
-                     "(no MoE, depth recurrence or repeated blocks yet): use --pass train for the forward");
+  if (step && (c.recurrent() || c.moe()))
+    throw InputError("[sched] the training step's backward nodes cover dense decoders (no MoE or depth recurrence "
+                     "yet): use --pass train for the forward");
   const bool train = pass == Pass::train || step;
   constexpr int64_t f = 4;  // fp32 activations
   Graph g;

@@ -36,8 +36,9 @@
 // `q_norm.bwd` / `k_norm.bwd`, `q.bwd`, `k.bwd` and `v.bwd` — adding into q's d xn1 in place —,
 // `input_norm.bwd`, `residual_attention.bwd`), then `embed.bwd`. Nothing of the forward is kept:
 // each activation is freed after its last backward reader, the memory a freeing allocator needs.
-// Weight gradients are the model's (outside the graph). MoE, depth recurrence and repeated blocks
-// are refused for this pass.
+// Weight gradients are the model's (outside the graph); a block applied more than once adds its
+// earlier applications' into its later ones' (the dx chain orders them as the model does). MoE and
+// depth recurrence are refused for this pass.
 //
 // A depth-recurrent model's pass is its plan at the model's current depth (Model::set_depth):
 // the prelude's blocks, per core iteration `init_state` (the first: s0, no inputs) and `adapter`
