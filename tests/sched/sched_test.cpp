@@ -386,8 +386,9 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
 }
 
 // The whole training step as nodes (pass `step`): under every order and planner the loss and every
-// gradient equal Model::forward_backward's bit for bit — Qwen3, Qwen2 and a schedule that applies a
-// block twice, under fp32, bf16, mxfp8 and nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) —
+// gradient equal Model::forward_backward's bit for bit — Qwen3, Qwen2, a schedule that applies a
+// block twice and a depth-recurrent model at depth 3 (the adapter's backward, d e summed over the
+// iterations), under fp32, bf16, mxfp8 and nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) —
 // and the measured memory is the predicted. The DP certifies an order at least as good as the
 // program's.
 model::ModelConfig recompute_config(const std::string& kind);  // below: "qwen3", "qwen2", "moe", "repeat", ...
@@ -395,11 +396,15 @@ model::ModelConfig recompute_config(const std::string& kind);  // below: "qwen3"
 TEST(SchedExecutor, TheTrainingStepsGradientsAreForwardBackwardsUnderEveryOrder) {
   const int64_t B = 2, S = 16;
   const uint64_t step = 5;
-  for (const std::string kind : {"qwen3", "qwen2", "repeat"})
+  for (const std::string kind : {"qwen3", "qwen2", "repeat", "recurrent"})
     for (const char* policy : {"fp32", "bf16", "mxfp8", "nvfp4"}) {
       const model::ModelConfig c = recompute_config(kind);  // "repeat": the schedule {0, 1, 1, 2}
       model::Model m(c, model::PrecisionPolicy::preset(policy));
       m.init_random(23, 0.08f);
+      if (c.recurrent()) {  // three core iterations, a random s0
+        m.set_depth(3);
+        m.set_state_seed(9);
+      }
       const std::vector<int32_t> tokens = some_tokens(B * S, c.vocab_size, 4), targets = some_tokens(B * S, c.vocab_size, 8);
       const float loss = m.forward_backward(tokens, targets, B, S, step);
       std::vector<std::vector<float>> reference;
@@ -481,6 +486,17 @@ model::ModelConfig recompute_config(const std::string& kind) {
   model::ModelConfig c = kind == "qwen2" ? qwen2_config() : model_config(kind == "moe" || kind == "moe-aux");
   c.output_router_logits = kind == "moe-aux";
   if (kind == "repeat") c.schedule = {0, 1, 1, 2};
+  if (kind == "recurrent") {  // Huginn-style: prelude, a 2-layer core, coda
+    c.architecture = "ConcordRecurrentForCausalLM";
+    c.num_hidden_layers = 4;
+    c.n_layers_in_prelude = 1;
+    c.n_layers_in_recurrent_block = 2;
+    c.n_layers_in_coda = 1;
+    c.mean_recurrence = 2;
+    c.max_recurrence = 8;
+    c.state_init = "random";
+    c.state_init_std = 0.5;
+  }
   return c;
 }
 

@@ -167,7 +167,8 @@ class Model {
   // cross-entropy over targets >= 0; it also zeroes the gradients the backward adds into),
   // "lm_head.bwd", "final_norm.bwd", "embed.bwd" and a block node's "<node>.bwd"; they write the
   // model's gradients (grad()) as forward_backward does, bit for bit. Dense decoders (any
-  // schedule).
+  // schedule) and depth-recurrent ones with the gradient through every iteration ("de_init" and
+  // an entering application's "adapter.bwd" as well).
   void run_node(const NodeCall& call);
   // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
   const tensor::QuantWeight* stored_weight(std::string_view name) const;
@@ -291,6 +292,7 @@ class Model {
   // iterations only (truncated backprop; the earlier ones run without keeping activations and
   // their output state is a constant); 0: through all of them.
   void set_backprop_iterations(int64_t k);
+  int64_t backprop_iterations() const;
   // The seed of the initial state s0 (state_init "random"): s0's row at position t is
   // recurrent_initial_state(config, seed, t), the same in every pass, so the KV-cache forward
   // equals the full forward. The trainer sets a fresh seed per step. 0 until set.

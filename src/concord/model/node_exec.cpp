@@ -171,7 +171,9 @@ void Model::run_node(const NodeCall& call) {
 
   auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };
   auto backward_only_dense = [&] {
-    if (c.moe() || c.recurrent()) k.fail("the training step's backward nodes cover dense decoders");
+    if (c.moe()) k.fail("the training step's backward nodes cover dense and depth-recurrent decoders");
+    if (c.recurrent() && m.backprop_iterations > 0 && m.backprop_iterations < m.depth)
+      k.fail("the training step's backward nodes need the gradient through every iteration");
     m.require_fp32_values("the training step's backward");
   };
   if (call.application < 0) {
@@ -212,6 +214,14 @@ void Model::run_node(const NodeCall& call) {
                        m.values[static_cast<size_t>(m.final_norm)].data(), k.in(2, T), T, C);
       return;
     }
+    if (call.node == "de_init") {  // recurrent: d e starts at zero (model_backward.cpp)
+      backward_only_dense();
+      if (!c.recurrent()) k.fail("only a depth-recurrent model sums d e");
+      k.counts(0, 1);
+      float* de = k.out(0, T * C);
+      std::fill(de, de + T * C, 0.0f);
+      return;
+    }
     if (call.node == "embed.bwd") {
       backward_only_dense();
       k.counts(2, 0);
@@ -241,6 +251,29 @@ void Model::run_node(const NodeCall& call) {
   }
 
   if (call.application >= m.applications()) k.fail(fmt::format("the pass has applications 0..{}", m.applications() - 1));
+  if (c.recurrent() && call.node == "adapter.bwd") {
+    // d[s, e] = d x · W (workspace), the adapter's weight gradient (written by the last iteration,
+    // added to by the earlier ones, each with its own GEMM streams); d e += its second half (the
+    // running sum arrives as input 2, the output takes or copies it), d s = its first half for
+    // the previous iteration (none at the first: s0 is a constant).
+    backward_only_dense();
+    const Application& ap = m.plan[static_cast<size_t>(call.application)];
+    if (!ap.enters_iteration) k.fail("the application does not enter a core iteration");
+    k.counts(3, ap.iteration > 0 ? 2 : 1);
+    float* dcat = k.work(T * 2 * C);
+    m.linear_backward(m.policy.for_layer(LayerClass::mlp, -1, L), m.adapter, k.in(0, T * C), k.in(1, T * 2 * C), T, dcat,
+                      false, m.grads[static_cast<size_t>(m.adapter)].data(), ap.iteration < m.depth - 1, call.step,
+                      gemm_stream_id(m.adapter, ap.iteration, m.specs.size()));
+    const float* de_in = k.in(2, T * C);
+    float* de = k.out(0, T * C);
+    float* ds = ap.iteration > 0 ? k.out(1, T * C) : nullptr;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < C; ++j) {
+        if (ds != nullptr) ds[t * C + j] = dcat[t * 2 * C + j];
+        de[t * C + j] = de_in[t * C + j] + dcat[t * 2 * C + C + j];
+      }
+    return;
+  }
   if (c.recurrent() && (call.node == "init_state" || call.node == "adapter")) {
     if (!m.plan[static_cast<size_t>(call.application)].enters_iteration)
       k.fail("the application does not enter a core iteration");

@@ -109,6 +109,7 @@ void Model::set_depth(int64_t depth) {
 }
 
 int64_t Model::depth() const { return impl_->depth; }
+int64_t Model::backprop_iterations() const { return impl_->backprop_iterations; }
 
 void Model::set_backprop_iterations(int64_t k) {
   Impl& m = recurrent_impl(*impl_, "set_backprop_iterations");

@@ -44,9 +44,13 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
   // The training step: the forward as in training, then the loss and the backward's nodes, which
   // read the activations (nothing is kept: each is freed after its last backward reader).
   const bool step = pass == Pass::step;
-  if (step && (c.recurrent() || c.moe()))
-    throw InputError("[sched] the training step's backward nodes cover dense decoders (no MoE or depth recurrence "
+  if (step && c.moe())
+    throw InputError("[sched] the training step's backward nodes cover dense and depth-recurrent decoders (no MoE "
                      "yet): use --pass train for the forward");
+  if (step && c.recurrent() && m.backprop_iterations() > 0 && m.backprop_iterations() < m.depth())
+    throw InputError(fmt::format("[sched] the training step with truncated backpropagation (the gradient through the "
+                                 "last {} of {} iterations) is not a node list yet",
+                                 m.backprop_iterations(), m.depth()));
   const bool train = pass == Pass::train || step;
   constexpr int64_t f = 4;  // fp32 activations
   Graph g;
@@ -58,6 +62,7 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
   int x = tensor("x0", rows * C, true);
   g.add_node("embed", {tokens}, {x});
   int injection = -1;  // recurrent: the prelude's output e, read by every iteration's adapter
+  std::map<int64_t, int> adapter_in;  // recurrent: per application entering an iteration, [s, e]
   for (int64_t a = 0; a < A; ++a) {
     const int block = c.recurrent() ? c.block_of_at(a, depth) : c.block_of(a);
     const std::string p = fmt::format("a{}.", a);
@@ -73,6 +78,7 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
       const int cat = tensor(p + "adapter_in", rows * 2 * C, true);
       x = tensor(p + "x_adapted", rows * C, true);
       g.add_node(p + "adapter", {state, injection}, {cat, x});
+      adapter_in[a] = cat;
     }
     std::map<std::string, int> t;  // this application's tensors by role
     t["x"] = x;
@@ -180,6 +186,11 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
     g.add_node("lm_head.bwd", {dlogits, xn}, {dxn});
     int dx = g.add_tensor("d_x_final", rows * C * f);
     g.add_node("final_norm.bwd", {dxn, x, rstd}, {dx});
+    int de = -1;  // recurrent: d e, summed over the iterations in reverse (model_backward.cpp)
+    if (c.recurrent()) {
+      de = g.add_tensor("d_e0", rows * C * f);
+      g.add_node("de_init", {}, {de});
+    }
     for (int64_t a = A - 1; a >= 0; --a) {
       std::map<std::string, int>& t = roles[static_cast<size_t>(a)];
       const std::string p = fmt::format("a{}.", a);
@@ -219,6 +230,18 @@ Graph model_graph(const model::Model& m, Pass pass, int64_t T, int64_t B, const 
       const int dx_in = d("x", rows * C);
       g.add_node(p + "residual_attention.bwd", {dx_mid, dnorm1}, {dx_in}, 0, 0);
       dx = dx_in;
+      if (adapter_in.count(a)) {
+        // Through the adapter: d[s, e] (workspace) splits into d s, on to the previous iteration
+        // (dropped at the first: s0 is a constant), and d e, added to the running sum in place.
+        // After the first iteration the prelude's gradient is that sum.
+        const int iteration = static_cast<int>((a - P) / R);
+        const int de_next = g.add_tensor(fmt::format("d_e{}", depth - iteration), rows * C * f);
+        std::vector<int> outs = {de_next};  // first: it takes d e's buffer
+        if (iteration > 0) outs.push_back(d("s", rows * C));
+        g.add_node(p + "adapter.bwd", {dx, adapter_in[a], de}, outs, rows * 2 * C * f, 2);
+        de = de_next;
+        dx = iteration > 0 ? outs[1] : de_next;
+      }
     }
     g.add_node("embed.bwd", {dx, tokens}, {});
   }

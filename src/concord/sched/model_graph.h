@@ -28,7 +28,9 @@
 // (the forward as the
 // training step runs it: every activation the backward reads is kept — LayerActivations — so
 // scheduling can only reorder independent branches; its peak is what the backward starts from).
-// `step` is the whole training step (Model::forward_backward) of a dense decoder: the training
+// `step` is the whole training step (Model::forward_backward) of a dense or depth-recurrent
+// decoder (the gradient through every iteration: `de_init`, and per iteration `adapter.bwd`,
+// which adds its d e into a running sum in place and hands d s to the previous iteration): the training
 // forward, then `loss` (logits, targets -> d_logits and the loss, 8 bytes, kept), `lm_head.bwd`,
 // `final_norm.bwd`, per application in reverse the block's backward nodes (`down.bwd`,
 // `swiglu.bwd`, `gate.bwd`, `up.bwd` — adding into gate's d xn2 in place —, `post_norm.bwd`,
@@ -38,7 +40,7 @@
 // each activation is freed after its last backward reader, the memory a freeing allocator needs.
 // Weight gradients are the model's (outside the graph); a block applied more than once adds its
 // earlier applications' into its later ones' (the dx chain orders them as the model does). MoE and
-// depth recurrence are refused for this pass.
+// truncated backpropagation are refused for this pass.
 //
 // A depth-recurrent model's pass is its plan at the model's current depth (Model::set_depth):
 // the prelude's blocks, per core iteration `init_state` (the first: s0, no inputs) and `adapter`
