@@ -91,7 +91,7 @@ if run_rc "sched --pass step --run" 0 "$CONCORD" sched --model "$WORK/dense.json
   json_check "sched --pass step: measured == predicted" "$WORK/step.json" \
     "j['all_equal'] and all(r['measured_dynamic'] == r['peak'] for r in j['orders'])"
 fi
-expect_error "sched: --pass step on MoE" "dense decoders" "$CONCORD" sched --model "$WORK/config.json" --pass step
+expect_error "sched: --pass step on MoE" "no MoE yet" "$CONCORD" sched --model "$WORK/config.json" --pass step
 
 # A decode step: planned (the KV caches kept), not executed.
 if run_rc "sched --pass decode" 0 "$CONCORD" sched --model "$WORK/config.json" --pass decode --context 200 --batch 4; then
