@@ -240,6 +240,32 @@ model::ModelConfig model_config(bool moe) {
   return c;
 }
 
+model::ModelConfig qwen2_config() {  // no QK-norm (RoPE copies), q/k/v biases
+  model::ModelConfig c = model_config(false);
+  c.architecture = "Qwen2ForCausalLM";
+  return c;
+}
+
+// The test configs by name: "qwen3", "qwen2", "moe", "moe-aux" (with the load-balancing loss),
+// "repeat" (the schedule {0, 1, 1, 2}), "recurrent".
+model::ModelConfig recompute_config(const std::string& kind) {
+  model::ModelConfig c = kind == "qwen2" ? qwen2_config() : model_config(kind == "moe" || kind == "moe-aux");
+  c.output_router_logits = kind == "moe-aux";
+  if (kind == "repeat") c.schedule = {0, 1, 1, 2};
+  if (kind == "recurrent") {  // Huginn-style: prelude, a 2-layer core, coda
+    c.architecture = "ConcordRecurrentForCausalLM";
+    c.num_hidden_layers = 4;
+    c.n_layers_in_prelude = 1;
+    c.n_layers_in_recurrent_block = 2;
+    c.n_layers_in_coda = 1;
+    c.mean_recurrence = 2;
+    c.max_recurrence = 8;
+    c.state_init = "random";
+    c.state_init_std = 0.5;
+  }
+  return c;
+}
+
 // The model's own node list as a graph: every node of every block in it, the DP certifies an
 // order on it within its budget, the training pass (activations kept) peaks above inference,
 // and every planner's plan replays.
@@ -308,11 +334,6 @@ TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
 namespace concord::sched {
 namespace {
 
-model::ModelConfig qwen2_config() {  // no QK-norm (RoPE copies), q/k/v biases
-  model::ModelConfig c = model_config(false);
-  c.architecture = "Qwen2ForCausalLM";
-  return c;
-}
 
 std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -337,16 +358,7 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
     model::ModelConfig config;
     const char* policy;
   };
-  model::ModelConfig recurrent = model_config(false);  // Huginn-style: prelude, core x depth, coda
-  recurrent.architecture = "ConcordRecurrentForCausalLM";
-  recurrent.num_hidden_layers = 4;
-  recurrent.n_layers_in_prelude = 1;
-  recurrent.n_layers_in_recurrent_block = 2;
-  recurrent.n_layers_in_coda = 1;
-  recurrent.mean_recurrence = 2;
-  recurrent.max_recurrence = 8;
-  recurrent.state_init = "random";
-  recurrent.state_init_std = 0.5;
+  const model::ModelConfig recurrent = recompute_config("recurrent");
   const std::vector<Case> cases = {{model_config(false), "fp32"},   {model_config(false), "mxfp8"},
                                     {qwen2_config(), "bf16"},       {model_config(true), "fp32"},
                                     {model_config(true), "fp8-tensor"}, {recurrent, "fp32"}};
@@ -391,8 +403,6 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
 // iterations), under fp32, bf16, mxfp8 and nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) —
 // and the measured memory is the predicted. The DP certifies an order at least as good as the
 // program's.
-model::ModelConfig recompute_config(const std::string& kind);  // below: "qwen3", "qwen2", "moe", "repeat", ...
-
 TEST(SchedExecutor, TheTrainingStepsGradientsAreForwardBackwardsUnderEveryOrder) {
   const int64_t B = 2, S = 16;
   const uint64_t step = 5;
@@ -482,23 +492,6 @@ TEST(SchedExecutor, OverlapsAndMisSizedBuffersAreRefused) {
 namespace concord::sched {
 namespace {
 
-model::ModelConfig recompute_config(const std::string& kind) {
-  model::ModelConfig c = kind == "qwen2" ? qwen2_config() : model_config(kind == "moe" || kind == "moe-aux");
-  c.output_router_logits = kind == "moe-aux";
-  if (kind == "repeat") c.schedule = {0, 1, 1, 2};
-  if (kind == "recurrent") {  // Huginn-style: prelude, a 2-layer core, coda
-    c.architecture = "ConcordRecurrentForCausalLM";
-    c.num_hidden_layers = 4;
-    c.n_layers_in_prelude = 1;
-    c.n_layers_in_recurrent_block = 2;
-    c.n_layers_in_coda = 1;
-    c.mean_recurrence = 2;
-    c.max_recurrence = 8;
-    c.state_init = "random";
-    c.state_init_std = 0.5;
-  }
-  return c;
-}
 
 // The arena's live high-water mark of a training step equals training_memory's prediction byte
 // for byte, for every kind of plan on dense, Qwen2, MoE (with and without the aux loss) and a

@@ -235,18 +235,11 @@ void add_sched_command(CLI::App& app) {
     }
     if (pass == sched::Pass::train && !c.recurrent()) {
       // The whole training step through the model's arena (backward included) under recomputation.
-      const auto A = static_cast<size_t>(c.applications());
-      auto all = [&](sched::Recompute r) {
-        std::vector<sched::Recompute> modes(A, r);
-        for (size_t i = 0; i < A; ++i)
-          if (r == sched::Recompute::block && c.output_router_logits && c.is_moe_layer(c.block_of(static_cast<int64_t>(i))))
-            modes[i] = sched::Recompute::attention;
-        return modes;
-      };
+      const std::vector<sched::Recompute> every_attention(static_cast<size_t>(c.applications()), sched::Recompute::attention);
       auto pct = [](const sched::TrainingMemory& t) { return 100 * t.recompute_flops / t.step_flops; };
       const sched::TrainingMemory keep = sched::training_memory(c, B, T, {});
-      const sched::TrainingMemory attention = sched::training_memory(c, B, T, all(sched::Recompute::attention));
-      const sched::TrainingMemory block = sched::training_memory(c, B, T, all(sched::Recompute::block));
+      const sched::TrainingMemory attention = sched::training_memory(c, B, T, every_attention);
+      const sched::TrainingMemory block = sched::training_memory(c, B, T, sched::smallest_plan(c));
       std::printf("%s\n", fmt::format("training step (forward and backward, the model's activation arena): keep everything "
                                       "{} (peak at {}); recompute every attention {} (+{:.2f}% FLOPs); every block {} "
                                       "(checkpoint every layer, +{:.2f}% FLOPs)",
@@ -255,11 +248,6 @@ void add_sched_command(CLI::App& app) {
       std::printf("  %-12s %-12s %-48s %-10s %s\n", "budget", "peak", "exact plan", "+FLOPs", "greedy +FLOPs");
       out["recompute"] = {{"keep", keep.peak}, {"attention", attention.peak}, {"block", block.peak},
                           {"block_flops_percent", pct(block)}, {"curve", ordered_json::array()}};
-      auto summary = [](const std::vector<sched::Recompute>& modes) {
-        int64_t n[3] = {0, 0, 0};
-        for (sched::Recompute r : modes) ++n[static_cast<int>(r)];
-        return fmt::format("{} keep, {} attention, {} block", n[0], n[1], n[2]);
-      };
       std::vector<int64_t> budgets;
       for (const sched::RecomputePlan& p : sched::recompute_curve(c, B, T, 9)) budgets.push_back(p.memory.peak);
       const std::optional<int64_t> asked = a->budget;
@@ -273,7 +261,7 @@ void add_sched_command(CLI::App& app) {
           out["recompute"]["budget"] = {{"bytes", b}, {"fits", false}};
           continue;
         }
-        std::printf("%s\n", fmt::format("  {:<12} {:<12} {:<48} {:<10} {}{}", mib(b), mib(exact->memory.peak), summary(exact->modes),
+        std::printf("%s\n", fmt::format("  {:<12} {:<12} {:<48} {:<10} {}{}", mib(b), mib(exact->memory.peak), sched::recompute_summary(exact->modes),
                                         fmt::format("{:.2f}%", pct(exact->memory)),
                                         greedy ? fmt::format("{:.2f}%", pct(greedy->memory)) : "none",
                                         mine ? "   <- --budget" : "")

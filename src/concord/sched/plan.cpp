@@ -71,6 +71,27 @@ Lifetimes lifetimes(const Graph& g, const Order& order) {
 
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+// The offset a buffer of `size` bytes takes beside the [offset, end) ranges in `busy` (sorted
+// here): the lowest gap that fits, or with best_fit the smallest one.
+int64_t fit(std::vector<std::pair<int64_t, int64_t>>& busy, int64_t size, bool best_fit) {
+  std::sort(busy.begin(), busy.end());
+  int64_t chosen = -1, chosen_gap = std::numeric_limits<int64_t>::max(), cursor = 0;
+  auto consider = [&](int64_t start, int64_t end) {
+    if (end - start < size) return;
+    if (chosen < 0 || (best_fit && end - start < chosen_gap)) {
+      chosen = start;
+      chosen_gap = end - start;
+    }
+  };
+  for (const auto& [o, e] : busy) {
+    if (o > cursor) consider(cursor, o);
+    cursor = std::max(cursor, e);
+    if (chosen >= 0 && !best_fit) return chosen;
+  }
+  consider(cursor, std::numeric_limits<int64_t>::max());
+  return chosen;
+}
+
 }  // namespace
 
 const char* planner_name(Planner p) {
@@ -104,6 +125,10 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
     if (g.nodes[static_cast<size_t>(v)].workspace > 0)
       bufs.push_back({T + v, round_up(g.nodes[static_cast<size_t>(v)].workspace, alignment), {i, i}});
   }
+  // Whether two buffers are live at a common step.
+  auto conflict = [&](size_t a, size_t b) {
+    return bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last;
+  };
   // Each buffer in turn at the lowest offset free for its lifetime (best_fit: the smallest gap
   // that fits); the offsets by root and the arena's size.
   std::vector<int64_t> offset_of(g.tensors.size() + g.nodes.size(), -1);
@@ -113,30 +138,12 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
     for (size_t i : sequence) {
       const Buf& b = bufs[i];
       std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end) of placed buffers alive with b
-      for (size_t j : placed) {
-        const Buf& p = bufs[j];
-        if (p.life.first <= b.life.last && b.life.first <= p.life.last) {
-          const int64_t o = offset_of[static_cast<size_t>(p.root)];
-          busy.emplace_back(o, o + p.size);
+      for (size_t j : placed)
+        if (conflict(i, j)) {
+          const int64_t o = offset_of[static_cast<size_t>(bufs[j].root)];
+          busy.emplace_back(o, o + bufs[j].size);
         }
-      }
-      std::sort(busy.begin(), busy.end());
-      int64_t chosen = -1, chosen_gap = std::numeric_limits<int64_t>::max();
-      int64_t cursor = 0;
-      auto consider = [&](int64_t start, int64_t end) {
-        if (end - start < b.size) return;
-        const int64_t gap = end - start;
-        if (chosen < 0 || (best_fit && gap < chosen_gap)) {
-          chosen = start;
-          chosen_gap = gap;
-        }
-      };
-      for (const auto& [o, e] : busy) {
-        if (o > cursor) consider(cursor, o);
-        cursor = std::max(cursor, e);
-        if (chosen >= 0 && !best_fit) break;
-      }
-      if (chosen < 0 || best_fit) consider(cursor, std::numeric_limits<int64_t>::max());
+      const int64_t chosen = fit(busy, b.size, best_fit);
       offset_of[static_cast<size_t>(b.root)] = chosen;
       arena = std::max(arena, chosen + b.size);
       placed.push_back(i);
@@ -165,7 +172,7 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
     std::vector<int64_t> conflicts(bufs.size(), 0);
     for (size_t a = 0; a < bufs.size(); ++a)
       for (size_t b = a + 1; b < bufs.size(); ++b)
-        if (bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last) {
+        if (conflict(a, b)) {
           ++conflicts[a];
           ++conflicts[b];
         }
@@ -228,9 +235,6 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
       std::vector<size_t> candidates = sequence;
       std::stable_sort(candidates.begin(), candidates.end(), by_size);
       for (size_t r = 0; r < n; ++r) rank[candidates[r]] = r;
-      auto conflict = [&](size_t a, size_t b) {
-        return bufs[a].life.first <= bufs[b].life.last && bufs[b].life.first <= bufs[a].life.last;
-      };
       std::vector<int64_t> off(n, -1);
       std::vector<char> used(n, 0);
       std::vector<size_t> current;
@@ -240,13 +244,7 @@ ArenaPlan plan_offsets(const Graph& g, const Order& order, Planner planner, int6
         std::vector<std::pair<int64_t, int64_t>> busy;
         for (size_t j : current)
           if (conflict(i, j)) busy.emplace_back(off[j], off[j] + bufs[j].size);
-        std::sort(busy.begin(), busy.end());
-        int64_t o = 0;
-        for (const auto& [start, end] : busy) {
-          if (start >= o + bufs[i].size) break;
-          o = std::max(o, end);
-        }
-        return o;
+        return fit(busy, bufs[i].size, false);
       };
       int64_t nodes = 0;
       constexpr int64_t kBudget = 2'000'000;

@@ -256,12 +256,22 @@ std::optional<RecomputePlan> recompute_greedy(const model::ModelConfig& c, int64
   return RecomputePlan{modes, m};
 }
 
+std::vector<Recompute> smallest_plan(const model::ModelConfig& c) {
+  std::vector<Recompute> modes(static_cast<size_t>(c.applications()), Recompute::block);
+  for (size_t a = 0; a < modes.size(); ++a)
+    if (!block_allowed(c, a)) modes[a] = Recompute::attention;
+  return modes;
+}
+
+std::string recompute_summary(std::span<const Recompute> modes) {
+  int64_t n[3] = {0, 0, 0};
+  for (Recompute r : modes) ++n[static_cast<int>(r)];
+  return fmt::format("{} keep, {} attention, {} block", n[0], n[1], n[2]);
+}
+
 std::vector<RecomputePlan> recompute_curve(const model::ModelConfig& c, int64_t B, int64_t S, int points) {
   const Shape s = shape_of(c, B, S);
-  std::vector<Recompute> all(s.apps.size(), Recompute::block);
-  for (size_t a = 0; a < all.size(); ++a)
-    if (!block_allowed(c, a)) all[a] = Recompute::attention;
-  const int64_t low = evaluate(s, all).peak, high = evaluate(s, {}).peak;
+  const int64_t low = evaluate(s, smallest_plan(c)).peak, high = evaluate(s, {}).peak;
   std::vector<RecomputePlan> curve;
   for (int i = 0; i < std::max(points, 2); ++i) {
     const int64_t budget = low + (high - low) * i / (std::max(points, 2) - 1);

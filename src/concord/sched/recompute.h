@@ -71,6 +71,12 @@ std::optional<RecomputePlan> recompute_greedy(const model::ModelConfig& c, int64
 // from the smallest achievable peak (every application block) to keeping everything.
 std::vector<RecomputePlan> recompute_curve(const model::ModelConfig& c, int64_t B, int64_t S, int points);
 
+// The plan of least activation memory: every application a block, or its attention where a block
+// is not allowed (an MoE layer of a model with output_router_logits).
+std::vector<Recompute> smallest_plan(const model::ModelConfig& c);
+// "3 keep, 1 attention, 26 block"
+std::string recompute_summary(std::span<const Recompute> modes);
+
 std::string recompute_name(Recompute r);  // "keep", "attention", "block"
 Recompute recompute_from_name(const std::string& name);  // InputError otherwise
 

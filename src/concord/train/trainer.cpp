@@ -63,16 +63,10 @@ std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<do
 
 // The memory-budget plan (TrainOptions::memory_budget).
 struct BudgetPlan {
-  std::vector<sched::Recompute> smallest, chosen;
+  std::vector<sched::Recompute> smallest;
   int64_t smallest_peak = 0;
   std::optional<sched::RecomputePlan> plan;
 };
-
-std::string describe(const std::vector<sched::Recompute>& modes) {
-  int64_t n[3] = {0, 0, 0};
-  for (sched::Recompute r : modes) ++n[static_cast<int>(r)];
-  return fmt::format("{} kept, {} attention recomputed, {} blocks recomputed", n[0], n[1], n[2]);
-}
 
 // A depth-recurrent model is validated from the inference s0 at the depth it trains at: the
 // fixed depth of a fixed-depth run, the model's mean depth (its default test depth) otherwise.
@@ -349,9 +343,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     if (config.model.recurrent())
       throw InputError("[train] --memory-budget: a depth-recurrent model's activations are not planned yet");
     const model::ModelConfig& c = config.model;
-    for (int64_t a = 0; a < c.applications(); ++a)
-      budget.smallest.push_back(c.output_router_logits && c.is_moe_layer(c.block_of(a)) ? sched::Recompute::attention
-                                                                                        : sched::Recompute::block);
+    budget.smallest = sched::smallest_plan(c);
     budget.smallest_peak = sched::training_memory(c, B, T, budget.smallest).peak;
     int64_t gradients = 0;
     for (const model::ParamSpec& p : m.params()) gradients += p.numel() * 4;
@@ -471,7 +463,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                      "validation logits and the final export's copy); activations "
                                      "planned at {} ({}; +{:.1f}% FLOPs per step)",
                                      mib(*options.memory_budget), mib(other), mib(budget.plan->memory.peak),
-                                     describe(budget.plan->modes),
+                                     sched::recompute_summary(budget.plan->modes),
                                      100 * budget.plan->memory.recompute_flops / budget.plan->memory.step_flops));
     }
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
