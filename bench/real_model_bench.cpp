@@ -17,7 +17,9 @@
 // policy; generated tokens/s = every sampled token / wall time of Engine::run(). It runs only
 // when CONCORD_SERVE_WORKLOAD lists its cases, "S,R,T,THREADS;..." (max-sequences S, R requests of
 // at most T tokens, THREADS OpenMP threads), as serve_run.sh sets it, so that the pp512/tg128 run
-// of bench/smollm2_run.sh stays as it was.
+// of bench/smollm2_run.sh stays as it was. With CONCORD_ARENA_COMPARE=1 each case runs twice, in
+// the engine's planned activation arena (the default: the memory scheduler's plan of each step)
+// and in forward_cached's bump arena (arena 0 / 1), the same requests, back to back.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 #include <sys/resource.h>
@@ -174,6 +176,7 @@ void BM_EngineServeWorkload(benchmark::State& state) {
     loaded->model.prepare_weights();
   }
   const int64_t max_sequences = state.range(0), count = state.range(1), max_tokens = state.range(2);
+  const auto arena = state.range(4) == 0 ? concord::serve::ActivationArena::planned : concord::serve::ActivationArena::bump;
   omp_set_num_threads(static_cast<int>(state.range(3)));
   const concord::io::Tokenizer& tokenizer = *loaded->source.tokenizer;
   std::vector<concord::serve::Request> requests;
@@ -194,7 +197,7 @@ void BM_EngineServeWorkload(benchmark::State& state) {
   double generated = 0;
   concord::serve::EngineStats stats;  // of the last iteration: where the time goes
   for (auto _ : state) {
-    concord::serve::Engine engine(loaded->model, {.max_sequences = max_sequences});
+    concord::serve::Engine engine(loaded->model, {.max_sequences = max_sequences, .activation_arena = arena});
     const auto done = engine.generate(requests);
     for (const auto& c : done) generated += static_cast<double>(c.tokens.size());
     stats = engine.stats();
@@ -211,6 +214,8 @@ void BM_EngineServeWorkload(benchmark::State& state) {
   state.counters["generated_tokens"] = generated / static_cast<double>(state.iterations());
   state.counters["max_sequences"] = static_cast<double>(max_sequences);
   state.counters["threads"] = static_cast<double>(state.range(3));
+  state.counters["activation_arena_bytes"] = static_cast<double>(stats.activation_arena_bytes);
+  state.counters["activation_plans"] = static_cast<double>(stats.activation_plans);
 }
 
 void policy_threads(benchmark::internal::Benchmark* b) {
@@ -234,7 +239,9 @@ int main(int argc, char** argv) {
   }
   if (const char* w = std::getenv("CONCORD_SERVE_WORKLOAD"); w != nullptr && *w != 0) {
     auto* b = benchmark::RegisterBenchmark("BM_EngineServeWorkload", BM_EngineServeWorkload);
-    b->ArgNames({"max_sequences", "requests", "max_tokens", "threads"});
+    b->ArgNames({"max_sequences", "requests", "max_tokens", "threads", "arena"});
+    const char* compare = std::getenv("CONCORD_ARENA_COMPARE");
+    const bool both = compare != nullptr && std::strcmp(compare, "1") == 0;
     for (const char* p = w; *p != 0;) {
       long long v[4] = {0, 0, 0, 0};
       int used = 0;
@@ -244,8 +251,9 @@ int main(int argc, char** argv) {
                              "S,R,T,THREADS[;...] of positive integers\n", w);
         return 2;
       }
-      b->Args({static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2]),
-               static_cast<int64_t>(v[3])});
+      for (int64_t arena = 0; arena < (both ? 2 : 1); ++arena)
+        b->Args({static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2]),
+                 static_cast<int64_t>(v[3]), arena});
       p += used;
       if (*p == ';') ++p;
     }

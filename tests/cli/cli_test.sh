@@ -29,6 +29,10 @@ expect_output "e2m1 decode 0x7" "0x40C00000 6" bash -c "echo 0x7 | '$CONCORD' co
 expect_error "missing --format" "format" "$CONCORD" codec encode
 expect_error "unknown subcommand" "concord:" "$CONCORD" no-such-command
 expect_error "unknown quant format" "unknown --format 'mxfp3'" "$CONCORD" quant a b --format mxfp3
+expect_error "unknown activation arena (generate)" "unknown activation arena 'heap' (planned, bump)" \
+  "$CONCORD" generate --model m --prompt p --activation-arena heap
+expect_error "unknown activation arena (serve)" "unknown activation arena 'heap' (planned, bump)" \
+  "$CONCORD" serve --model m --activation-arena heap
 expect_error "bad skip regex" "--skip '(' is not a valid regular expression" "$CONCORD" quant a b --format mxfp4 --skip "("
 
 # Unknown commands and options name what was given and list the commands of that level.

@@ -91,18 +91,32 @@ if run_rc "sched --pass step --run" 0 "$CONCORD" sched --model "$WORK/dense.json
   json_check "sched --pass step: measured == predicted" "$WORK/step.json" \
     "j['all_equal'] and all(r['measured_dynamic'] == r['peak'] for r in j['orders'])"
 fi
-expect_error "sched: --pass step on MoE" "no MoE yet" "$CONCORD" sched --model "$WORK/config.json" --pass step
+# The MoE training step (experts, router and top-k backward, the batch's exact expert rows).
+if run_rc "sched --pass step --run (MoE)" 0 "$CONCORD" sched --model "$WORK/config.json" --pass step --tokens 16 \
+    --batch 2 --run --policy nvfp4; then
+  if grep -q "loss and gradients == Model::forward_backward bit for bit" "$WORK/out"; then pass "sched --pass step --run (MoE): all equal"
+  else fail "sched --pass step --run (MoE): $(cat "$WORK/out")"; fi
+fi
 
-# A decode step: planned (the KV caches kept), not executed.
+# A decode step and a prefill chunk: certified, and with --run executed on a KV cache of --context
+# tokens per sequence (MoE: with the step's exact expert rows), logits and cache rows bit for bit
+# Model::forward_cached's, every measured peak the prediction.
 if run_rc "sched --pass decode" 0 "$CONCORD" sched --model "$WORK/config.json" --pass decode --context 200 --batch 4; then
-  if grep -q "pass decode, 4 x 1 tokens after 200 cached" "$WORK/out" && grep -q "optimal (certificate" "$WORK/out"; then pass "sched --pass decode: certified"
+  if grep -q "pass decode, 4 x 1 tokens after 200 cached" "$WORK/out" && grep -q "optimal (certificate" "$WORK/out" &&
+     grep -q "^KV cache .* outside the activation arena" "$WORK/out"; then pass "sched --pass decode: certified"
   else fail "sched --pass decode: $(cat "$WORK/out")"; fi
 fi
+for pass in decode prefill; do
+  if run_rc "sched --pass $pass --run" 0 "$CONCORD" sched --model "$WORK/config.json" --pass $pass --tokens 16 --context 40 \
+      --batch 3 --run --policy nvfp4 --json "$WORK/$pass-run.json"; then
+    if grep -q "logits and KV cache rows == Model::forward_cached bit for bit" "$WORK/out"; then pass "sched --pass $pass --run: all equal"
+    else fail "sched --pass $pass --run: $(cat "$WORK/out")"; fi
+  fi
+done
 if run_rc "sched --pass prefill" 0 "$CONCORD" sched --model "$WORK/config.json" --pass prefill --tokens 32 --context 128; then
   if grep -q "pass prefill, 1 x 32 tokens after 128 cached" "$WORK/out"; then pass "sched --pass prefill"
   else fail "sched --pass prefill: $(cat "$WORK/out")"; fi
 fi
-expect_error "sched: --run on a decode step" "planned only" "$CONCORD" sched --model "$WORK/config.json" --pass decode --run
 expect_error "sched: decode past the positions" "after --context 256" "$CONCORD" sched --model "$WORK/config.json" --pass decode --context 256
 expect_error "sched: --context on the forward" "--context is for" "$CONCORD" sched --model "$WORK/config.json" --context 5
 

@@ -213,6 +213,7 @@ TEST(Sched, BadGraphsAndOrdersAreRefused) {
 }  // namespace
 }  // namespace concord::sched
 
+#include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
 #include "concord/sched/executor.h"
 #include "concord/sched/model_graph.h"
@@ -295,11 +296,11 @@ TEST(SchedModel, TheModelsPassesAreCertifiedAndPlanned) {
   EXPECT_THROW(pass_from_name("backward"), InputError);
 }
 
-// A decode step's graph: one row per sequence, each attention reading its application's KV cache
-// (kept), the probabilities over the context as workspace; certified by the DP, planned, its peak
-// growing with the context; the executor refuses it (planned, not executed). A prefill chunk after
-// the same context peaks above it.
-TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
+// A decode step's graph: one row per sequence, each attention appending to its application's KV
+// cache (outside the graph: outside_bytes is the whole cache) with its scores over the context as
+// workspace; certified by the DP, planned, its peak growing with the context. A prefill chunk after
+// the same context peaks above it; a full-sequence executor call refuses a cached graph.
+TEST(SchedModel, ADecodeStepAndAPrefillChunkArePlannedAndCertified) {
   for (const bool moe : {false, true}) {
     model::Model m(model_config(moe));
     int64_t previous = 0;
@@ -310,11 +311,7 @@ TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
       EXPECT_GT(dp.peak, previous);
       previous = dp.peak;
       for (Planner p : kPlanners) EXPECT_EQ(replay_plan(g, dp.order, plan_offsets(g, dp.order, p)), plan_offsets(g, dp.order, p).arena_bytes);
-      int64_t cache = 0;
-      for (const Tensor& t : g.tensors)
-        if (t.name.find("kv_cache") != std::string::npos) cache += t.bytes;
-      EXPECT_EQ(cache, m.config().applications() * 2 * 4 * (context + 1) * m.config().num_key_value_heads * m.config().head_dim * 4);
-      EXPECT_GE(dp.peak, cache);  // the caches are kept inputs: live throughout
+      EXPECT_EQ(g.outside_bytes, m.config().applications() * 2 * 4 * (context + 1) * m.config().num_key_value_heads * m.config().head_dim * 4);
       const std::vector<int32_t> tokens(4, 1);
       EXPECT_THROW(execute_dynamic(m, g, dp.order, tokens, 4, 1), InputError);
       // A prefill chunk of 32 after the same context peaks above the decode step.
@@ -326,6 +323,11 @@ TEST(SchedModel, ADecodeStepIsPlannedNotExecuted) {
   EXPECT_THROW(model_graph(m, Pass::decode, 2, 4, nullptr, 8), InputError);     // one token per step
   EXPECT_THROW(model_graph(m, Pass::forward, 8, 1, nullptr, 8), InputError);    // no context there
   EXPECT_THROW(model_graph(m, Pass::prefill, 200, 1, nullptr, 100), InputError);  // past 256 positions
+  CachedShape shape{.context = {10, 0}, .tokens = {1, 0}, .logits = {model::LogitRows::last, model::LogitRows::last}};
+  EXPECT_THROW(model_graph(m, shape), InputError);  // an input without new tokens
+  shape.tokens = {1, 4};
+  shape.key_capacity = 8;  // below the 11 keys of the first row
+  EXPECT_THROW(model_graph(m, shape), InputError);
 }
 
 }  // namespace
@@ -399,21 +401,28 @@ TEST(SchedExecutor, EveryOrderAndPlannerComputesForwardsLogitsAndItsPredictedPea
 
 // The whole training step as nodes (pass `step`): under every order and planner the loss and every
 // gradient equal Model::forward_backward's bit for bit — Qwen3, Qwen2, a schedule that applies a
-// block twice and a depth-recurrent model at depth 3 (the adapter's backward, d e summed over the
-// iterations), under fp32, bf16, mxfp8 and nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) —
-// and the measured memory is the predicted. The DP certifies an order at least as good as the
+// block twice, Qwen3-MoE (experts, router and top-k backward on the batch's exact expert rows),
+// Qwen3-MoE with the load-balancing loss (it reads every MoE application's routing), and a
+// depth-recurrent model at depth 3 (the adapter's backward, d e summed over the iterations), also
+// with truncated backpropagation through its last 2 iterations — under fp32, bf16, mxfp8 and
+// nvfp4 (stochastic rounding and Hadamard signs in the backward GEMMs, seeded by the step) — and
+// the measured memory is the predicted. The DP certifies an order at least as good as the
 // program's.
 TEST(SchedExecutor, TheTrainingStepsGradientsAreForwardBackwardsUnderEveryOrder) {
   const int64_t B = 2, S = 16;
   const uint64_t step = 5;
-  for (const std::string kind : {"qwen3", "qwen2", "repeat", "recurrent"})
+  for (const std::string kind : {"qwen3", "qwen2", "repeat", "moe", "moe-aux", "recurrent", "truncated"})
     for (const char* policy : {"fp32", "bf16", "mxfp8", "nvfp4"}) {
-      const model::ModelConfig c = recompute_config(kind);  // "repeat": the schedule {0, 1, 1, 2}
+      if ((kind == "moe" || kind == "moe-aux" || kind == "truncated") && policy != std::string("fp32") &&
+          policy != std::string("nvfp4"))
+        continue;  // the backward GEMMs' precisions are the dense cases'; fp32 and nvfp4 (seeded) suffice
+      const model::ModelConfig c = recompute_config(kind == "truncated" ? "recurrent" : kind);
       model::Model m(c, model::PrecisionPolicy::preset(policy));
       m.init_random(23, 0.08f);
       if (c.recurrent()) {  // three core iterations, a random s0
         m.set_depth(3);
         m.set_state_seed(9);
+        if (kind == "truncated") m.set_backprop_iterations(2);
       }
       const std::vector<int32_t> tokens = some_tokens(B * S, c.vocab_size, 4), targets = some_tokens(B * S, c.vocab_size, 8);
       const float loss = m.forward_backward(tokens, targets, B, S, step);
@@ -428,8 +437,9 @@ TEST(SchedExecutor, TheTrainingStepsGradientsAreForwardBackwardsUnderEveryOrder)
             return false;
         return true;
       };
-      const std::string what = fmt::format("{} {}", c.architecture, policy);
-      const Graph g = model_graph(m, Pass::step, S, B);
+      const std::string what = fmt::format("{} {}", kind, policy);
+      const ExpertRows rows = c.moe() ? expert_rows_of(m, tokens, B, S) : ExpertRows{};
+      const Graph g = model_graph(m, Pass::step, S, B, c.moe() ? &rows : nullptr);
       const DpResult dp = dp_schedule(g);
       EXPECT_TRUE(dp.optimal) << what;
       EXPECT_LE(dp.peak, peak(g, program_order(g))) << what;
@@ -450,9 +460,144 @@ TEST(SchedExecutor, TheTrainingStepsGradientsAreForwardBackwardsUnderEveryOrder)
         }
       }
       EXPECT_THROW(execute_dynamic(m, g, program_order(g), tokens, B, S), InputError);  // no targets
+      if (kind == "truncated") {  // no backward node for an iteration run without gradient
+        size_t backward = 0;
+        for (const Node& n : g.nodes) backward += n.name.ends_with(".bwd");
+        m.set_backprop_iterations(0);
+        size_t full = 0;
+        for (const Node& n : model_graph(m, Pass::step, S, B).nodes) full += n.name.ends_with(".bwd");
+        EXPECT_LT(backward, full);
+      }
     }
-  model::Model moe(model_config(true));
-  EXPECT_THROW(model_graph(moe, Pass::step, 8, 1), InputError);
+}
+
+// A cached pass (the engine's step: Model::forward_cached's inputs) node by node: a mixed step of
+// a prompt chunk returning its last row, a speculative verify returning every row and a chunk
+// returning none, then mixed chunk and decode rows, then a decode step. For Qwen3 (fp32, nvfp4 —
+// a tensor-wide activation scale, so each input's rows must be quantized on their own), Qwen2
+// (bf16) and Qwen3-MoE (fp8-tensor, planned with the step's exact expert rows), every order and
+// planner: the logits and every cache row equal forward_cached's bit for bit, the planned arena's
+// high-water mark (allocations and canary) is the plan's, the dynamic executor's peak the memory
+// model's; a reused ArenaMemory and a key capacity above the need give the same bits.
+TEST(SchedExecutor, CachedPassesAreForwardCachedsUnderEveryOrderAndPlanner) {
+  struct Case {
+    model::ModelConfig config;
+    const char* policy;
+  };
+  const std::vector<Case> cases = {{model_config(false), "fp32"}, {model_config(false), "nvfp4"},
+                                    {qwen2_config(), "bf16"},     {model_config(true), "fp8-tensor"}};
+  using LR = model::LogitRows;
+  struct Step {
+    std::vector<int64_t> tokens;
+    std::vector<LR> logits;
+  };
+  const std::vector<Step> steps = {{{20, 7, 12}, {LR::last, LR::all, LR::none}},
+                                   {{1, 3, 5}, {LR::last, LR::all, LR::last}},
+                                   {{1, 1, 1}, {LR::last, LR::last, LR::last}},
+                                   {{4, 1, 2}, {LR::none, LR::none, LR::none}}};
+  for (const Case& k : cases) {
+    model::Model m(k.config, model::PrecisionPolicy::preset(k.policy));
+    m.init_random(13, 0.08f);
+    const std::string what = fmt::format("{} {}", k.config.architecture, k.policy);
+    model::KvCache reference(k.config, 3, 64), cache(k.config, 3, 64);
+    for (int i = 0; i < 3; ++i) {
+      reference.allocate();
+      cache.allocate();
+    }
+    ArenaMemory memory;
+    uint64_t seed = 20;
+    for (const Step& step : steps) {
+      std::vector<std::vector<int32_t>> tokens;
+      std::vector<model::CachedInput> inputs;
+      CachedShape shape;
+      for (size_t i = 0; i < step.tokens.size(); ++i) tokens.push_back(some_tokens(step.tokens[i], k.config.vocab_size, ++seed));
+      for (size_t i = 0; i < step.tokens.size(); ++i) {
+        inputs.push_back({static_cast<int>(i), tokens[i], step.logits[i]});
+        shape.context.push_back(reference.length(static_cast<int>(i)));
+        shape.tokens.push_back(step.tokens[i]);
+        shape.logits.push_back(step.logits[i]);
+      }
+      std::vector<float> logits(static_cast<size_t>(model::logit_rows(inputs) * k.config.vocab_size));
+      m.set_router_stats(true);
+      m.forward_cached(reference, inputs, logits);
+      const ExpertRows rows = m.router_stats().counts;
+      m.set_router_stats(false);
+      const Graph g = model_graph(m, shape, &rows);
+      // Each run starts from the cache before the step (its rows are rewritten identically).
+      auto rewind = [&] {
+        for (size_t i = 0; i < inputs.size(); ++i) cache.truncate(static_cast<int>(i), shape.context[i]);
+      };
+      auto same_cache = [&] {
+        bool same = true;
+        for (int slot = 0; slot < 3; ++slot) {
+          same &= cache.length(slot) == reference.length(slot);
+          const auto floats = static_cast<size_t>(cache.length(slot) * cache.row_width());
+          for (int64_t layer = 0; layer < cache.num_layers(); ++layer)
+            same &= std::memcmp(cache.keys(slot, layer), reference.keys(slot, layer), 4 * floats) == 0 &&
+                    std::memcmp(cache.values(slot, layer), reference.values(slot, layer), 4 * floats) == 0;
+        }
+        return same;
+      };
+      std::vector<Order> orders = {program_order(g), greedy_order(g), dp_schedule(g).order};
+      for (uint64_t s = 1; s <= 2; ++s) orders.push_back(random_order(g, s));
+      bool first = true;
+      for (const Order& order : orders) {
+        if (!first) rewind();
+        first = false;
+        const Execution dynamic = execute_dynamic(m, g, order, cache, inputs);
+        EXPECT_TRUE(same_bits(dynamic.logits, logits)) << what;
+        EXPECT_TRUE(same_cache()) << what;
+        EXPECT_EQ(dynamic.high_water, peak(g, order)) << what;
+        std::vector<Planner> planners(std::begin(kPlanners), std::end(kPlanners));
+        planners.push_back(Planner::exact);
+        for (Planner p : planners) {
+          rewind();
+          const ArenaPlan plan = plan_offsets(g, order, p);
+          const Execution planned = execute_planned(m, g, order, plan, cache, inputs);
+          EXPECT_TRUE(same_bits(planned.logits, logits)) << what << " " << planner_name(p);
+          EXPECT_TRUE(same_cache()) << what;
+          EXPECT_EQ(planned.high_water, plan.arena_bytes) << what;
+          EXPECT_EQ(planned.touched_bytes, plan.arena_bytes) << what;
+        }
+      }
+      // The engine's way: reused memory, a plan with room for more keys.
+      rewind();
+      CachedShape roomy = shape;
+      roomy.key_capacity = 64;
+      const Graph wide = model_graph(m, roomy, &rows);
+      const Order order = program_order(wide);
+      const ArenaPlan plan = plan_offsets(wide, order, Planner::greedy_by_size);
+      const Execution reused = execute_planned(m, wide, order, plan, cache, inputs, &memory);
+      EXPECT_TRUE(same_bits(reused.logits, logits)) << what;
+      EXPECT_TRUE(same_cache()) << what;
+      EXPECT_EQ(reused.high_water, plan.arena_bytes);
+      EXPECT_GE(memory.bytes(), plan.arena_bytes);
+      // Prepared once, run again (the engine keeps one per step shape): the logits into the
+      // caller's buffer, which must be the pass's size.
+      rewind();
+      const PreparedPass prepared(wide, order, plan);
+      std::vector<float> into(logits.size());
+      prepared.run(m, cache, inputs, memory, into);
+      EXPECT_TRUE(same_bits(into, logits)) << what;
+      EXPECT_TRUE(same_cache()) << what;
+      rewind();
+      std::vector<float> short_buffer(logits.size() + 1);
+      EXPECT_THROW(prepared.run(m, cache, inputs, memory, short_buffer), InputError);
+      EXPECT_THROW(PreparedPass(model_graph(m, Pass::forward, 4, 1), {}, {}), InputError);
+      // A graph of another shape, and a full-sequence graph, are refused before anything runs.
+      rewind();
+      CachedShape other = shape;
+      ++other.tokens[0];
+      const Graph mismatched = model_graph(m, other);
+      EXPECT_THROW(execute_dynamic(m, mismatched, program_order(mismatched), cache, inputs), InputError);
+      const Graph full = model_graph(m, Pass::forward, 4, 1);
+      EXPECT_THROW(execute_dynamic(m, full, program_order(full), cache, inputs), InputError);
+      for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ(cache.length(static_cast<int>(i)), shape.context[i]);
+      // Leave the cache as the reference (the next step starts from it).
+      execute_dynamic(m, g, program_order(g), cache, inputs);
+      EXPECT_TRUE(same_cache());
+    }
+  }
 }
 
 // Wrong memory is caught, not computed with: a plan with two live tensors at one offset, expert

@@ -210,6 +210,43 @@ TEST_P(PresetTest, EngineDeterministicAcrossBatchesAndThreads) {
   }
 }
 
+// The planned activation arena (the memory scheduler's plan of each step, run node by node
+// through one reused arena) and Model::forward_cached's bump arena give the same completions bit
+// for bit — tokens, log-probs, top entries, full distributions, prompt log-probs — on a workload
+// that mixes prompt chunks with decode rows; a plan is made per step shape (decode steps share
+// one until the context outgrows its scores), and the arena is the largest plan's.
+TEST_P(PresetTest, PlannedActivationArenaEqualsTheBumpArena) {
+  Model m = make_model(GetParam());
+  std::vector<Request> requests;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.prompt = random_tokens(3 + 5 * i, 60 + i);
+    r.max_tokens = 8 + 2 * i;
+    r.sampling.temperature = i == 0 ? 0.0f : 0.8f;
+    r.sampling.seed = 200 + i;
+    r.top_logprobs = i == 1 ? 3 : 0;
+    r.full_logprobs = i == 2;
+    r.prompt_logprobs = i == 3;
+    requests.push_back(r);
+  }
+  Engine bump(m, {.max_sequences = 3, .prefill_chunk = 4, .activation_arena = ActivationArena::bump});
+  Engine planned(m, {.max_sequences = 3, .prefill_chunk = 4, .activation_arena = ActivationArena::planned});
+  const auto a = bump.generate(requests);
+  const auto b = planned.generate(requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << i;
+    EXPECT_EQ(a[i].logprobs, b[i].logprobs) << i;
+    EXPECT_EQ(a[i].top_logprobs, b[i].top_logprobs) << i;
+    EXPECT_EQ(a[i].full_logprobs, b[i].full_logprobs) << i;
+    EXPECT_EQ(a[i].prompt_logprobs, b[i].prompt_logprobs) << i;
+  }
+  EXPECT_EQ(bump.stats().activation_plans, 0);
+  EXPECT_GT(bump.stats().activation_arena_bytes, 0);
+  EXPECT_GT(planned.stats().activation_plans, 0);
+  EXPECT_LT(planned.stats().activation_plans, planned.stats().steps);  // decode steps share plans
+  EXPECT_GT(planned.stats().activation_arena_bytes, 0);
+}
+
 // Prompt log-probs are those of the training forward's logits (row i - 1 scores prompt[i]) under
 // logprob.h's definition with the request's temperature: bitwise where chunking is bitwise
 // (row-local presets, any chunk; the others with the whole prompt in one chunk), independent of
@@ -668,6 +705,28 @@ TEST(Engine, CancelFromCallbackKeepsOthersInvariant) {
   EXPECT_EQ(c3.tokens, std::vector<int32_t>(alone[3].tokens.begin(),
                                             alone[3].tokens.begin() + cancelled_other_at));
   EXPECT_EQ(e.cache().sequences_in_use(), 0);
+}
+
+// The activation arena by name; an MoE model runs the bump arena whatever is asked (its experts'
+// rows are known only after routing).
+TEST(Engine, ActivationArenaNamesAndMoeFallback) {
+  EXPECT_EQ(activation_arena_from_name("planned"), ActivationArena::planned);
+  EXPECT_EQ(activation_arena_from_name("bump"), ActivationArena::bump);
+  EXPECT_STREQ(activation_arena_name(ActivationArena::planned), "planned");
+  EXPECT_THROW(activation_arena_from_name("arena"), InputError);
+  ModelConfig c = test_config();
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  Model m(c, PrecisionPolicy::preset("fp32"));
+  m.init_random(3, 0.08f);
+  Engine e(m, {.max_sequences = 2, .prefill_chunk = 4});
+  Request r;
+  r.prompt = random_tokens(6, 5);
+  r.max_tokens = 4;
+  EXPECT_EQ(e.generate({r})[0].tokens.size(), 4u);
+  EXPECT_EQ(e.stats().activation_plans, 0);
 }
 
 TEST(KvCache, SlotsCapacityAndErrors) {

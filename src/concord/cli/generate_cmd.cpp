@@ -46,7 +46,7 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir;
+    std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
@@ -113,9 +113,13 @@ void add_generate_command(CLI::App& app) {
                   "keep the prompt's KV rows as snapshot files in this folder (per model) and resume from the "
                   "longest stored prefix of the next prompt: a repeated long prompt skips its prefill; output "
                   "unchanged bit for bit (docs/serve.md, the prefix snapshot cache)");
+  cmd->add_option("--activation-arena", a->activation_arena,
+                  "where a step's activations live: planned (default: the memory scheduler's plan of the step; "
+                  "docs/sched.md) or bump (forward_cached's bump allocator); the same tokens bit for bit");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
     a->draft.check("generate");
+    const serve::ActivationArena arena = serve::activation_arena_from_name(a->activation_arena);
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
     if (a->top_logprobs && !a->json) throw InputError("[generate] --top-logprobs needs --json");
     if (a->echo && !a->json) throw InputError("[generate] --echo needs --json");
@@ -183,7 +187,7 @@ void add_generate_command(CLI::App& app) {
       }
     }
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = prefill_chunk,
-                                        .kv_core_slots = a->kv_core_slots.value_or(0)});
+                                        .kv_core_slots = a->kv_core_slots.value_or(0), .activation_arena = arena});
     if (!a->prefix_cache_dir.empty()) {
       if (recurrent) throw InputError("[generate] --prefix-cache-dir: a depth-recurrent model's state is not only KV rows");
       serve::PrefixCacheOptions o;
@@ -270,12 +274,15 @@ void add_generate_command(CLI::App& app) {
     std::fprintf(stderr, "%s\n",
                  fmt::format("load: {:.2f} s, prompt tokens: {}, prefill: {:.1f} tok/s, time to "
                              "first token: {:.0f} ms, generated tokens: {} ({}), decode: {:.1f} "
-                             "tok/s [{}]{}",
+                             "tok/s [{}], activation arena: {} {:.2f} MiB{}{}",
                              load_seconds, request.prompt.size(),
                              rate(s.prefill_tokens, s.prefill_seconds),
                              1e3 * std::max(first_token_seconds, 0.0), done.tokens.size(),
                              stopped_by_string ? "stop" : serve::finish_reason_name(done.finish),
                              rate(s.decode_tokens, s.decode_seconds), loaded.model.policy().name,
+                             s.activation_plans > 0 ? "planned" : "bump",
+                             static_cast<double>(s.activation_arena_bytes) / (1024.0 * 1024.0),
+                             s.activation_plans > 0 ? fmt::format(" ({} step plans)", s.activation_plans) : std::string(),
                              engine.prefix_cache()
                                  ? fmt::format(", prefix cache: {} prompt tokens resumed", s.prefix_reused_tokens)
                                  : std::string())

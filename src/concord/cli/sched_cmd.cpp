@@ -2,7 +2,8 @@
 // (docs/sched.md, issue 24) — program order, greedy, the exact DP with its certificate or its
 // proven gap; the working-set bound; each planner's arena; with --run, the pass executed node by
 // node through each arena and the measured high-water marks beside the predictions, the logits
-// checked against Model::forward bit for bit.
+// checked against Model::forward (a prefill chunk or decode step: Model::forward_cached on a KV
+// cache of --context tokens, logits and cache rows) bit for bit.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -79,8 +80,6 @@ void add_sched_command(CLI::App& app) {
     if (a->alignment % 4 != 0) throw InputError(fmt::format("[sched] --alignment {}: a multiple of 4 bytes", a->alignment));
     const sched::Pass pass = sched::pass_from_name(a->pass);
     const bool cached = pass == sched::Pass::decode || pass == sched::Pass::prefill;
-    if (a->run && cached)
-      throw InputError("[sched] --run executes the forward and training passes; a prefill chunk or decode step is planned only");
     if (a->context > 0 && !cached) throw InputError("[sched] --context is for --pass prefill and decode");
     if (a->budget && pass != sched::Pass::train)
       throw InputError("[sched] --budget plans the training step's recomputation: use it with --pass train");
@@ -111,7 +110,42 @@ void add_sched_command(CLI::App& app) {
     constexpr uint64_t kStep = 1;  // seeds the step's backward GEMMs
     std::optional<sched::ExpertRows> rows;
     const bool step = pass == sched::Pass::step;
-    if (a->run) {
+    // A cached pass runs on a KV cache whose B slots hold --context tokens each (fed through
+    // forward_cached first); the reference is forward_cached on a twin cache, and each run starts
+    // from the cache as it was before the pass.
+    std::optional<model::KvCache> reference_cache, cache;
+    std::vector<std::vector<int32_t>> new_tokens;
+    std::vector<model::CachedInput> inputs;
+    auto rewind = [&] {
+      for (int64_t b = 0; b < B; ++b) cache->truncate(static_cast<int>(b), a->context);
+    };
+    if (a->run && cached) {
+      if (c.recurrent()) throw InputError("[sched] a depth-recurrent model's cached passes are not planned yet");
+      std::mt19937_64 rng(a->seed);
+      auto draw = [&](int64_t n) {
+        std::vector<int32_t> t(static_cast<size_t>(n));
+        for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
+        return t;
+      };
+      reference_cache.emplace(c, B, a->context + T);
+      cache.emplace(c, B, a->context + T);
+      for (int64_t b = 0; b < B; ++b) {
+        reference_cache->allocate();
+        cache->allocate();
+        if (a->context == 0) continue;
+        const std::vector<int32_t> prompt = draw(a->context);
+        const model::CachedInput in{static_cast<int>(b), prompt, model::LogitRows::none};
+        m.forward_cached(*reference_cache, std::span(&in, 1), {});
+        m.forward_cached(*cache, std::span(&in, 1), {});
+      }
+      for (int64_t b = 0; b < B; ++b) new_tokens.push_back(draw(T));
+      for (int64_t b = 0; b < B; ++b) inputs.push_back({static_cast<int>(b), new_tokens[static_cast<size_t>(b)], model::LogitRows::last});
+      reference.resize(static_cast<size_t>(B * c.vocab_size));
+      m.set_router_stats(true);
+      m.forward_cached(*reference_cache, inputs, reference);
+      if (c.num_experts > 0) rows = m.router_stats().counts;
+      m.set_router_stats(false);
+    } else if (a->run) {
       std::mt19937_64 rng(a->seed);
       tokens.resize(static_cast<size_t>(B * T));
       for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
@@ -140,11 +174,16 @@ void add_sched_command(CLI::App& app) {
     out["nodes"] = g.nodes.size();
     out["tensors"] = g.tensors.size();
     out["expert_rows"] = c.num_experts == 0 ? "dense" : rows ? "exact (this batch's routing)" : "balanced (T·k/E)";
+    out["kv_cache_bytes"] = g.outside_bytes;
     std::printf("%s\n", fmt::format("{} ({}, {} layers), pass {}, {} x {} tokens{}: {} nodes, {} tensors{}", a->model,
                                     c.architecture, c.num_hidden_layers, a->pass, B, T,
                                     cached ? fmt::format(" after {} cached", a->context) : "", g.nodes.size(), g.tensors.size(),
                                     c.num_experts == 0 ? "" : fmt::format("; expert rows {}", out["expert_rows"].get<std::string>()))
                                 .c_str());
+    if (cached)
+      std::printf("%s\n", fmt::format("KV cache {} (the KvCache's own memory, outside the activation arena planned below)",
+                                      mib(g.outside_bytes))
+                              .c_str());
 
     const int64_t bound = sched::working_set_bound(g);
     const sched::DpResult dp = sched::dp_schedule(g, {.max_states = a->dp_states, .max_seconds = a->dp_seconds});
@@ -185,6 +224,16 @@ void add_sched_command(CLI::App& app) {
         // The logits bit for bit Model::forward's; for the training step, the loss and every
         // gradient forward_backward's.
         auto same = [&](const sched::Execution& ex) {
+          if (cached) {  // and the cache rows forward_cached wrote
+            for (int64_t b = 0; b < B; ++b) {
+              const auto floats = static_cast<size_t>(reference_cache->length(static_cast<int>(b)) * cache->row_width());
+              if (cache->length(static_cast<int>(b)) != reference_cache->length(static_cast<int>(b))) return false;
+              for (int64_t l = 0; l < cache->num_layers(); ++l)
+                if (std::memcmp(cache->keys(static_cast<int>(b), l), reference_cache->keys(static_cast<int>(b), l), 4 * floats) != 0 ||
+                    std::memcmp(cache->values(static_cast<int>(b), l), reference_cache->values(static_cast<int>(b), l), 4 * floats) != 0)
+                  return false;
+            }
+          }
           if (!step)
             return ex.logits.size() == reference.size() &&
                    std::memcmp(ex.logits.data(), reference.data(), sizeof(float) * reference.size()) == 0;
@@ -196,14 +245,22 @@ void add_sched_command(CLI::App& app) {
           }
           return true;
         };
-        const sched::Execution dyn = sched::execute_dynamic(m, g, order, tokens, B, T, targets, kStep);
+        auto execute = [&](const sched::ArenaPlan* plan) {
+          if (!cached)
+            return plan != nullptr ? sched::execute_planned(m, g, order, *plan, tokens, B, T, targets, kStep)
+                                   : sched::execute_dynamic(m, g, order, tokens, B, T, targets, kStep);
+          rewind();
+          return plan != nullptr ? sched::execute_planned(m, g, order, *plan, *cache, inputs)
+                                 : sched::execute_dynamic(m, g, order, *cache, inputs);
+        };
+        const sched::Execution dyn = execute(nullptr);
         const bool dyn_ok = dyn.high_water == predicted && same(dyn);
         line += fmt::format(" {:>16}  ", dyn.high_water);
         row["measured_dynamic"] = dyn.high_water;
         row["logits_equal"] = same(dyn);
         bool ok = dyn_ok;
         for (size_t i = 0; i < plans.size(); ++i) {
-          const sched::Execution ex = sched::execute_planned(m, g, order, plans[i], tokens, B, T, targets, kStep);
+          const sched::Execution ex = execute(&plans[i]);
           const bool equal = ex.high_water == plans[i].arena_bytes && ex.touched_bytes == plans[i].arena_bytes && same(ex);
           ok = ok && equal;
           line += fmt::format(" {}{}", ex.touched_bytes, equal ? "" : "!");
@@ -230,6 +287,8 @@ void add_sched_command(CLI::App& app) {
       out["all_equal"] = all_equal;
       std::printf("%s\n", all_equal ? (step ? "measured == predicted for every order and planner; loss and gradients == "
                                              "Model::forward_backward bit for bit"
+                                    : cached ? "measured == predicted for every order and planner; logits and KV cache rows == "
+                                               "Model::forward_cached bit for bit"
                                            : "measured == predicted for every order and planner; logits == Model::forward bit for bit")
                                     : "MISMATCH between measured and predicted (see the rows marked !)");
     }

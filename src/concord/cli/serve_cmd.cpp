@@ -55,7 +55,8 @@ std::string default_model_name(const std::filesystem::path& path) {
 
 void add_serve_command(CLI::App& app) {
   struct Args {
-    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, prefix_cache_dir;
+    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, prefix_cache_dir,
+        activation_arena = "planned";
     DraftArgs draft;
     int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
             max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
@@ -125,9 +126,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--weights-faults", a->weights_faults,
                 "honour a weight update's \"fault\" (the sampler-side sync faults of concord rl "
                 "--fault; for testing the checks)");
+  cmd->add_option("--activation-arena", a->activation_arena,
+                  "where a step's activations live: planned (default: the memory scheduler's plan of the step, "
+                  "one reused arena of the largest plan's size; docs/sched.md) or bump (forward_cached's bump "
+                  "allocator); the same tokens bit for bit; MoE and depth-recurrent models always run bump");
   add_draft_flags(cmd, a->draft, false);
   cmd->callback([a]() {
     a->draft.check("serve");
+    const serve::ActivationArena arena = serve::activation_arena_from_name(a->activation_arena);
     serve::ServerOptions options;
     options.host = a->host;
     options.port = static_cast<int>(a->port);
@@ -135,6 +141,7 @@ void add_serve_command(CLI::App& app) {
     options.engine.max_sequences = a->max_sequences;
     options.engine.prefill_chunk = a->prefill_chunk;
     options.engine.max_context = a->max_context;
+    options.engine.activation_arena = arena;
     options.max_queue = a->max_queue;
     options.max_body_bytes = a->max_body_bytes;
     options.max_weights_body_bytes = a->max_weights_body_bytes;

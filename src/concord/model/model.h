@@ -151,6 +151,18 @@ class Model {
   // buffer of the input the graph lets it overwrite (RoPE after QK-norm, the residual adds).
   // Running every node of the pass in any order that respects its data flow writes the logits
   // Model::forward writes, bit for bit.
+  // A cached pass's rows (an engine step: Model::forward_cached's inputs), for run_node: the
+  // new tokens of every input concatenated, each row at its own position. The caller reserved
+  // each slot's cache rows for the pass (KvCache::reserve) and sets the lengths after it.
+  struct CachedRows {
+    KvCache* cache = nullptr;
+    std::span<const CachedInput> inputs;
+    std::span<const int64_t> start;          // per input: the slot's length before the pass
+    std::span<const int64_t> row_splits;     // inputs + 1: input i's rows are [split i, split i+1)
+    std::span<const int32_t> positions;      // per row
+    std::span<const int32_t> logit_positions;  // per logit row (the rows LogitRows asks for)
+    std::span<const int64_t> logit_splits;     // inputs + 1, over the logit rows
+  };
   struct NodeCall {
     std::string_view node;
     int64_t application = -1;
@@ -162,13 +174,20 @@ class Model {
     void* workspace = nullptr;
     int64_t workspace_bytes = 0;
     uint64_t step = 0;  // the training step's backward nodes: seeds their GEMMs (forward_backward's `step`)
+    // A cached pass (sched's prefill / decode graphs): B and S are ignored, the rows are these.
+    // Its "attention" appends each input's k and v to its slot and attends over the slot's rows
+    // (the workspace holds each row's scores, rows x Hq x key_capacity floats); "select_logits"
+    // copies the logit rows out of the last hidden state; "final_norm" and "lm_head" run on those.
+    // Model::forward_cached's arithmetic, bit for bit (logits and cache rows).
+    const CachedRows* cached = nullptr;
   };
   // The training step's nodes (sched/model_graph.h, pass `step`) are run here too: "loss" (mean
   // cross-entropy over targets >= 0; it also zeroes the gradients the backward adds into),
   // "lm_head.bwd", "final_norm.bwd", "embed.bwd" and a block node's "<node>.bwd"; they write the
   // model's gradients (grad()) as forward_backward does, bit for bit. Dense decoders (any
-  // schedule) and depth-recurrent ones with the gradient through every iteration ("de_init" and
-  // an entering application's "adapter.bwd" as well).
+  // schedule), Qwen3-MoE ("combine.bwd", an expert's ".bwd" nodes, "top_k.bwd", "router.bwd",
+  // and "aux_loss" with output_router_logits) and depth-recurrent ones ("de_init" and an entering
+  // application's "adapter.bwd"; truncated backpropagation too).
   void run_node(const NodeCall& call);
   // The stored (file-precision) weight of a parameter, or nullptr when it has fp32 values.
   const tensor::QuantWeight* stored_weight(std::string_view name) const;

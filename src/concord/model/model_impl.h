@@ -95,6 +95,7 @@ struct Model::Impl {
   uint64_t state_seed = 0;
   std::optional<Model::AdaptiveExit> adaptive_exit;
   std::vector<int32_t> iterations_used;  // per input of the last forward_cached (recurrent)
+  std::vector<std::vector<BlockNode>> described;  // run_node: each block's node list, made once
   std::vector<int> bias_of;  // per parameter: index of its bias (Qwen2 q/k/v), or -1
   RopeTable rope;
 

@@ -87,8 +87,12 @@ void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* probs, cons
 // n_ctx rows, row i at k + i*kv_stride holding (Hkv, D). q and out (Hq, D); probs (Hq, n_ctx)
 // optional (nullptr). The single definition of one query's arithmetic: scores q·k in a fixed
 // order over D, softmax over 0..n_ctx-1, weighted sum of v in order over context positions.
+// `scores` (Hq * n_ctx floats) is the routine's scratch: given, it is used instead of a
+// thread-local vector (the memory scheduler's executor places it in its arena); the bits are the
+// same either way.
 void attention_query_row(float* out, float* probs, const float* q, const float* k, const float* v,
-                         int64_t n_ctx, int64_t kv_stride, int64_t Hq, int64_t Hkv, int64_t D);
+                         int64_t n_ctx, int64_t kv_stride, int64_t Hq, int64_t Hkv, int64_t D,
+                         float* scores = nullptr);
 // The same for double (used by attention_forward<double>).
 void attention_query_row(double* out, double* probs, const double* q, const double* k,
                          const double* v, int64_t n_ctx, int64_t kv_stride, int64_t Hq,

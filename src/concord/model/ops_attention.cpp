@@ -65,7 +65,7 @@ void attend_one_query(double* out, double* probs, int64_t probs_head_stride, con
 
 template <class F>
 void query_row_checked(F* out, F* probs, const F* q, const F* k, const F* v, int64_t n_ctx,
-                       int64_t kv_stride, int64_t Hq, int64_t Hkv, int64_t D) {
+                       int64_t kv_stride, int64_t Hq, int64_t Hkv, int64_t D, F* given_scores = nullptr) {
   check_heads("attention_query_row", Hq, Hkv, D);
   if (n_ctx <= 0) {
     throw InputError("[attention_query_row] needs at least one cached position, got n_ctx=" +
@@ -75,6 +75,10 @@ void query_row_checked(F* out, F* probs, const F* q, const F* k, const F* v, int
     throw InputError("[attention_query_row] kv_stride " + std::to_string(kv_stride) +
                      " is shorter than a cache row (Hkv*D = " + std::to_string(Hkv * D) + ")");
   }
+  if (given_scores != nullptr) {
+    attend_one_query(out, probs, n_ctx, q, k, v, n_ctx, kv_stride, Hq, Hkv, D, given_scores);
+    return;
+  }
   thread_local std::vector<F> scores;  // reused: one call per query row and layer in decode
   scores.resize(static_cast<size_t>(Hq * n_ctx));
   attend_one_query(out, probs, n_ctx, q, k, v, n_ctx, kv_stride, Hq, Hkv, D, scores.data());
@@ -83,8 +87,8 @@ void query_row_checked(F* out, F* probs, const F* q, const F* k, const F* v, int
 }  // namespace
 
 void attention_query_row(float* out, float* probs, const float* q, const float* k, const float* v,
-                         int64_t n_ctx, int64_t kv_stride, int64_t Hq, int64_t Hkv, int64_t D) {
-  query_row_checked(out, probs, q, k, v, n_ctx, kv_stride, Hq, Hkv, D);
+                         int64_t n_ctx, int64_t kv_stride, int64_t Hq, int64_t Hkv, int64_t D, float* scores) {
+  query_row_checked(out, probs, q, k, v, n_ctx, kv_stride, Hq, Hkv, D, scores);
 }
 
 void attention_query_row(double* out, double* probs, const double* q, const double* k,

@@ -12,14 +12,16 @@
 //     over the run is the memory model's live peak (sched::peak) when the model is right.
 //
 // Model::run_node does the arithmetic (model.h), so the logits of any valid order equal
-// Model::forward's bit for bit; the tests and `concord sched --run` check both that and the
-// memory figures.
+// Model::forward's (a cached pass: Model::forward_cached's, logits and KV cache rows) bit for bit;
+// the tests and `concord sched --run` check both that and the memory figures.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
 #include "concord/sched/sched.h"
 
@@ -43,6 +45,57 @@ Execution execute_planned(model::Model& m, const Graph& g, const Order& order, c
                           uint64_t step = 0);
 Execution execute_dynamic(model::Model& m, const Graph& g, const Order& order, std::span<const int32_t> tokens,
                           int64_t B, int64_t S, std::span<const int32_t> targets = {}, uint64_t step = 0);
+
+// Memory a planned execution reuses from call to call (the engine's activation arena): it grows
+// to the largest plan it is given and is never filled or instrumented — a run on it trusts the
+// plan's offsets (replay_plan checks a plan; the tests check every planner's under the canary), and
+// its Execution::high_water is the plan's arena.
+class ArenaMemory {
+ public:
+  ArenaMemory() = default;
+  ArenaMemory(const ArenaMemory&) = delete;
+  ArenaMemory& operator=(const ArenaMemory&) = delete;
+  ~ArenaMemory();
+  void reserve(int64_t bytes);  // at least `bytes`, 64-byte aligned (contents not kept)
+  unsigned char* data() { return data_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  unsigned char* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// A cached pass — an engine step, Model::forward_cached's `inputs` on `cache` — through the graph
+// of their shape (model_graph(m, CachedShape)): each slot's new k and v rows are appended to the
+// cache (its own memory, outside the arena) and its length advanced; the logits (the rows the
+// inputs' LogitRows ask for, input by input) and the cache rows equal forward_cached's bit for bit.
+// Planned with `memory` null: a fresh, instrumented arena as above; given: that memory, reused.
+Execution execute_planned(model::Model& m, const Graph& g, const Order& order, const ArenaPlan& plan,
+                          model::KvCache& cache, std::span<const model::CachedInput> inputs,
+                          ArenaMemory* memory = nullptr);
+Execution execute_dynamic(model::Model& m, const Graph& g, const Order& order, model::KvCache& cache,
+                          std::span<const model::CachedInput> inputs);
+
+// A cached pass's graph, order and plan made ready to run many times (the engine: one per step
+// shape): the order and the plan are checked once (replay_plan), the graph's buffers and readers
+// worked out once. run() is execute_planned on `memory` with the logits written into `logits`
+// (logit rows x V floats, exactly).
+class PreparedPass {
+ public:
+  PreparedPass(Graph graph, Order order, ArenaPlan plan);
+  PreparedPass(PreparedPass&&) noexcept;
+  PreparedPass& operator=(PreparedPass&&) noexcept;
+  ~PreparedPass();
+  const Graph& graph() const;
+  const Order& order() const;
+  const ArenaPlan& plan() const;
+  Execution run(model::Model& m, model::KvCache& cache, std::span<const model::CachedInput> inputs, ArenaMemory& memory,
+                std::span<float> logits) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The exact expert rows of a forward over `tokens` (B sequences of S): per application, the rows
 // routed to each expert (empty for a dense application) — Model::forward with router statistics on.

@@ -48,6 +48,9 @@ struct Node {
 struct Graph {
   std::vector<Tensor> tensors;
   std::vector<Node> nodes;
+  // Memory the computation reads and writes outside its tensors (a cached pass's KV cache, which
+  // outlives the pass in its own allocation): reported beside the peak, never planned.
+  int64_t outside_bytes = 0;
 
   int add_tensor(std::string name, int64_t bytes, bool keep = false);
   // Adds a node producing `outputs` (their producer is set) from `inputs`; returns its index.

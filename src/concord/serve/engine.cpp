@@ -3,6 +3,7 @@
 #include "concord/serve/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -11,6 +12,8 @@
 #include <fmt/format.h>
 
 #include "concord/numerics/check.h"
+#include "concord/sched/executor.h"
+#include "concord/sched/model_graph.h"
 #include "concord/serve/logprob.h"
 #include "concord/serve/speculative.h"
 
@@ -66,6 +69,65 @@ void top_logprobs(std::span<const float> logits, const SoftmaxStats& stats, int3
   std::sort_heap(out.begin(), out.end(), better);  // best first
 }
 
+const char* activation_arena_name(ActivationArena a) { return a == ActivationArena::planned ? "planned" : "bump"; }
+
+ActivationArena activation_arena_from_name(const std::string& name) {
+  if (name == "planned") return ActivationArena::planned;
+  if (name == "bump") return ActivationArena::bump;
+  throw InputError(fmt::format("[engine] unknown activation arena '{}' (planned, bump)", name));
+}
+
+// The planned activation arena: a plan per step shape, the memory they share.
+struct Engine::ActivationPlans {
+  struct Entry {
+    sched::PreparedPass pass;
+    uint64_t used = 0;
+  };
+  static constexpr size_t kKept = 64;
+  std::map<std::string, Entry> entries;
+  uint64_t clock = 0;
+  sched::ArenaMemory memory;
+};
+
+void Engine::forward(std::span<const model::CachedInput> inputs) {
+  if (!plans_) {
+    model_.forward_cached(cache_, inputs, logits_);
+    stats_.activation_arena_bytes = std::max(stats_.activation_arena_bytes,
+                                             static_cast<int64_t>(cache_.workspace().bytes_live_high_water()));
+    return;
+  }
+  // The step's shape; its scores get room for the longest row's keys rounded up to a power of two
+  // (within the context), so that a run of decode steps shares one plan.
+  sched::CachedShape shape;
+  int64_t keys = 0;
+  std::string key;
+  for (const model::CachedInput& in : inputs) {
+    shape.context.push_back(cache_.length(in.slot));
+    shape.tokens.push_back(static_cast<int64_t>(in.tokens.size()));
+    shape.logits.push_back(in.logits);
+    keys = std::max(keys, shape.context.back() + shape.tokens.back());
+    key += fmt::format("{}{},", shape.tokens.back(), "nla"[static_cast<int>(in.logits)]);
+  }
+  shape.key_capacity = std::max(keys, std::min(options_.max_context, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(keys, 64))))));
+  key += fmt::format("{}", shape.key_capacity);
+  ActivationPlans& p = *plans_;
+  auto it = p.entries.find(key);
+  if (it == p.entries.end()) {
+    if (p.entries.size() >= ActivationPlans::kKept)
+      p.entries.erase(std::min_element(p.entries.begin(), p.entries.end(),
+                                       [](const auto& a, const auto& b) { return a.second.used < b.second.used; }));
+    sched::Graph graph = sched::model_graph(model_, shape);
+    sched::Order order = sched::program_order(graph);
+    sched::ArenaPlan plan = sched::plan_offsets(graph, order, sched::Planner::greedy_by_size);
+    it = p.entries.emplace(key, ActivationPlans::Entry{sched::PreparedPass(std::move(graph), std::move(order), std::move(plan))})
+             .first;
+    ++stats_.activation_plans;
+  }
+  it->second.used = ++p.clock;
+  it->second.pass.run(model_, cache_, inputs, p.memory, logits_);
+  stats_.activation_arena_bytes = std::max(stats_.activation_arena_bytes, p.memory.bytes());
+}
+
 static const EngineOptions& checked_options(const EngineOptions& o) {
   if (o.max_sequences <= 0)
     throw InputError(fmt::format("[engine] max_sequences must be >= 1, got {}", o.max_sequences));
@@ -80,6 +142,9 @@ Engine::Engine(model::Model& model, EngineOptions options)
       cache_(model.config(), options_.max_sequences, options_.max_context, options_.kv_core_slots) {
   options_.max_context = cache_.capacity();
   running_.resize(static_cast<size_t>(options_.max_sequences));
+  const model::ModelConfig& c = model.config();
+  if (options_.activation_arena == ActivationArena::planned && !c.moe() && !c.recurrent())
+    plans_ = std::make_unique<ActivationPlans>();
 }
 
 Engine::~Engine() = default;
@@ -290,7 +355,7 @@ bool Engine::step() {
 
   const int64_t V = model_.config().vocab_size;
   logits_.resize(static_cast<size_t>(model::logit_rows(inputs) * V));
-  model_.forward_cached(cache_, inputs, logits_);
+  forward(inputs);
   // Prefills that completed: their prompts' blocks into the prefix cache (before any slot is
   // released below).
   if (prefix_cache_)

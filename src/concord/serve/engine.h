@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "concord/model/kv_cache.h"
@@ -35,6 +36,19 @@
 
 namespace concord::serve {
 
+// Where a step's activations live (docs/engine.md). `planned`: the memory scheduler's plan of the
+// step (sched/: the graph of the step's shape — every input's new tokens, cached tokens and logit
+// rows —, program order, TFLM's greedy-by-size offsets, its scores sized for the context rounded up
+// to a power of two so that one plan serves many decode steps), run node by node through one
+// arena of the largest plan's size, reused from step to step; a plan is made once per shape and
+// kept (the 64 most recently used). `bump`: Model::forward_cached's bump allocator (the KV
+// cache's workspace). The same logits and cache rows either way, bit for bit. MoE and
+// depth-recurrent models run `bump` (an expert's rows are known only once the router has run; a
+// recurrent model's cached pass has no node list yet).
+enum class ActivationArena : uint8_t { planned, bump };
+const char* activation_arena_name(ActivationArena a);  // "planned", "bump"
+ActivationArena activation_arena_from_name(const std::string& name);  // InputError otherwise
+
 struct EngineOptions {
   int64_t max_sequences = 8;    // sequences decoded together (KV-cache slots)
   int64_t prefill_chunk = 512;  // prompt tokens of one sequence per forward pass
@@ -42,6 +56,7 @@ struct EngineOptions {
   // A depth-recurrent model: the KV cache's core iteration slots (model/kv_cache.h; 0: one per
   // iteration up to max_recurrence, fewer: Huginn's fixed budget).
   int64_t kv_core_slots = 0;
+  ActivationArena activation_arena = ActivationArena::planned;
 };
 
 inline constexpr int32_t kMaxTopLogprobs = 20;  // OpenAI's limit for top_logprobs
@@ -146,6 +161,10 @@ struct EngineStats {
   // token).
   int64_t core_iterations = 0;
   int64_t iterated_tokens = 0;
+  // The activation arena: planned, its size (the largest plan run so far) and the plans made
+  // (one per new step shape); bump, the workspace's live high-water mark.
+  int64_t activation_arena_bytes = 0;
+  int64_t activation_plans = 0;
   SpeculationStats speculation;
 };
 
@@ -226,6 +245,10 @@ class Engine {
   void finish(Sequence& s, FinishReason reason);
   struct Draw;
   int64_t emit_speculative(Sequence& s, std::span<const float> block, const Draw& d);
+  // One cached forward over `inputs` into logits_, in the activation arena the options chose.
+  void forward(std::span<const model::CachedInput> inputs);
+  struct ActivationPlans;  // engine.cpp: the plans by step shape and the arena's memory
+  std::unique_ptr<ActivationPlans> plans_;  // null: the bump arena
 
   model::Model& model_;
   EngineOptions options_;
