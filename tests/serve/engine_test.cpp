@@ -707,6 +707,49 @@ TEST(Engine, CancelFromCallbackKeepsOthersInvariant) {
   EXPECT_EQ(e.cache().sequences_in_use(), 0);
 }
 
+// A depth-recurrent model runs in the planned arena too (a plan per depth), with the same tokens
+// and iteration counts as the bump arena; with adaptive exit it runs the bump arena (the
+// iterations are decided as each token runs).
+TEST(Engine, RecurrentModelPlannedArenaAndAdaptiveExit) {
+  ModelConfig c = test_config();
+  c.architecture = "ConcordRecurrentForCausalLM";
+  c.num_hidden_layers = 4;
+  c.n_layers_in_prelude = 1;
+  c.n_layers_in_recurrent_block = 2;
+  c.n_layers_in_coda = 1;
+  c.mean_recurrence = 2;
+  c.max_recurrence = 4;
+  c.state_init = "random";
+  c.state_init_std = 0.5;
+  Model m(c, PrecisionPolicy::preset("fp32"));
+  m.init_random(3, 0.08f);
+  std::vector<Request> requests;
+  for (int i = 0; i < 2; ++i) {
+    Request r;
+    r.prompt = random_tokens(5 + 3 * i, 40 + i);
+    r.max_tokens = 6;
+    r.sampling.temperature = 0.7f;
+    r.sampling.seed = 9 + i;
+    requests.push_back(r);
+  }
+  for (int64_t depth : {2, 3}) {
+    m.set_depth(depth);
+    Engine bump(m, {.max_sequences = 2, .prefill_chunk = 4, .activation_arena = ActivationArena::bump});
+    Engine planned(m, {.max_sequences = 2, .prefill_chunk = 4});
+    const auto a = bump.generate(requests), b = planned.generate(requests);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(a[i].tokens, b[i].tokens) << depth;
+      EXPECT_EQ(a[i].logprobs, b[i].logprobs) << depth;
+    }
+    EXPECT_GT(planned.stats().activation_plans, 0);
+    EXPECT_EQ(planned.stats().core_iterations, bump.stats().core_iterations);
+  }
+  m.set_adaptive_exit(Model::AdaptiveExit{1e-3, 3});
+  Engine adaptive(m, {.max_sequences = 1, .prefill_chunk = 1});
+  EXPECT_EQ(adaptive.generate({requests[0]})[0].tokens.size(), 6u);
+  EXPECT_EQ(adaptive.stats().activation_plans, 0);
+}
+
 // The activation arena by name; an MoE model runs the bump arena whatever is asked (its experts'
 // rows are known only after routing).
 TEST(Engine, ActivationArenaNamesAndMoeFallback) {

@@ -120,7 +120,6 @@ void add_sched_command(CLI::App& app) {
       for (int64_t b = 0; b < B; ++b) cache->truncate(static_cast<int>(b), a->context);
     };
     if (a->run && cached) {
-      if (c.recurrent()) throw InputError("[sched] a depth-recurrent model's cached passes are not planned yet");
       std::mt19937_64 rng(a->seed);
       auto draw = [&](int64_t n) {
         std::vector<int32_t> t(static_cast<size_t>(n));

@@ -129,7 +129,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--activation-arena", a->activation_arena,
                   "where a step's activations live: planned (default: the memory scheduler's plan of the step, "
                   "one reused arena of the largest plan's size; docs/sched.md) or bump (forward_cached's bump "
-                  "allocator); the same tokens bit for bit; MoE and depth-recurrent models always run bump");
+                  "allocator); the same tokens bit for bit; MoE models (and adaptive exit) run bump");
   add_draft_flags(cmd, a->draft, false);
   cmd->callback([a]() {
     a->draft.check("serve");

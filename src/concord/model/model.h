@@ -327,6 +327,7 @@ class Model {
     int64_t max_iterations = 0;
   };
   void set_adaptive_exit(std::optional<AdaptiveExit> exit);
+  bool adaptive_exit_on() const;  // a recurrent model with adaptive exit set
   // Per input of the last forward_cached: the core iterations its last token ran.
   std::vector<int32_t> last_iterations() const;
 

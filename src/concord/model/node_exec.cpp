@@ -313,7 +313,8 @@ void Model::run_node(const NodeCall& call) {
         static_cast<int64_t>(cached->positions.size()) != cached->row_splits[n] ||
         static_cast<int64_t>(cached->logit_positions.size()) != cached->logit_splits[n])
       k.fail("the cached rows are inconsistent (a cache, one start per input, row and logit splits, a position per row)");
-    if (c.recurrent()) k.fail("a depth-recurrent model's cached pass is not a node list yet");
+    if (c.recurrent() && m.adaptive_exit)
+      k.fail("adaptive exit decides each token's iterations as it runs: its cached pass is not a node list");
   } else if (call.B < 1 || call.S < 1 || call.S > c.max_position_embeddings) {
     throw InputError(fmt::format("[model] run_node: {} sequences of {} tokens (1..{} tokens each)", call.B, call.S,
                                  c.max_position_embeddings));
@@ -441,6 +442,15 @@ void Model::run_node(const NodeCall& call) {
       for (int64_t t = 0; t < T; ++t)
         if (tokens[t] < 0 || tokens[t] >= V) k.fail(fmt::format("token {} at row {} outside the vocabulary 0..{}", tokens[t], t, V - 1));
       m.embed_tokens(k.out(0, T * C), tokens, T);
+    } else if (call.node == "fill_skipped") {
+      // A recurrent model's cached pass, after its core: the iteration slots beyond the depth get
+      // the last iteration's rows, and every input ran `depth` iterations (forward_cached's).
+      if (cached == nullptr || !c.recurrent()) k.fail("only a depth-recurrent model's cached pass fills iteration slots");
+      k.counts(1, 0);
+      for (size_t i = 0; i < cached->inputs.size(); ++i)
+        m.fill_skipped_iterations(*cached->cache, cached->inputs[i].slot, cached->start[i],
+                                  cached->row_splits[i + 1] - cached->row_splits[i], m.depth);
+      m.iterations_used.assign(cached->inputs.size(), static_cast<int32_t>(m.depth));
     } else if (call.node == "select_logits") {
       // A cached pass: the rows whose logits its inputs ask for (LogitRows), input by input.
       if (cached == nullptr) k.fail("only a cached pass selects logit rows");
@@ -508,7 +518,7 @@ void Model::run_node(const NodeCall& call) {
       m.initial_state(k.out(0, T * C), positions.data(), T);
     } else {  // [s, e] and x = adapter([s, e])
       k.counts(2, 2);
-      m.adapter_forward(k.in(0, T * C), k.in(1, T * C), T, k.out(0, T * 2 * C), k.out(1, T * C), {});
+      m.adapter_forward(k.in(0, T * C), k.in(1, T * C), T, k.out(0, T * 2 * C), k.out(1, T * C), splits);
     }
     return;
   }
@@ -563,9 +573,14 @@ void Model::run_node(const NodeCall& call) {
         k.counts(3, 1);
         KvCache& cache = *cached->cache;
         const int64_t W = Hkv * D;
-        if (cache.num_layers() != m.applications() || cache.row_width() != W)
+        const int64_t row_sets = c.recurrent() ? c.n_layers_in_prelude + cache.core_slots() * c.n_layers_in_recurrent_block +
+                                                     c.n_layers_in_coda
+                                               : m.applications();
+        if (cache.num_layers() != row_sets || cache.row_width() != W)
           k.fail(fmt::format("the KV cache holds {} row sets of {} floats, the model runs {} of {}", cache.num_layers(),
-                             cache.row_width(), m.applications(), W));
+                             cache.row_width(), row_sets, W));
+        // A recurrent model's core iteration i writes its layer's slot i mod core_slots.
+        const int64_t set = m.cache_row_set(call.application, cache.core_slots());
         const float* q = k.in(0, T * Hq * D);
         const float* kk = k.in(1, T * W);
         const float* vv = k.in(2, T * W);
@@ -595,10 +610,10 @@ void Model::run_node(const NodeCall& call) {
           const int slot = cached->inputs[i].slot;
           const int64_t first = cached->row_splits[i], rows = cached->row_splits[i + 1] - first;
           const auto bytes = sizeof(float) * static_cast<size_t>(rows * W);
-          std::memcpy(cache.keys(slot, call.application) + cached->start[i] * W, kk + first * W, bytes);
-          std::memcpy(cache.values(slot, call.application) + cached->start[i] * W, vv + first * W, bytes);
-          k_of[i] = cache.keys(slot, call.application);
-          v_of[i] = cache.values(slot, call.application);
+          std::memcpy(cache.keys(slot, set) + cached->start[i] * W, kk + first * W, bytes);
+          std::memcpy(cache.values(slot, set) + cached->start[i] * W, vv + first * W, bytes);
+          k_of[i] = cache.keys(slot, set);
+          v_of[i] = cache.values(slot, set);
           for (int64_t r = first; r < first + rows; ++r) row_input[static_cast<size_t>(r)] = static_cast<int64_t>(i);
         }
 #pragma omp parallel for schedule(dynamic, 1) if (T > 1)

@@ -128,5 +128,6 @@ void Model::set_adaptive_exit(std::optional<AdaptiveExit> exit) {
 }
 
 std::vector<int32_t> Model::last_iterations() const { return impl_->iterations_used; }
+bool Model::adaptive_exit_on() const { return impl_->config.recurrent() && impl_->adaptive_exit.has_value(); }
 
 }  // namespace concord::model

@@ -32,8 +32,6 @@ Graph build(const model::Model& m, Pass pass, int64_t T, int64_t B, const Expert
   const int64_t A = c.recurrent() ? c.applications_at(depth) : c.applications();
   const int64_t P = c.n_layers_in_prelude, R = c.n_layers_in_recurrent_block;
   const bool cached = pass == Pass::decode || pass == Pass::prefill;
-  if (c.recurrent() && cached)
-    throw InputError("[sched] a depth-recurrent model's cached passes are not planned yet (its KV cache has a slot per iteration)");
   if (pass == Pass::decode && T != 1)
     throw InputError(fmt::format("[sched] a decode step has one new token per sequence ({} given)", T));
   if (context < 0 || (context > 0 && !cached))
@@ -197,6 +195,11 @@ Graph build(const model::Model& m, Pass pass, int64_t T, int64_t B, const Expert
     }
     x = t["x_out"];
     roles.push_back(std::move(t));
+  }
+  if (cached && c.recurrent()) {
+    // The KV cache's iteration slots the pass did not reach (depth below the cache's core slots)
+    // get its last iteration's rows (forward_cached's fill_skipped_iterations): after the core.
+    g.add_node("fill_skipped", {x}, {});
   }
   if (cached && logit_rows == 0) {  // a prefill chunk that returns no logits: the KV cache is its result
     g.validate();

@@ -54,7 +54,8 @@
 // A depth-recurrent model's pass is its plan at the model's current depth (Model::set_depth):
 // the prelude's blocks, per core iteration `init_state` (the first: s0, no inputs) and `adapter`
 // (s, e -> [s, e] and x; the prelude's output e is read by every iteration's adapter), the core's
-// blocks, then the coda's. Its decode step is not planned yet.
+// blocks, then the coda's. Its cached passes write iteration i into the KV cache's slot i mod
+// core_slots and end with `fill_skipped` (the slots past the depth get the last iteration's rows).
 #pragma once
 
 #include <cstdint>

@@ -90,7 +90,7 @@ struct Engine::ActivationPlans {
 };
 
 void Engine::forward(std::span<const model::CachedInput> inputs) {
-  if (!plans_) {
+  if (!plans_ || model_.adaptive_exit_on()) {  // adaptive exit decides iterations per token as it runs
     model_.forward_cached(cache_, inputs, logits_);
     stats_.activation_arena_bytes = std::max(stats_.activation_arena_bytes,
                                              static_cast<int64_t>(cache_.workspace().bytes_live_high_water()));
@@ -110,6 +110,7 @@ void Engine::forward(std::span<const model::CachedInput> inputs) {
   }
   shape.key_capacity = std::max(keys, std::min(options_.max_context, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(keys, 64))))));
   key += fmt::format("{}", shape.key_capacity);
+  if (model_.config().recurrent()) key += fmt::format("d{}", model_.depth());  // the plan is the depth's
   ActivationPlans& p = *plans_;
   auto it = p.entries.find(key);
   if (it == p.entries.end()) {
@@ -143,7 +144,7 @@ Engine::Engine(model::Model& model, EngineOptions options)
   options_.max_context = cache_.capacity();
   running_.resize(static_cast<size_t>(options_.max_sequences));
   const model::ModelConfig& c = model.config();
-  if (options_.activation_arena == ActivationArena::planned && !c.moe() && !c.recurrent())
+  if (options_.activation_arena == ActivationArena::planned && !c.moe())
     plans_ = std::make_unique<ActivationPlans>();
 }
 

@@ -42,9 +42,9 @@ namespace concord::serve {
 // to a power of two so that one plan serves many decode steps), run node by node through one
 // arena of the largest plan's size, reused from step to step; a plan is made once per shape and
 // kept (the 64 most recently used). `bump`: Model::forward_cached's bump allocator (the KV
-// cache's workspace). The same logits and cache rows either way, bit for bit. MoE and
-// depth-recurrent models run `bump` (an expert's rows are known only once the router has run; a
-// recurrent model's cached pass has no node list yet).
+// cache's workspace). The same logits and cache rows either way, bit for bit. MoE models run
+// `bump` (an expert's rows are known only once the router has run), and so does a recurrent model
+// under adaptive exit (its iterations are decided per token as it runs).
 enum class ActivationArena : uint8_t { planned, bump };
 const char* activation_arena_name(ActivationArena a);  // "planned", "bump"
 ActivationArena activation_arena_from_name(const std::string& name);  // InputError otherwise
