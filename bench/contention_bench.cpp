@@ -112,7 +112,7 @@ void BM_adamw(benchmark::State& state) {
     values.emplace_back(m.param(p.name).begin(), m.param(p.name).end());
     grads.push_back(random_vector(values.back().size(), static_cast<uint32_t>(grads.size())));
   }
-  const auto opt = train::make_optimizer({.name = "adamw", .adamw = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0}});
+  const auto opt = train::make_optimizer({.name = "adamw", .adamw = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0}, .binary = {}});
   for (auto _ : state) {
     std::vector<train::ParamView> views;
     for (size_t p = 0; p < values.size(); ++p)
@@ -135,7 +135,7 @@ void BM_train_step(benchmark::State& state) {
     targets[i] = (i + 1) % static_cast<size_t>(s.S) == 0 ? -1 : tokens[i + 1];
   // The optimizer updates the model's own values (no master copy): what is measured is the
   // contention of a step's work, not an export rule.
-  const auto opt = train::make_optimizer({.name = "adamw", .adamw = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0}});
+  const auto opt = train::make_optimizer({.name = "adamw", .adamw = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0}, .binary = {}});
   uint64_t step = 0;
   for (auto _ : state) {
     benchmark::DoNotOptimize(m.forward_backward(tokens, targets, s.B, s.S, step));

@@ -98,7 +98,7 @@ void BM_train_step(benchmark::State& state) {
   // The training state `concord train` holds (train/train_state.h): fp32 master, rne export,
   // AdamW with the config's settings.
   train::TrainState ts(m, cfg.policy, "rne", 1,
-                       {.name = "adamw", .adamw = {cfg.lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, cfg.grad_clip}});
+                       {.name = "adamw", .adamw = {cfg.lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, cfg.grad_clip}, .binary = {}});
   std::mt19937 rng(2);
   std::vector<int32_t> tokens(static_cast<size_t>(B * S)), targets(tokens.size());
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);

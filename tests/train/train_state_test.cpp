@@ -32,7 +32,7 @@ model::ModelConfig small_config(int hidden) {
   return c;
 }
 
-OptimizerConfig adamw() { return {.name = "adamw", .adamw = {.lr = 1e-2, .weight_decay = 0.1}}; }
+OptimizerConfig adamw() { return {.name = "adamw", .adamw = {.lr = 1e-2, .weight_decay = 0.1}, .binary = {}}; }
 
 // Gradients of step `step`, different per parameter and step, written into `m`'s grad buffers.
 void fill_grads(model::Model& m, int step) {
@@ -106,10 +106,10 @@ TEST(TrainState, InitialWeightsOfTheWrongShapeAndUnknownOptimizersAreNamed) {
   const auto policy = model::PrecisionPolicy::preset("bf16");
   EXPECT_THROW(TrainState(config, policy, "rne", 0, adamw(), {}), InputError);
   try {
-    make_optimizer({.name = "sgd", .adamw = {}});
+    make_optimizer({.name = "sgd", .adamw = {}, .binary = {}});
     ADD_FAILURE();
   } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()), "[optimizer] unknown optimizer 'sgd' (known: adamw)");
+    EXPECT_EQ(std::string(e.what()), "[optimizer] unknown optimizer 'sgd' (known: adamw, latent-adamw, bop, ed)");
   }
   try {
     model::Model m(config);

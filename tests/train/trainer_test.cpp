@@ -142,6 +142,56 @@ TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
     }
 }
 
+// The binary-weight optimizers (binary.h) in the training loop: a killed run resumes bit for bit
+// (signs, residuals, scales and EMAs come back from the checkpoint), the served weights are +-alpha
+// per row, and metrics.jsonl carries the state per binary weight.
+TEST(BinaryTraining, KilledAndResumedRunsEqualUninterruptedOnesAndTheServedWeightsAreBinary) {
+  const TempDir tmp;
+  for (const char* name : {"latent-adamw", "bop", "ed"}) {
+    const fs::path dir = tmp.path / name;
+    fs::create_directories(dir);
+    TrainConfig c = tiny_config(dir);
+    c.steps = 10;
+    c.lr = 1e-2;
+    c.optimizer = name;
+    c.binary.bop_threshold = 1e-7;
+    c = TrainConfig::from_json(c.to_json(), "test");  // the optimizer section round-trips
+    EXPECT_EQ(c.optimizer, name);
+    TrainOptions o;
+    o.progress = false;
+    o.out = dir / "whole";
+    const TrainResult whole = train(c, o);
+    ASSERT_EQ(whole.losses.size(), 10u);
+    EXPECT_GT(whole.optimizer_memory.binary_weights, 0);
+    EXPECT_GT(whole.binary_flips, 0) << name;
+    o.out = dir / "killed";
+    o.stop_after = 6;
+    train(c, o);
+    o.stop_after.reset();
+    const TrainResult resumed = train(c, o);
+    EXPECT_EQ(resumed.start_step, 4);
+    EXPECT_TRUE(same_bits(resumed.losses, std::vector<float>(whole.losses.begin() + 4, whole.losses.end()))) << name;
+    EXPECT_EQ(read_file(dir / "whole/final/model.safetensors"), read_file(dir / "killed/final/model.safetensors"));
+    // The checkpoint's master of a binary weight holds +-alpha per row: two values per row.
+    const LoadedCheckpoint ckpt = load_checkpoint(*latest_checkpoint(dir / "killed"));
+    const NamedTensor* up = find_tensor(ckpt.model, "model.layers.0.mlp.up_proj.weight");
+    ASSERT_NE(up, nullptr);
+    const int64_t cols = up->shape[1];
+    for (int64_t r = 0; r < up->shape[0]; ++r) {
+      const float a = std::fabs(up->values[static_cast<size_t>(r * cols)]);
+      for (int64_t k = 0; k < cols; ++k) ASSERT_EQ(std::fabs(up->values[static_cast<size_t>(r * cols + k)]), a);
+    }
+    // metrics.jsonl names the state per binary weight.
+    std::ifstream metrics(dir / "whole/metrics.jsonl");
+    std::string line;
+    std::getline(metrics, line);
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_TRUE(j.contains("sign_flips") && j.contains("peak_rss_bytes"));
+    EXPECT_NEAR(j["state_bits_per_binary_weight"].get<double>(), whole.optimizer_memory.binary_bits_per_weight(), 1e-9);
+  }
+}
+
+
 // A depth-recurrent model: each step's depth and s0 are drawn from (seed, step), so a killed and
 // resumed run (truncated backprop, randomized depth) equals the uninterrupted one bit for bit; the
 // metrics name each step's depth.

@@ -8,6 +8,7 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
 #include "concord/model/policy.h"
+#include "concord/train/binary.h"
 #include "concord/train/trainer.h"
 
 namespace concord::cli {
@@ -22,6 +23,8 @@ void add_train_command(CLI::App& app) {
     std::optional<int64_t> steps;
     std::optional<uint64_t> seed;
     std::optional<int64_t> memory_budget;
+    std::string optimizer, binary, ed_rounding, ed_update;
+    std::optional<int64_t> ed_bits;
     bool no_resume = false;
     bool quiet = false;
   };
@@ -49,6 +52,15 @@ void add_train_command(CLI::App& app) {
                 "the run's peak RSS: the step's activations are planned to fit by recomputing attention probabilities "
                 "or whole blocks in the backward (the same gradients, bit for bit); refused, with the figures, when "
                 "even recomputing every block cannot fit");
+  cmd->add_option("--optimizer", args->optimizer,
+                  "adamw (fp32 master weights), or a binary-weight optimizer: latent-adamw (an fp32 latent per weight, "
+                  "the baseline), bop, ed (error diffusion with a packed b-bit residual); default: the config's");
+  cmd->add_option("--binary", args->binary,
+                  "which GEMM weights a binary optimizer trains as signs: attention,mlp (default) | attention | mlp");
+  add_integer_flag(cmd, "--ed-bits", args->ed_bits, between(0, 8),
+                   "ed: the residual's bits per weight, 2..8 (0: an unbounded fp32 residual; default 4)");
+  cmd->add_option("--ed-rounding", args->ed_rounding, "ed: how an update is rounded onto the grid: stochastic | diffused");
+  cmd->add_option("--ed-update", args->ed_update, "ed: rms (the gradient over a per-row RMS) | sgd");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args]() {
@@ -59,6 +71,11 @@ void add_train_command(CLI::App& app) {
     if (args->seed) config.seed = *args->seed;
     if (!args->out.empty()) config.out = args->out;
     if (!args->distill_from.empty()) config.distill_from = args->distill_from;
+    if (!args->optimizer.empty()) config.optimizer = args->optimizer;
+    if (!args->binary.empty()) train::parse_binary_classes(args->binary, config.binary);
+    if (args->ed_bits) config.binary.bits = static_cast<int>(*args->ed_bits);
+    if (!args->ed_rounding.empty()) config.binary.rounding = args->ed_rounding;
+    if (!args->ed_update.empty()) config.binary.update = args->ed_update;
     // Re-validate what the overrides touched.
     config = train::TrainConfig::from_json(config.to_json(), args->config);
     train::TrainOptions options;
@@ -82,6 +99,22 @@ void add_train_command(CLI::App& app) {
                                     static_cast<double>(r.peak_rss_bytes) / (1 << 20),
                                     r.run_dir.string())
                             .c_str());
+    const train::OptimizerMemory& om = r.optimizer_memory;
+    if (om.binary_weights > 0)
+      std::printf("%s\n", fmt::format("optimizer {} ({} weights binary, {} of them): {:.3f} bits of state per binary "
+                                      "weight (its sign and {}), {:.3f} more for the per-row scales and their moments; "
+                                      "{:.1f} MiB of optimizer state in all; {} sign flips; the fp32 copy the GEMMs "
+                                      "read {:.1f} MiB",
+                                      config.optimizer, train::binary_classes_text(config.binary), om.binary_weights,
+                                      om.binary_bits_per_weight(),
+                                      config.optimizer == "ed"
+                                          ? (config.binary.bits == 0 ? std::string("an fp32 residual")
+                                                                     : fmt::format("a {}-bit residual", config.binary.bits))
+                                          : config.optimizer == "bop" ? std::string("an fp32 gradient EMA")
+                                                                      : std::string("an fp32 latent and its two moments"),
+                                      om.scale_bits_per_weight(), static_cast<double>(om.total_bytes()) / (1 << 20),
+                                      r.binary_flips, static_cast<double>(r.master_bytes) / (1 << 20))
+                              .c_str());
     if (options.memory_budget)
       std::printf("%s\n", fmt::format("memory budget {:.1f} MiB: peak RSS {:.1f} MiB ({}); activations {:.1f} MiB measured, "
                                       "{:.1f} MiB planned",

@@ -496,7 +496,7 @@ class Learner {
         learner_(mc, model::PrecisionPolicy::from_name_or_file(c.learner)),
         served_(mc, sampler_policy_),
         state_(mc, sampler_policy_, c.export_rule, c.seed,
-               {.name = "adamw", .adamw = {c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, c.grad_clip}},
+               {.name = "adamw", .adamw = {c.lr, c.beta1, c.beta2, 1e-8, c.weight_decay, c.grad_clip}, .binary = {}},
                std::move(start)),
         meter_(sampler_policy_.served_weights),
         publisher_(served_, sampler_policy_, c.probe) {

@@ -153,7 +153,7 @@ WarmupResult warm_up(const RlConfig& c, bool progress) {
   // fp32 throughout: the master is the model's own values (copied back after each step), and
   // the warm-up's AdamW has fixed settings (betas 0.9 / 0.95, no weight decay, clip at 1).
   train::TrainState state(m, model::PrecisionPolicy::preset("fp32"), "rne", c.seed,
-                          {.name = "adamw", .adamw = {c.warmup_lr, 0.9, 0.95, 1e-8, 0.0, 1.0}});
+                          {.name = "adamw", .adamw = {c.warmup_lr, 0.9, 0.95, 1e-8, 0.0, 1.0}, .binary = {}});
   const train::LrSchedule schedule{c.warmup_lr, c.warmup_lr * 0.1, std::min<int64_t>(10, c.warmup_steps),
                                    std::max<int64_t>(c.warmup_steps, 1)};
   float loss = 0;

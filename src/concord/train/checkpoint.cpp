@@ -263,9 +263,11 @@ LoadedCheckpoint load_checkpoint(const fs::path& checkpoint_dir) {
   for (const NamedTensor& t : out.optimizer) {
     std::string_view base = t.name;
     bool known = false;
+    std::string_view key_of;
     for (const std::string& key : optimizer_state_keys()) {
       if (base.size() > key.size() + 1 && base.ends_with(key) && base[base.size() - key.size() - 1] == '.') {
         base.remove_suffix(key.size() + 1);
+        key_of = std::string_view(t.name).substr(base.size() + 1);
         known = true;
         break;
       }
@@ -277,7 +279,7 @@ LoadedCheckpoint load_checkpoint(const fs::path& checkpoint_dir) {
                                    fmt::join(optimizer_state_keys(), "|")));
     }
     const NamedTensor* param = find_tensor(out.model, base);
-    if (param == nullptr || param->shape != t.shape) {
+    if (param == nullptr || optimizer_state_shape(key_of, param->shape) != t.shape) {
       throw InputError(fmt::format(
           "[checkpoint] {}: tensor '{}' {} matches no parameter of that shape in {}",
           (dir / kOptimizerFile).string(), t.name, io::shape_text(t.shape), kModelFile));

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "concord/numerics/check.h"
+#include "concord/train/binary.h"
 
 namespace concord::train {
 namespace {
@@ -105,37 +106,44 @@ double AdamW::step(std::span<const ParamView> params, double lr) {
   const double clip_scale =
       (config_.grad_clip > 0.0 && norm > config_.grad_clip) ? config_.grad_clip / norm : 1.0;
   const int64_t t = steps_ + 1;
-  const double b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
-  const double bias1 = 1.0 - std::pow(b1, static_cast<double>(t));
-  const double bias2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(t)));
-  const double step_size = lr / bias1;
+  apply(params, lr, clip_scale, t);
+  steps_ = t;
+  return norm;
+}
 
+AdamWElement::AdamWElement(const AdamWConfig& c, double lr, int64_t t, bool decay)
+    : beta1(c.beta1),
+      beta2(c.beta2),
+      eps(c.eps),
+      step_size(lr / (1.0 - std::pow(c.beta1, static_cast<double>(t)))),
+      bias2_sqrt(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(t)))),
+      decay_factor(decay ? 1.0 - lr * c.weight_decay : 1.0) {}
+
+void AdamW::apply(std::span<const ParamView> params, double lr, double clip_scale, int64_t t) {
   for (const ParamView& p : params) {
     Moments& st = state_[std::string(p.name)];
     if (st.exp_avg.empty() && !p.value.empty()) {
       st.exp_avg.assign(p.value.size(), 0.0f);
       st.exp_avg_sq.assign(p.value.size(), 0.0f);
     }
-    const double decay_factor = p.decay ? 1.0 - lr * config_.weight_decay : 1.0;
+    const AdamWElement update(config_, lr, t, p.decay);
     float* value = p.value.data();
     const float* grad = p.grad.data();
     float* m = st.exp_avg.data();
     float* v = st.exp_avg_sq.data();
     const auto n = static_cast<int64_t>(p.value.size());
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      const double g = static_cast<double>(grad[i]) * clip_scale;
-      const double m_new = b1 * m[i] + (1.0 - b1) * g;
-      const double v_new = b2 * v[i] + (1.0 - b2) * (g * g);
-      const double denom = std::sqrt(v_new) / bias2_sqrt + eps;
-      const double updated = static_cast<double>(value[i]) * decay_factor - step_size * (m_new / denom);
-      m[i] = static_cast<float>(m_new);
-      v[i] = static_cast<float>(v_new);
-      value[i] = static_cast<float>(updated);
-    }
+    for (int64_t i = 0; i < n; ++i) update(value[i], m[i], v[i], static_cast<double>(grad[i]) * clip_scale);
   }
-  steps_ = t;
-  return norm;
+}
+
+OptimizerMemory AdamW::memory() const {
+  OptimizerMemory out;
+  for (const auto& [name, st] : state_) {
+    out.other_weights += static_cast<int64_t>(st.exp_avg.size());
+    out.other_bytes += static_cast<int64_t>((st.exp_avg.capacity() + st.exp_avg_sq.capacity()) * sizeof(float));
+  }
+  return out;
 }
 
 const AdamW::Moments& AdamW::moments(std::string_view name) const {
@@ -233,12 +241,33 @@ void AdamW::restore_state(std::span<const NamedTensor> tensors, std::span<const 
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
   if (config.name == "adamw") return std::make_unique<AdamW>(config.adamw);
+  if (config.name == "latent-adamw")
+    return std::make_unique<BinaryOptimizer>(BinaryMethod::latent_adamw, config.binary, config.adamw);
+  if (config.name == "bop") return std::make_unique<BinaryOptimizer>(BinaryMethod::bop, config.binary, config.adamw);
+  if (config.name == "ed") return std::make_unique<BinaryOptimizer>(BinaryMethod::ed, config.binary, config.adamw);
   throw InputError(fmt::format("[optimizer] unknown optimizer '{}' (known: {})", config.name,
                                fmt::join(optimizer_names(), ", ")));
 }
 
-std::vector<std::string> optimizer_names() { return {"adamw"}; }
+std::vector<std::string> optimizer_names() { return {"adamw", "latent-adamw", "bop", "ed"}; }
 
-std::vector<std::string> optimizer_state_keys() { return {"exp_avg", "exp_avg_sq"}; }
+namespace {
+// The binary optimizers' keys kept one value per output channel.
+constexpr std::string_view kPerRowKeys[] = {"alpha", "alpha_exp_avg", "alpha_exp_avg_sq"};
+}  // namespace
+
+std::vector<std::string> optimizer_state_keys() {
+  // Longer keys first: "alpha_exp_avg_sq" must not be read as "<param>.alpha_exp_avg" + "_sq".
+  std::vector<std::string> keys = {"alpha_exp_avg_sq", "alpha_exp_avg", "exp_avg_sq", "exp_avg", "alpha",
+                                   "grad_sq", "sign", "residual", "latent", "bop_ema"};
+  return keys;
+}
+
+std::vector<int64_t> optimizer_state_shape(std::string_view key, std::span<const int64_t> param_shape) {
+  for (std::string_view k : kPerRowKeys)
+    if (k == key) return {param_shape.empty() ? 0 : param_shape[0]};
+  if (key == "grad_sq") return {1};  // ed's per-tensor statistic
+  return {param_shape.begin(), param_shape.end()};
+}
 
 }  // namespace concord::train

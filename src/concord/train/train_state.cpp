@@ -8,6 +8,7 @@
 
 #include "concord/io/safetensors.h"
 #include "concord/numerics/check.h"
+#include "concord/train/binary.h"
 
 namespace concord::train {
 namespace fs = std::filesystem;
@@ -40,6 +41,28 @@ TrainState::TrainState(const model::ModelConfig& config, const model::PrecisionP
     if (static_cast<int64_t>(master_[p].size()) != specs_[p].numel())
       throw InputError(fmt::format("[train] initial weight '{}' has {} values, the model {}", specs_[p].name,
                                    master_[p].size(), specs_[p].numel()));
+  binary_rows_.assign(specs_.size(), 0);
+  if (optimizer.is_binary()) {
+    for (size_t p = 0; p < specs_.size(); ++p)
+      if (is_binary_param(specs_[p], optimizer.binary)) binary_rows_[p] = specs_[p].shape[0];
+    optimizer_->initialize(views({}));
+  }
+}
+
+std::vector<ParamView> TrainState::views(std::span<const std::span<const float>> grads) {
+  std::vector<ParamView> out;
+  out.reserve(specs_.size());
+  for (size_t p = 0; p < specs_.size(); ++p)
+    out.push_back({specs_[p].name, master_[p], grads.empty() ? std::span<const float>{} : grads[p],
+                   specs_[p].is_matrix(), binary_rows_[p]});
+  return out;
+}
+
+int64_t TrainState::binary_weights() const {
+  int64_t n = 0;
+  for (size_t p = 0; p < specs_.size(); ++p)
+    if (binary_rows_[p] > 0) n += specs_[p].numel();
+  return n;
 }
 
 TrainState::TrainState(model::Model& m, const model::PrecisionPolicy& served_policy, std::string_view export_rule,
@@ -70,11 +93,10 @@ void TrainState::copy_master_to(model::Model& m) const {
 }
 
 double TrainState::step(model::Model& grads_from, double lr) {
-  std::vector<ParamView> views;
-  views.reserve(specs_.size());
-  for (size_t p = 0; p < specs_.size(); ++p)
-    views.push_back({specs_[p].name, master_[p], grads_from.grad(specs_[p].name), specs_[p].is_matrix()});
-  return optimizer_->step(views, lr);
+  std::vector<std::span<const float>> grads;
+  grads.reserve(specs_.size());
+  for (const model::ParamSpec& spec : specs_) grads.push_back(grads_from.grad(spec.name));
+  return optimizer_->step(views(grads), lr);
 }
 
 std::vector<NamedTensor> TrainState::export_state() const {

@@ -78,6 +78,10 @@ class TrainState {
   // config whose backward ran). Returns the pre-clip gradient norm (non-finite: the step was
   // skipped and nothing changed).
   double step(model::Model& grads_from, double lr);
+  // Binary-weight optimizers (binary.h): the output channels of parameter p when it is trained as
+  // signs (its master then holds alpha * sign), 0 otherwise; the weights so trained.
+  int64_t binary_rows(size_t p) const { return binary_rows_[p]; }
+  int64_t binary_weights() const;
   Optimizer& optimizer() { return *optimizer_; }
   const Optimizer& optimizer() const { return *optimizer_; }
   ExportRule& export_rule() { return *exporter_; }
@@ -102,6 +106,10 @@ class TrainState {
   std::vector<std::vector<float>> master_;
   std::unique_ptr<ExportRule> exporter_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::vector<int64_t> binary_rows_;
+
+  // The parameters as the optimizer sees them, with `grads` (params() order; empty: none).
+  std::vector<ParamView> views(std::span<const std::span<const float>> grads);
 };
 
 }  // namespace concord::train

@@ -25,6 +25,7 @@
 #include "concord/model/ops.h"
 #include "concord/numerics/check.h"
 #include "concord/sched/recompute.h"
+#include "concord/train/binary.h"
 #include "concord/train/checkpoint.h"
 #include "concord/train/data.h"
 #include "concord/train/export.h"
@@ -160,6 +161,21 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
                                           : model::PrecisionPolicy::from_json(value.object().json(), source + ": policy");
     else if (key == "export") c.export_rule = value.string();
     else if (key == "out") c.out = value.nonempty_string();
+    else if (key == "optimizer") {
+      value.each_member([&](const std::string&, const io::JsonValue& v) {
+        const std::string& at = v.key();
+        if (at == "optimizer.name") c.optimizer = v.nonempty_string();
+        else if (at == "optimizer.binary") parse_binary_classes(v.string(), c.binary);
+        else if (at == "optimizer.bits") c.binary.bits = static_cast<int>(v.integer(0));
+        else if (at == "optimizer.rounding") c.binary.rounding = v.string();
+        else if (at == "optimizer.update") c.binary.update = v.string();
+        else if (at == "optimizer.beta2") c.binary.beta2 = v.number_in(0, 1);
+        else if (at == "optimizer.eps") c.binary.eps = v.positive_number();
+        else if (at == "optimizer.bop_gamma") c.binary.bop_gamma = v.positive_number();
+        else if (at == "optimizer.bop_threshold") c.binary.bop_threshold = v.number_at_least(0);
+        else v.fail_unknown("optimizer: name, binary, bits, rounding, update, beta2, eps, bop_gamma, bop_threshold");
+      });
+    }
     else if (key == "distill") {
       value.each_member([&](const std::string&, const io::JsonValue& v) {
         if (v.key() == "distill.from") c.distill_from = v.nonempty_string();
@@ -244,6 +260,11 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
     config_error(source, fmt::format("need 0 <= train.min_lr <= train.lr and train.lr > 0 (lr {}, min_lr {})",
                                      c.lr, c.min_lr));
   make_export_rule(c.export_rule, c.policy.served_weights, c.seed);  // validates the name
+  try {
+    make_optimizer(c.optimizer_config());  // validates the name and the binary settings
+  } catch (const InputError& e) {
+    config_error(source, e.what());
+  }
   LrSchedule{c.lr, c.min_lr, c.warmup_steps, std::max(c.steps, c.warmup_steps)}.validate();
   return c;
 }
@@ -266,10 +287,24 @@ json TrainConfig::to_json() const {
           {"checkpoint", {{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
           {"out", out}};
   if (!distill_from.empty()) j["distill"] = {{"from", distill_from}};
+  // Written only for a binary optimizer, so that an adamw run's identity is what it always was.
+  if (optimizer != "adamw") {
+    j["optimizer"] = {{"name", optimizer}, {"binary", binary_classes_text(binary)}};
+    if (optimizer == "ed")
+      j["optimizer"].update({{"bits", binary.bits}, {"rounding", binary.rounding}, {"update", binary.update},
+                             {"beta2", binary.beta2}, {"eps", binary.eps}});
+    if (optimizer == "bop") j["optimizer"].update({{"bop_gamma", binary.bop_gamma}, {"bop_threshold", binary.bop_threshold}});
+  }
   if (model.recurrent())
     j["depth"] = {{"sampler", depth.kind}, {"mean", depth.mean}, {"sigma", depth.sigma}, {"fixed", depth.fixed},
                   {"backprop", depth.backprop}};
   return j;
+}
+
+OptimizerConfig TrainConfig::optimizer_config() const {
+  OptimizerConfig o{.name = optimizer, .adamw = {lr, beta1, beta2, 1e-8, weight_decay, grad_clip}, .binary = binary};
+  o.binary.seed = seed;
+  return o;
 }
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options) {
@@ -331,10 +366,10 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   // served copy the forward and backward passes use.
   model::Model m(config.model, config.policy);
   m.init_random(config.seed, static_cast<float>(config.init_std));
-  TrainState state(m, config.policy, config.export_rule, config.seed,
-                   {.name = "adamw",
-                    .adamw = {config.lr, config.beta1, config.beta2, 1e-8, config.weight_decay, config.grad_clip}});
+  TrainState state(m, config.policy, config.export_rule, config.seed, config.optimizer_config());
   const LrSchedule schedule{config.lr, config.min_lr, config.warmup_steps, std::max(config.steps, config.warmup_steps)};
+  const auto* binary_optimizer = dynamic_cast<const BinaryOptimizer*>(&state.optimizer());
+  int64_t flips_before = 0;
 
   // The memory budget: refuse now if even the smallest activation plan cannot fit beside what the
   // process holds and the gradients; the first step runs under that plan (TrainOptions).
@@ -474,6 +509,16 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     nlohmann::json line = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                            {"tokens_per_s", tokens_per_s}, {"step_seconds", dt}, {"activation_bytes", activations}};
     if (recurrent) line["depth"] = depth;
+    if (binary_optimizer != nullptr) {
+      // The binary optimizers: this step's sign flips and the state per binary weight, from the
+      // optimizer's allocations.
+      const OptimizerMemory memory = binary_optimizer->memory();
+      line["sign_flips"] = binary_optimizer->flips() - flips_before;
+      line["state_bits_per_binary_weight"] = memory.binary_bits_per_weight();
+      line["optimizer_state_bytes"] = memory.total_bytes();
+      line["peak_rss_bytes"] = peak_rss_bytes();
+      flips_before = binary_optimizer->flips();
+    }
     if (moe) {
       // Qwen3-MoE: the step's tokens per expert of each MoE layer, and the load-balancing loss
       // (when output_router_logits puts it in the loss).
@@ -518,6 +563,10 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   result.tokens_per_second = train_seconds > 0 ? static_cast<double>(steps_here * tokens_per_step) / train_seconds : 0;
   result.seconds = std::chrono::duration<double>(clock::now() - t_start).count();
   result.peak_rss_bytes = peak_rss_bytes();
+  result.optimizer_memory = state.optimizer().memory();
+  for (const std::vector<float>& master : state.masters())
+    result.master_bytes += static_cast<int64_t>(master.capacity() * sizeof(float));
+  if (binary_optimizer != nullptr) result.binary_flips = binary_optimizer->flips();
   return result;
 }
 

@@ -30,6 +30,7 @@
 #include "concord/model/config.h"
 #include "concord/model/policy.h"
 #include "concord/train/depth.h"
+#include "concord/train/optimizer.h"
 
 namespace concord::train {
 
@@ -55,6 +56,12 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double init_std = 0.02;
+  // The optimizer ("optimizer": {"name": ..., binary settings}): "adamw" (the default), or a
+  // binary-weight optimizer (binary.h: "latent-adamw", "bop", "ed") that trains the selected GEMM
+  // weights as signs with a per-row scale and everything else with AdamW at the settings above.
+  std::string optimizer = "adamw";
+  BinaryConfig binary;
+  OptimizerConfig optimizer_config() const;
   // depth of each step of a depth-recurrent model (depth.h; the "depth" section, only for one)
   DepthSampler depth;
   // Distillation ("distill": {"from": PATH}, `concord train --distill-from PATH`): train to the
@@ -102,6 +109,12 @@ struct TrainResult {
   double tokens_per_second = 0;
   double seconds = 0;
   size_t peak_rss_bytes = 0;
+  // The optimizer's state from its allocations (OptimizerMemory), and the weights the run keeps
+  // as fp32 masters (all of them under adamw; under a binary optimizer the master holds the
+  // served alpha * sign values the model's GEMMs read).
+  OptimizerMemory optimizer_memory;
+  int64_t master_bytes = 0;
+  int64_t binary_flips = 0;  // sign flips over the steps run here (binary optimizers)
   // With a memory budget: the plan of the steps after the first ("keep" / "attention" / "block"
   // per application), its predicted activation peak and the largest measured one.
   std::vector<std::string> recompute;
