@@ -24,7 +24,7 @@
 namespace concord::tensor {
 namespace {
 
-constexpr BlockQuant kTypes[] = {BlockQuant::q4_0, BlockQuant::q4_1, BlockQuant::q8_0};
+constexpr BlockQuant kTypes[] = {BlockQuant::q4_0, BlockQuant::q4_1, BlockQuant::q8_0, BlockQuant::b1};
 
 // ---- the test's own ggml block decoding (from the block definitions, in fp64) ----
 double half_value(uint16_t h) {
@@ -40,11 +40,13 @@ double half_value(uint16_t h) {
   return sign ? -v : v;
 }
 
-size_t block_bytes(BlockQuant t) { return t == BlockQuant::q4_0 ? 18 : t == BlockQuant::q4_1 ? 20 : 34; }
+size_t block_bytes(BlockQuant t) {
+  return t == BlockQuant::q4_0 ? 18 : t == BlockQuant::q4_1 ? 20 : t == BlockQuant::b1 ? 6 : 34;
+}
 
 struct RefBlock {
   double d = 0, m = 0;
-  int code[32] = {};  // q8: signed code; q4: nibble 0..15
+  int code[32] = {};  // q8: signed code; q4: nibble 0..15; b1: the sign +-1
 };
 
 RefBlock decode_block(BlockQuant t, const uint8_t* p) {
@@ -52,6 +54,10 @@ RefBlock decode_block(BlockQuant t, const uint8_t* p) {
   b.d = half_value(static_cast<uint16_t>(p[0] | p[1] << 8));
   if (t == BlockQuant::q8_0) {
     for (int i = 0; i < 32; ++i) b.code[i] = static_cast<int8_t>(p[2 + i]);
+    return b;
+  }
+  if (t == BlockQuant::b1) {  // {f16 d; u8 bits[4]}: element i is +d when bit i % 8 of byte i / 8 is set
+    for (int i = 0; i < 32; ++i) b.code[i] = (p[2 + i / 8] >> (i % 8)) & 1 ? 1 : -1;
     return b;
   }
   const uint8_t* qs = p + 2;
@@ -269,7 +275,39 @@ TEST(QuantGemm, TraitsTableHoldsGgmlsTypeIdsAndBlockSizes) {
     ASSERT_NE(block_quant_of_ggml(w.id), nullptr) << w.name;
     EXPECT_EQ(block_quant_of_ggml(w.id)->type, w.t) << w.name;
   }
-  for (uint32_t other : {0u, 1u, 6u, 7u, 9u, 12u, 39u}) EXPECT_EQ(block_quant_of_ggml(other), nullptr) << other;
+  for (uint32_t other : {0u, 1u, 6u, 7u, 9u, 12u, 35u, 39u, 41u, kNotAGgmlType})
+    EXPECT_EQ(block_quant_of_ggml(other), nullptr) << other;
+  EXPECT_STREQ(block_quant_name(BlockQuant::b1), "b1");
+  EXPECT_EQ(ggml_block_bytes(BlockQuant::b1), 6u);
+}
+
+// A binary-weight model's +-alpha rows become b1 blocks: d = fp16(alpha), a set bit for +; a row
+// with a second magnitude is refused with its index.
+TEST(QuantGemm, BinaryBlocksHoldTheSignsAndTheRowScale) {
+  const int64_t N = 5, K = 64;
+  std::vector<float> w(static_cast<size_t>(N * K));
+  std::mt19937 gen(3);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w[static_cast<size_t>(n * K + k)] = (gen() % 2 ? 1.0f : -1.0f) * 0.01f * static_cast<float>(n + 1);
+  w[3] = 0.01f;  // row 0 element 3: +
+  const std::vector<uint8_t> blocks = binary_blocks(w, N, K);
+  ASSERT_EQ(blocks.size(), static_cast<size_t>(N * 2 * 6));
+  const QuantWeight q = pack_quant_weight(BlockQuant::b1, N, K, blocks);
+  std::vector<float> back(w.size());
+  dequantize_rows(q, 0, N, back.data());
+  for (size_t i = 0; i < w.size(); ++i) {
+    const RefBlock rb = decode_block(BlockQuant::b1, &blocks[(i / 32) * 6]);
+    EXPECT_EQ(rb.code[i % 32], w[i] > 0 ? 1 : -1) << i;
+    EXPECT_EQ(back[i], static_cast<float>(f16_round(w[i]))) << i;
+  }
+  w[70] = 0.5f;
+  try {
+    binary_blocks(w, N, K);
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(binary_blocks(std::vector<float>(40, 1.0f), 1, 40), InputError);
 }
 
 TEST(QuantGemm, DequantizeRowsIsExact) {
@@ -339,7 +377,7 @@ TEST(QuantGemm, EveryIsaEqualsGenericBitForBit) {
       }
     }
   }
-  EXPECT_EQ(cases, 3 * 4 * 7);
+  EXPECT_EQ(cases, static_cast<int>(std::size(kTypes)) * 4 * 7);
 }
 
 // Up to a kernel set's max_rows the driver hands every row to one call (the weight streams once

@@ -54,6 +54,10 @@ namespace {
 // Code of element i (0..31) of row j (0..15) in a packed block's codes: q4 nibble 0..15, q8 the
 // signed code.
 int packed_code(int code_bits, const uint8_t* codes, int j, int i) {
+  if (code_bits == 1) {  // b1: mask i / 4, bit 4j + i % 4; the code is the sign bit (0 or 1)
+    const int bit = 4 * j + i % 4;
+    return (codes[(i / 4) * 8 + bit / 8] >> (bit % 8)) & 1;
+  }
   if (code_bits == 8) {
     return static_cast<int8_t>(codes[(i / 4) * 64 + j * 4 + i % 4] ^ 0x80u);
   }
@@ -122,7 +126,8 @@ void group_generic(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t 
         const uint8_t* codes = base + static_cast<size_t>(b) * cb;
         int32_t dot = 0;
         for (int i = 0; i < 32; ++i) {
-          const int code = packed_code(traits.code_bits, codes, j, i) - traits.code_offset;
+          const int raw = packed_code(traits.code_bits, codes, j, i);
+          const int code = traits.code_bits == 1 ? 2 * raw - 1 : raw - traits.code_offset;
           dot += code * qa[b * 32 + i];
         }
         const float dw = f16_to_f32(load_u16(dptr + (b * 16 + j) * 2));
@@ -185,6 +190,7 @@ constexpr BlockQuantTraits kBlockQuantTraits[kBlockQuants] = {
     {BlockQuant::q4_0, "q4_0", 2, 18, 2, 4, 8, false, 256},
     {BlockQuant::q4_1, "q4_1", 3, 20, 4, 4, 0, true, 256},
     {BlockQuant::q8_0, "q8_0", 8, 34, 2, 8, 0, false, 512},
+    {BlockQuant::b1, "b1", kNotAGgmlType, 6, 2, 1, 0, false, 64},
 };
 
 constexpr bool traits_consistent() {
@@ -208,6 +214,7 @@ const BlockQuantTraits& block_quant_traits(BlockQuant type) {
 }
 
 const BlockQuantTraits* block_quant_of_ggml(uint32_t ggml_type) {
+  if (ggml_type == kNotAGgmlType) return nullptr;
   for (const BlockQuantTraits& t : kBlockQuantTraits)
     if (t.ggml_type == ggml_type) return &t;
   return nullptr;
@@ -253,6 +260,13 @@ QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
         for (int i = 0; i < 32; ++i) codes[(i / 4) * 64 + j * 4 + i % 4] = qs[i] ^ 0x80u;
         continue;
       }
+      if (traits.code_bits == 1) {
+        for (int i = 0; i < 32; ++i) {
+          const int bit = 4 * j + i % 4;
+          if ((qs[i / 8] >> (i % 8)) & 1) codes[(i / 4) * 8 + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+        }
+        continue;
+      }
       if (traits.has_min) std::memcpy(mptr + (b * 16 + j) * 2, src + 2, 2);
       auto nibble = [&](int i) { return i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4; };
       // Chunk c, lane j, byte k: element 8c + k low, 8c + 4 + k high.
@@ -294,11 +308,38 @@ void dequantize_rows(const QuantWeight& w, int64_t first, int64_t count, float* 
       for (int i = 0; i < 32; ++i) {
         const int code = detail::packed_code(traits.code_bits, codes, j, i);
         // d·(code − offset) is one rounding; with a minimum, d·code is exact and fma rounds once.
-        out[r * K + b * 32 + i] = traits.has_min ? std::fma(d, static_cast<float>(code), m)
-                                                 : d * static_cast<float>(code - traits.code_offset);
+        out[r * K + b * 32 + i] = traits.code_bits == 1 ? (code != 0 ? d : -d)
+                                  : traits.has_min     ? std::fma(d, static_cast<float>(code), m)
+                                                       : d * static_cast<float>(code - traits.code_offset);
       }
     }
   }
+}
+
+std::vector<uint8_t> binary_blocks(std::span<const float> values, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols <= 0 || cols % 32 != 0 || values.size() != static_cast<size_t>(rows * cols))
+    throw InputError("[quant_gemm] binary weight " + shape_text(rows, cols) + " with " +
+                     std::to_string(values.size()) + " values: columns must be a positive multiple of 32");
+  const int64_t nb = cols / 32;
+  std::vector<uint8_t> out(static_cast<size_t>(rows * nb) * 6, 0);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float* row = values.data() + n * cols;
+    const float a = std::fabs(row[0]);
+    for (int64_t k = 0; k < cols; ++k)
+      if (std::fabs(row[k]) != a || !std::isfinite(row[k]))
+        throw InputError("[quant_gemm] binary weight " + shape_text(rows, cols) + ": row " + std::to_string(n) +
+                         " holds " + std::to_string(row[k]) + " besides +-" + std::to_string(a) +
+                         " (not the +-alpha of a binary-weight model)");
+    const uint16_t d = detail::f32_to_f16(a);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* block = out.data() + static_cast<size_t>(n * nb + b) * 6;
+      std::memcpy(block, &d, 2);
+      for (int i = 0; i < 32; ++i)
+        if (!std::signbit(row[b * 32 + i]) || row[b * 32 + i] == 0.0f)
+          block[2 + i / 8] = static_cast<uint8_t>(block[2 + i / 8] | (1u << (i % 8)));
+    }
+  }
+  return out;
 }
 
 const char* quant_isa_name(QuantIsa isa) {

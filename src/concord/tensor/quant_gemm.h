@@ -39,9 +39,15 @@
 
 namespace concord::tensor {
 
-// ggml block formats, 32 elements per block along K (stable numbers).
-enum class BlockQuant : uint8_t { q4_0 = 0, q4_1 = 1, q8_0 = 2 };
-inline constexpr int kBlockQuants = 3;
+// ggml block formats, 32 elements per block along K (stable numbers), and concord's binary
+// block b1: {f16 d; u8 bits[4]}, element i = +d when bit i % 8 of bits[i / 8] is set, else -d —
+// the packed signs of a binary-weight model (train/binary.h) with its per-row scale in every
+// block. Not a ggml type: it is made from TQ2_0 tensors whose codes are all +-1 (files_gguf.cpp)
+// or from +-alpha rows (binary_blocks), never read from a file as such.
+// b1's block dot: P = sum q_a * (+-1) = 2 * (sum of q_a where the bit is set) - S_a, exact.
+enum class BlockQuant : uint8_t { q4_0 = 0, q4_1 = 1, q8_0 = 2, b1 = 3 };
+inline constexpr int kBlockQuants = 4;
+inline constexpr uint32_t kNotAGgmlType = 0xffffffffu;
 
 // Everything the packing, dequantization and the generic kernel need to know about a format, in
 // one table (quant_gemm.cpp) instead of a switch per question. A ggml block is
@@ -51,13 +57,13 @@ inline constexpr int kBlockQuants = 3;
 struct BlockQuantTraits {
   BlockQuant type;
   const char* name;           // "q4_0", as ggml names it
-  uint32_t ggml_type;         // ggml's type id (GGUF tensor type): 2, 3, 8
-  size_t ggml_block_bytes;    // 18, 20, 34
+  uint32_t ggml_type;         // ggml's type id (GGUF tensor type): 2, 3, 8 (b1: kNotAGgmlType)
+  size_t ggml_block_bytes;    // 18, 20, 34 (b1: 6)
   size_t ggml_codes_offset;   // where the codes start in a ggml block: after d (and m)
-  int code_bits;              // 4 (nibbles) or 8 (signed bytes)
+  int code_bits;              // 4 (nibbles), 8 (signed bytes) or 1 (signs)
   int code_offset;            // subtracted from a code: 8 for q4_0, else 0
   bool has_min;               // q4_1's per-block m
-  size_t packed_codes_bytes;  // codes of one block across a group of 16 rows: 256 or 512
+  size_t packed_codes_bytes;  // codes of one block across a group of 16 rows: 256, 512 or 64
 };
 const BlockQuantTraits& block_quant_traits(BlockQuant type);
 // The format of a ggml type id, if it is one of the three.
@@ -68,7 +74,9 @@ inline size_t ggml_block_bytes(BlockQuant type) { return block_quant_traits(type
 // The packed layout (see quant_gemm.cpp): rows in groups of kQuantGroupRows (the last group padded
 // with zero rows); per group the codes of every block (q4: 256 bytes, nibbles arranged so that a
 // 64-byte vector's 32-bit lane j holds 4 consecutive elements of row j; q8: 512 bytes, codes
-// stored as q + 128), then the blocks' fp16 d of the 16 rows, then (q4_1) their fp16 m.
+// stored as q + 128; b1: 64 bytes, eight 64-bit masks, mask c's bit 4j + k the sign of row j's
+// element 4c + k, so that a mask expanded to bytes lines up with the lanes of the others), then
+// the blocks' fp16 d of the 16 rows, then (q4_1) their fp16 m.
 inline constexpr int64_t kQuantGroupRows = 16;
 
 // An (N rows x K cols) weight for Y = X·Wᵀ in its ggml block format, repacked once at load.
@@ -92,6 +100,12 @@ class QuantWeight {
   size_t group_bytes_ = 0;
   std::vector<uint8_t, detail::AlignedAllocator<uint8_t>> data_;
 };
+
+// The b1 blocks of an (rows x cols) weight whose every row is +-a (a binary-weight model's served
+// values: train/binary.h): d = fp16(a) of the row, a bit per element for its sign (+ set; zero
+// counts as +). InputError naming the row when a row holds two magnitudes or is not finite, or
+// cols is not a multiple of 32.
+std::vector<uint8_t> binary_blocks(std::span<const float> values, int64_t rows, int64_t cols);
 
 // ggml_rows: the tensor's bytes exactly as stored in a GGUF file (row-major, each row K/32
 // blocks; a GGUF tensor with dims {ne0, ne1} has rows = ne1, cols = ne0). Throws InputError when K is not a multiple of 32 or the byte count does not match.

@@ -77,6 +77,26 @@ void half_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0
           dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(p, ones16));
         }
       }
+    } else if constexpr (T == BlockQuant::b1) {
+      // Mask c's 32 bits of lanes 8h..8h+7 expanded to bytes 0/1 (byte 4j + k: row j, element
+      // 4c + k); maddubs against the 4 activations, int16 sums <= 8 * 2 * 127: no overflow.
+      const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                              3, 3, 3, 3, 3, 3, 3, 3);
+      const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+      const __m256i one8 = _mm256_set1_epi8(1);
+      __m256i d16[R];
+      for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; ++c) {
+        uint32_t m;
+        std::memcpy(&m, base + static_cast<size_t>(b) * cb + c * 8 + h * 4, 4);
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(m)), spread);
+        v = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, select), select), one8);
+        for (int r = 0; r < R; ++r)
+          d16[r] = _mm256_add_epi16(d16[r], _mm256_maddubs_epi16(v, _mm256_set1_epi32(load_i32(qa[r] + b * 32 + 4 * c))));
+      }
+      for (int r = 0; r < R; ++r)
+        dot[r] = _mm256_sub_epi32(_mm256_slli_epi32(_mm256_madd_epi16(d16[r], ones16), 1),
+                                  _mm256_set1_epi32(a.sum[(m0 + r) * nb + b]));
     } else {
       __m256i d16[R];
       for (int r = 0; r < R; ++r) d16[r] = _mm256_setzero_si256();
@@ -143,6 +163,7 @@ void group_avx2(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m0,
     case BlockQuant::q4_0: group_rows<BlockQuant::q4_0>(w, g, a, m0, rows, y, ldy, valid); break;
     case BlockQuant::q4_1: group_rows<BlockQuant::q4_1>(w, g, a, m0, rows, y, ldy, valid); break;
     case BlockQuant::q8_0: group_rows<BlockQuant::q8_0>(w, g, a, m0, rows, y, ldy, valid); break;
+    case BlockQuant::b1: group_rows<BlockQuant::b1>(w, g, a, m0, rows, y, ldy, valid); break;
   }
 }
 

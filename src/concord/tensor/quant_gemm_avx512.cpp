@@ -54,6 +54,12 @@ void group_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m
     __m512i wv[8];
     if constexpr (T == BlockQuant::q8_0) {
       for (int t = 0; t < 8; ++t) wv[t] = _mm512_loadu_si512(codes + t * 64);
+    } else if constexpr (T == BlockQuant::b1) {  // mask t -> bytes 0/1: lane j's 4 bytes are row j's elements 4t..4t+3
+      for (int t = 0; t < 8; ++t) {
+        uint64_t m;
+        std::memcpy(&m, codes + t * 8, 8);
+        wv[t] = _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(1));
+      }
     } else {
       for (int c = 0; c < 4; ++c) {
         const __m512i v = _mm512_loadu_si512(codes + c * 64);
@@ -76,6 +82,8 @@ void group_kernel(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m
         dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * a.sum[ab]));
       } else if constexpr (T == BlockQuant::q4_0) {
         dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * a.sum[ab]));
+      } else if constexpr (T == BlockQuant::b1) {  // P = 2 * (sum where set) - S_a
+        dot = _mm512_sub_epi32(_mm512_slli_epi32(dot, 1), _mm512_set1_epi32(a.sum[ab]));
       }
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[ab]));
       acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
@@ -111,6 +119,7 @@ void group_avx512(const QuantWeight& w, int64_t g, const QuantActs& a, int64_t m
     case BlockQuant::q4_0: group_rows<BlockQuant::q4_0>(w, g, a, m0, rows, y, ldy, valid); break;
     case BlockQuant::q4_1: group_rows<BlockQuant::q4_1>(w, g, a, m0, rows, y, ldy, valid); break;
     case BlockQuant::q8_0: group_rows<BlockQuant::q8_0>(w, g, a, m0, rows, y, ldy, valid); break;
+    case BlockQuant::b1: group_rows<BlockQuant::b1>(w, g, a, m0, rows, y, ldy, valid); break;
   }
 }
 
