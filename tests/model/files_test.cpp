@@ -25,6 +25,7 @@
 #include "concord/model/kv_cache.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/scalar.h"
+#include "concord/tensor/quant_gemm.h"
 #include "model_to_reference.h"
 #include "reference_fp64.h"
 
@@ -845,3 +846,74 @@ TEST(NativeWeights, KernelVariantsNeedTheMatchingStorage) {
   EXPECT_FALSE(plain.model.has_stored_weights());
   EXPECT_EQ(plain.model.policy().name, "fp32");
 }
+
+// A binary-weight model (train/binary.h: +-alpha rows in its attention and MLP weights, config.json
+// "concord_binary_weights") loaded "native" serves those weights as packed signs (b1 blocks, no fp32
+// copy; alpha rounded to fp16) and the rest as fp32; its logits follow the fp32 forward within the
+// int8 activation quantization's error. A row that is not +-alpha is an error naming the folder
+// and the tensor.
+TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
+  const TempDir tmp;
+  ModelConfig config = tiny_config("Qwen3ForCausalLM", 300, true);
+  config.binary_weights = "attention,mlp";
+  Model model = random_model(config, 3);
+  int64_t binary = 0;
+  for (const auto& spec : model.params()) {
+    if (!concord::model::is_binary_weight(spec, config.binary_weights)) continue;
+    ++binary;
+    const int64_t K = spec.shape[1];
+    auto w = model.param(spec.name);
+    for (int64_t r = 0; r < spec.shape[0]; ++r) {
+      double alpha = 0;
+      for (int64_t k = 0; k < K; ++k) alpha += std::fabs(w[static_cast<size_t>(r * K + k)]);
+      alpha /= static_cast<double>(K);
+      for (int64_t k = 0; k < K; ++k) {
+        float& v = w[static_cast<size_t>(r * K + k)];
+        v = (v < 0 ? -1.0f : 1.0f) * static_cast<float>(alpha);
+      }
+    }
+  }
+  EXPECT_EQ(binary, 2 * 7);  // q k v o gate up down in each layer
+  model.weights_changed();
+  const fs::path folder = tmp.path / "binary";
+  concord::model::export_model(model, folder, options(ExportFormat::safetensors, "f32"));
+  auto native = concord::model::load_model(folder, "native");
+  auto fp32 = concord::model::load_model(folder, "fp32");
+  EXPECT_EQ(native.model.config().binary_weights, "attention,mlp");
+  for (const auto& spec : model.params()) {
+    const concord::tensor::QuantWeight* w = native.model.stored_weight(spec.name);
+    if (!concord::model::is_binary_weight(spec, config.binary_weights)) {
+      EXPECT_EQ(w, nullptr) << spec.name;
+      continue;
+    }
+    ASSERT_NE(w, nullptr) << spec.name;
+    EXPECT_EQ(w->type(), concord::tensor::BlockQuant::b1);
+    std::vector<float> back(static_cast<size_t>(spec.numel()));
+    concord::tensor::dequantize_rows(*w, 0, spec.shape[0], back.data());
+    const auto values = model.param(spec.name);
+    for (size_t i = 0; i < back.size(); ++i)
+      ASSERT_EQ(back[i], concord::numerics::decode_ref(concord::numerics::Format::fp16, concord::numerics::encode_ref(concord::numerics::Format::fp16, values[i]))) << spec.name << " " << i;
+  }
+  const int64_t B = 2, T = 10;
+  const auto tokens = random_tokens(B * T, config.vocab_size, 5);
+  const auto want = logits_of(model, tokens, B, T);
+  EXPECT_TRUE(same_bits(logits_of(fp32.model, tokens, B, T), want));
+  const auto got = logits_of(native.model, tokens, B, T);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+  }
+  EXPECT_LE(worst / scale, 0.02) << "W1A8 vs fp32: max|dlogit| / max|logit|";
+  EXPECT_GT(worst, 0.0);  // the int8 activations do change the bits
+
+  // A second magnitude in one row of one binary weight.
+  model.param("model.layers.1.mlp.up_proj.weight")[5] *= 3.0f;
+  model.weights_changed();
+  const fs::path bad = tmp.path / "bad";
+  concord::model::export_model(model, bad, options(ExportFormat::safetensors, "f32"));
+  const std::string message = input_error([&] { concord::model::load_model(bad, "native"); }, bad);
+  EXPECT_NE(message.find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << message;
+  EXPECT_NO_THROW(concord::model::load_model(bad, "fp32"));  // as fp32 values it is an ordinary model
+}
+

@@ -31,7 +31,7 @@ const std::set<std::string>& informational_fields() {
       "id2label", "label2id", "problem_type", "tokenizer_class", "task_specific_params",
       "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
-      "rope_theta", "rope_parameters", "concord_schedule", "num_experts", "num_experts_per_tok",
+      "rope_theta", "rope_parameters", "concord_schedule", "concord_binary_weights", "num_experts", "num_experts_per_tok",
       "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
       "router_aux_loss_coef", "output_router_logits", "num_local_experts", "n_layers_in_prelude",
       "n_layers_in_recurrent_block", "n_layers_in_coda", "mean_recurrence", "max_recurrence",
@@ -168,6 +168,10 @@ void ModelConfig::validate(std::string_view source) const {
   if (!(rope_theta > 0)) config_error(source, "rope_theta must be positive");
   if (vocab_size > (int64_t{1} << 31) - 1) config_error(source, "vocab_size does not fit int32 token ids");
   constexpr size_t kMaxApplications = 4096;
+  if (!binary_weights.empty() && binary_weights != "attention,mlp" && binary_weights != "attention" &&
+      binary_weights != "mlp")
+    config_error(source, fmt::format("'concord_binary_weights' is '{}': use attention,mlp | attention | mlp",
+                                     binary_weights));
   if (schedule.size() > kMaxApplications)
     config_error(source, fmt::format("'concord_schedule' holds {} applications, more than {}", schedule.size(),
                                      kMaxApplications));
@@ -331,6 +335,7 @@ ModelConfig ModelConfig::from_json(const io::JsonValue& doc) {
         config_error(source, fmt::format("unknown field '{}' for {} (a ConcordRecurrentForCausalLM field)", key,
                                          c.architecture));
   }
+  if (j.contains("concord_binary_weights")) c.binary_weights = doc["concord_binary_weights"].string();
   if (j.contains("concord_schedule")) {
     const io::JsonValue sched = doc["concord_schedule"];
     if (!sched.json().is_array() || sched.size() == 0)
@@ -402,6 +407,7 @@ json ModelConfig::to_json() const {
     j["state_init_std"] = state_init_std;
   }
   if (!schedule.empty()) j["concord_schedule"] = schedule;
+  if (!binary_weights.empty()) j["concord_binary_weights"] = binary_weights;
   return j;
 }
 

@@ -45,6 +45,11 @@ struct ModelConfig {
   // Hugging Face model. Written to config.json as "concord_schedule" only when not empty; HF
   // transformers and llama.cpp know no schedule, so exports to them refuse one.
   std::vector<int32_t> schedule;
+  // A binary-weight model (train/binary.h): its attention and/or MLP GEMM weights are +-alpha per
+  // output channel — "attention,mlp", "attention", "mlp", or empty for an ordinary model. Written
+  // to config.json as "concord_binary_weights" only when set; loaded with the "native" policy,
+  // those weights are served as packed signs (tensor::BlockQuant::b1, no fp32 copy).
+  std::string binary_weights;
   // Qwen3-MoE (Qwen3MoeForCausalLM; HF's Qwen3MoeConfig names and defaults). Layer i is an MoE
   // layer when num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in
   // mlp_only_layers; the others have the dense MLP of intermediate_size.

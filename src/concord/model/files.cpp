@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "concord/model/files_internal.h"
+#include "concord/tensor/quant_gemm.h"
 
 namespace concord::model {
 namespace fs = std::filesystem;
@@ -58,6 +59,31 @@ fs::path resolve_folder(const fs::path& dir) {
   return dir;
 }
 
+// A binary-weight model's folder in its own precision: its +-alpha weights as packed signs
+// (tensor::BlockQuant::b1), the rest fp32. A weight whose rows are not whole 32-element blocks
+// stays fp32.
+Model binary_model(const fs::path& dir, const ModelConfig& config, PrecisionPolicy policy) {
+  Model values(config);
+  files_detail::read_hf_weights(dir, values);
+  StoredWeights stored;
+  for (const ParamSpec& spec : values.params()) {
+    if (!is_binary_weight(spec, config.binary_weights) || spec.shape[1] % 32 != 0) continue;
+    try {
+      const std::vector<uint8_t> blocks = tensor::binary_blocks(values.param(spec.name), spec.shape[0], spec.shape[1]);
+      stored.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(tensor::pack_quant_weight(
+                                    tensor::BlockQuant::b1, spec.shape[0], spec.shape[1], blocks)));
+    } catch (const InputError& e) {
+      fail(dir, fmt::format("'{}' is not a binary weight ({}): config.json says concord_binary_weights = {}", spec.name,
+                            e.what(), config.binary_weights));
+    }
+  }
+  Model model(config, std::move(policy), std::move(stored));
+  for (const ParamSpec& spec : values.params())
+    if (model.stored_weight(spec.name) == nullptr) std::ranges::copy(values.param(spec.name), model.param(spec.name).begin());
+  model.weights_changed();
+  return model;
+}
+
 }  // namespace
 
 ModelSource inspect_model(const fs::path& path) {
@@ -84,6 +110,8 @@ LoadedModel load_model(const fs::path& path, PrecisionPolicy policy, WeightStora
   if (fs::is_directory(path, ec)) {
     const fs::path dir = resolve_folder(path);
     ModelSource source = files_detail::inspect_hf_folder(dir);
+    if (storage == WeightStorage::native && !source.config.binary_weights.empty())
+      return LoadedModel{source, binary_model(dir, source.config, std::move(policy))};
     Model model(source.config, std::move(policy));
     files_detail::read_hf_weights(dir, model);
     return LoadedModel{std::move(source), std::move(model)};

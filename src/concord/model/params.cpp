@@ -159,4 +159,15 @@ std::optional<ParamName> parse_gguf_param_name(std::string_view name) {
   return parse(name, kGgufLayerPrefix, true);
 }
 
+bool is_binary_weight(const ParamSpec& spec, std::string_view binary_weights) {
+  if (binary_weights.empty() || !spec.is_matrix() || !spec.is_gemm_weight()) return false;
+  const bool attention = binary_weights == "attention,mlp" || binary_weights == "attention";
+  const bool mlp = binary_weights == "attention,mlp" || binary_weights == "mlp";
+  switch (spec.cls()) {
+    case ParamClass::attention: return attention;
+    case ParamClass::mlp: return mlp && spec.kind != ParamKind::adapter;
+    default: return false;
+  }
+}
+
 }  // namespace concord::model

@@ -108,4 +108,9 @@ struct ParamName {
 std::optional<ParamName> parse_hf_param_name(std::string_view name);
 std::optional<ParamName> parse_gguf_param_name(std::string_view name);
 
+// Whether `spec` is one of a binary-weight model's +-alpha weights (ModelConfig::binary_weights:
+// "attention,mlp" | "attention" | "mlp" | ""): a GEMM weight matrix of a named class (experts are
+// mlp; never the embedding, the head, a norm, a bias, an MoE router or a recurrent adapter).
+bool is_binary_weight(const ParamSpec& spec, std::string_view binary_weights);
+
 }  // namespace concord::model

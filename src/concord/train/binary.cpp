@@ -42,12 +42,7 @@ PackedInts::PackedInts(int64_t n, int bits) : n_(n), bits_(bits) {
 }
 
 bool is_binary_param(const model::ParamSpec& spec, const BinaryConfig& config) {
-  if (!spec.is_matrix() || !spec.is_gemm_weight()) return false;
-  switch (spec.cls()) {
-    case model::ParamClass::attention: return config.attention;
-    case model::ParamClass::mlp: return config.mlp && spec.kind != model::ParamKind::adapter;
-    default: return false;
-  }
+  return model::is_binary_weight(spec, config.attention || config.mlp ? binary_classes_text(config) : "");
 }
 
 void parse_binary_classes(std::string_view text, BinaryConfig& config) {

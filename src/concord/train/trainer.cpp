@@ -237,6 +237,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
       value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, depth, distill, out");
     }
   });
+  // A binary-weight run's model is one: its final/ config.json says which weights are +-alpha.
+  c.model.binary_weights = c.optimizer != "adamw" && (c.binary.attention || c.binary.mlp) ? binary_classes_text(c.binary) : "";
   if (c.model.recurrent()) {
     if (!mean_given) c.depth.mean = static_cast<double>(c.model.mean_recurrence);
     c.depth.validate(source);
