@@ -850,11 +850,14 @@ TEST(NativeWeights, KernelVariantsNeedTheMatchingStorage) {
 // A binary-weight model (train/binary.h: +-alpha rows in its attention and MLP weights, config.json
 // "concord_binary_weights") loaded "native" serves those weights as packed signs (b1 blocks, no fp32
 // copy; alpha rounded to fp16) and the rest as fp32; its logits follow the fp32 forward within the
-// int8 activation quantization's error. A row that is not +-alpha is an error naming the folder
-// and the tensor.
+// int8 activation quantization's error. Exported to GGUF as TQ2_0 (llama.cpp's ternary type, codes
+// -1/+1 only) it loads back natively as the same packed signs: the same logits bit for bit. A row
+// that is not +-alpha is an error naming the folder and the tensor.
 TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
   const TempDir tmp;
   ModelConfig config = tiny_config("Qwen3ForCausalLM", 300, true);
+  config.hidden_size = config.intermediate_size = 256;  // TQ2_0 rows are 256-element blocks
+  config.head_dim = 64;
   config.binary_weights = "attention,mlp";
   Model model = random_model(config, 3);
   int64_t binary = 0;
@@ -906,6 +909,22 @@ TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
   }
   EXPECT_LE(worst / scale, 0.02) << "W1A8 vs fp32: max|dlogit| / max|logit|";
   EXPECT_GT(worst, 0.0);  // the int8 activations do change the bits
+
+  // GGUF TQ2_0 and back: the same b1 blocks, the same logits.
+  const fs::path gguf = tmp.path / "binary.gguf";
+  concord::model::export_model(model, gguf, options(ExportFormat::gguf, "tq2_0"));
+  const concord::io::GgufFile file = concord::io::GgufFile::open(gguf);
+  EXPECT_EQ(file.find("blk.0.ffn_up.weight")->type, concord::io::GgmlType::tq2_0);
+  EXPECT_EQ(file.find("token_embd.weight")->type, concord::io::GgmlType::f32);
+  auto from_gguf = concord::model::load_model(gguf, "native");
+  for (const auto& spec : model.params())
+    EXPECT_EQ(from_gguf.model.stored_weight(spec.name) != nullptr, native.model.stored_weight(spec.name) != nullptr)
+        << spec.name;
+  EXPECT_TRUE(same_bits(logits_of(from_gguf.model, tokens, B, T), got));
+  // An ordinary model has no binary weights to write as TQ2_0.
+  Model plain = random_model(tiny_config("Qwen3ForCausalLM", 300, true), 4);
+  input_error([&] { concord::model::export_model(plain, tmp.path / "plain.gguf", options(ExportFormat::gguf, "tq2_0")); },
+              tmp.path / "plain.gguf");
 
   // A second magnitude in one row of one binary weight.
   model.param("model.layers.1.mlp.up_proj.weight")[5] *= 3.0f;

@@ -2,11 +2,11 @@
 port of ggml-quants.c), bit for bit.
 
 (1) Dequantization of every legacy and k-quant type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-    Q4_K, Q5_K, Q6_K) from random bytes, with the fp16 scale fields set to the edge cases (zeros
+    Q4_K, Q5_K, Q6_K) and of TQ2_0 from random bytes, with the fp16 scale fields set to the edge cases (zeros
     of both signs, subnormals, the largest finite, negative, Inf, NaN quiet and signalling) in
     some blocks: concord's values equal gguf.quants.dequantize's bit patterns, NaN included.
     Q8_K is not in gguf.quants; it is checked against ggml's one-line definition (d * q, fp32 d).
-(2) Quantization to Q4_0, Q4_1 and Q8_0 gives gguf.quants.quantize's bytes, on random blocks
+(2) Quantization to Q4_0, Q4_1, Q8_0 and TQ2_0 gives gguf.quants.quantize's bytes, on random blocks
     over many magnitudes and on edge blocks. One documented difference: in a block whose
     extreme is a zero present with both signs, NumPy's argmax/min may pick the other zero
     than ggml's C loop; concord follows the C loop (what llama.cpp writes), and the test
@@ -40,6 +40,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 F16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.TQ2_0: [64],
 }
 EDGE_F16 = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00, 0xBC00,
             0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE55, 0x7DFF]
@@ -125,6 +126,24 @@ def test_quantize_matches_gguf_bit_for_bit(capi, qtype):
             else:
                 assert ours[i].tobytes() == theirs[i].tobytes(), (qtype.name, i, block[:4])
     assert any(signed_zero_extreme(b, qtype) for b in edges) == (qtype != T.Q8_0)
+
+
+def test_tq2_0_quantize_matches_gguf_bit_for_bit(capi):
+    # TQ2_0 (the binary-weight export, docs/binary.md): random blocks at many magnitudes, rows of
+    # +-alpha (a binary model's: codes 0 and 2 only) and an all-zero block give gguf's bytes.
+    rng = np.random.default_rng(7)
+    blocks = [rng.standard_normal((16, 256)).astype(np.float32) * np.float32(10.0) ** rng.integers(-8, 8, (16, 1))]
+    signs = np.where(rng.standard_normal((8, 256)) < 0, -1.0, 1.0).astype(np.float32)
+    blocks.append(signs * rng.uniform(1e-3, 1.0, (8, 1)).astype(np.float32))
+    blocks.append(np.zeros((1, 256), np.float32))
+    data = np.concatenate(blocks)
+    ours = capi.encode(T.TQ2_0, data).reshape(-1, 66)
+    theirs = np.ascontiguousarray(gguf.quants.quantize(data, T.TQ2_0)).view(np.uint8).reshape(-1, 66)
+    assert ours.tobytes() == theirs.tobytes()
+    binary = ours[16:24, :64]
+    codes = np.stack([(binary >> (2 * k)) & 3 for k in range(4)])
+    assert set(np.unique(codes)) == {0, 2}
+    assert same_bits(capi.decode(T.TQ2_0, ours.ravel(), data.size), gguf.quants.dequantize(theirs.ravel(), T.TQ2_0).ravel())
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)

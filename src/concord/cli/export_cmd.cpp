@@ -124,8 +124,9 @@ void add_export_command(CLI::App& app) {
                   "when it holds nothing but an earlier export's files")
       ->required();
   cmd->add_option("--dtype", args->dtype,
-                  "weight type: safetensors f32, bf16, f16; gguf f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4 "
-                  "(1-D tensors stay f32)");
+                  "weight type: safetensors f32, bf16, f16; gguf f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, "
+                  "tq2_0 (a binary-weight model's +-alpha weights as llama.cpp's TQ2_0, its other matrices f32; "
+                  "rows of 256) (1-D tensors stay f32)");
   cmd->callback([args]() {
     const bool gguf = args->to == "gguf";
     check_out(args->model, args->out, gguf);

@@ -385,6 +385,30 @@ void decode_q8_k(const uint8_t* b, float* y) {
   for (int j = 0; j < 256; ++j) y[j] = d * static_cast<float>(static_cast<int8_t>(b[4 + j]));
 }
 
+// TQ2_0 (ggml-common.h block_tq2_0 {u8 qs[64]; f16 d}): element 128h + 32l + m is
+// (((qs[32h + m] >> 2l) & 3) - 1) * d, as ggml's dequantize_row_tq2_0 (codes 0, 1, 2 are -1, 0, +1;
+// 3 decodes to 2d).
+void decode_tq2_0(const uint8_t* b, float* y) {
+  const float d = f16_to_f32(load_u16(b + 64));
+  for (int e = 0; e < 256; ++e) {
+    const int q = (b[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+    y[e] = static_cast<float>(q - 1) * d;
+  }
+}
+
+// TQ2_0 from 256 values, as ggml's quantize_row_tq2_0_ref: d = max |x|, code lround(x / d) + 1.
+void encode_tq2_0_block(const float* x, uint8_t* out) {
+  float amax = 0.0f;
+  for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+  std::memset(out, 0, 64);
+  for (int e = 0; e < 256; ++e) {
+    const auto q = static_cast<int>(std::lround(x[e] * id)) + 1;
+    out[(e / 128) * 32 + e % 32] = static_cast<uint8_t>(out[(e / 128) * 32 + e % 32] | ((q & 3) << (2 * ((e % 128) / 32))));
+  }
+  store_f16(out + 64, amax);
+}
+
 using BlockDecoder = void (*)(const uint8_t*, float*);
 
 BlockDecoder block_decoder(GgmlType type) {
@@ -399,6 +423,7 @@ BlockDecoder block_decoder(GgmlType type) {
     case GgmlType::q5_k: return decode_q45_k<true>;
     case GgmlType::q6_k: return decode_q6_k;
     case GgmlType::q8_k: return decode_q8_k;
+    case GgmlType::tq2_0: return decode_tq2_0;
     default: return nullptr;
   }
 }
@@ -485,7 +510,7 @@ bool gguf_type_converts_to_floats(GgmlType type) {
 }
 
 std::string_view gguf_float_type_list() {
-  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K and "
+  return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, TQ2_0 and "
          "MXFP4";
 }
 
@@ -598,9 +623,13 @@ std::vector<uint8_t> encode_gguf_tensor(GgmlType type, std::span<const float> va
       }
       break;
     }
+    case GgmlType::tq2_0:
+      check_finite(type, values);
+      for (size_t b = 0; b < blocks; ++b) encode_tq2_0_block(values.data() + b * 256, out.data() + b * 66);
+      break;
     default:
       throw InputError(fmt::format("[gguf] cannot encode {}: concord encodes F32, F16, BF16, Q4_0, "
-                                   "Q4_1, Q8_0 and MXFP4",
+                                   "Q4_1, Q8_0, MXFP4 and TQ2_0",
                                    traits.name));
   }
   return out;

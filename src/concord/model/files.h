@@ -68,7 +68,8 @@ enum class ExportFormat { safetensors, gguf };
 struct ExportOptions {
   ExportFormat format = ExportFormat::safetensors;
   // safetensors: "f32", "bf16", "f16"; gguf: "f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "mxfp4" (matrices;
-  // 1-D norm weights stay f32 as llama.cpp expects).
+  // 1-D norm weights stay f32 as llama.cpp expects), "tq2_0" (a binary-weight model: its +-alpha
+  // weights as TQ2_0, loaded back natively as packed signs; its other matrices f32).
   std::string dtype = "f32";
   std::optional<io::Tokenizer> tokenizer;
   std::string chat_template;

@@ -213,6 +213,27 @@ ModelSource inspect_gguf(const io::GgufFile& f) {
   return s;
 }
 
+// A TQ2_0 tensor whose every code is -1 or +1 (a binary-weight model's export) as b1 blocks (each
+// 32-element block with its 256-block's d): the same values, 1.5 bits per weight instead of 2 and
+// the W1A8 kernels. Empty when some code is 0 or 3 (a ternary model: served dequantized) or the
+// rows are not whole 256-element blocks.
+std::vector<uint8_t> binary_blocks_of_tq2_0(std::span<const uint8_t> bytes, int64_t rows, int64_t cols) {
+  if (cols % 256 != 0 || bytes.size() != static_cast<size_t>(rows * (cols / 256) * 66)) return {};
+  const size_t blocks = bytes.size() / 66;
+  std::vector<uint8_t> out(blocks * 8 * 6, 0);
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* in = bytes.data() + b * 66;
+    for (int e = 0; e < 256; ++e) {
+      const int q = (in[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      if (q != 0 && q != 2) return {};
+      uint8_t* sub = out.data() + (b * 8 + static_cast<size_t>(e / 32)) * 6;
+      if (e % 32 == 0) std::memcpy(sub, in + 64, 2);
+      if (q == 2) sub[2 + (e % 32) / 8] = static_cast<uint8_t>(sub[2 + (e % 32) / 8] | (1u << (e % 8)));
+    }
+  }
+  return out;
+}
+
 StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
   StoredWeights out;
   for (const ParamSpec& spec : parameter_specs(c)) {
@@ -220,10 +241,16 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c) {
     const io::GgufTensorInfo* t = f.find(gguf_param_name(spec.kind, spec.layer));
     if (t == nullptr || t->dims != gguf_tensor_dims(spec, c)) continue;  // read_gguf_weights reports it
     const tensor::BlockQuantTraits* block = tensor::block_quant_of_ggml(static_cast<uint32_t>(t->type));
+    const int64_t rows = spec.shape[0], cols = spec.shape[1];
+    std::vector<uint8_t> binary;
+    if (t->type == io::GgmlType::tq2_0) {
+      binary = binary_blocks_of_tq2_0(t->bytes, rows, cols);
+      if (binary.empty()) continue;  // a ternary tensor (zero codes): dequantized to fp32
+      block = &tensor::block_quant_traits(tensor::BlockQuant::b1);
+    }
     if (block == nullptr) continue;  // other types are dequantized to fp32
     const tensor::BlockQuant kind = block->type;
-    const int64_t rows = spec.shape[0], cols = spec.shape[1];
-    std::span<const uint8_t> bytes = t->bytes;
+    std::span<const uint8_t> bytes = binary.empty() ? t->bytes : std::span<const uint8_t>(binary);
     if (spec.expert >= 0) {  // this expert's slab of the layer's 3-D tensor
       const size_t slab = bytes.size() / static_cast<size_t>(c.num_experts);
       bytes = bytes.subspan(static_cast<size_t>(spec.expert) * slab, slab);
@@ -327,8 +354,16 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
   } else if (options.dtype == "mxfp4") {
     matrix_type = io::GgmlType::mxfp4;
     file_type = 38;
+  } else if (options.dtype == "tq2_0") {
+    // A binary-weight model (concord_binary_weights): its +-alpha weights as llama.cpp's ternary
+    // TQ2_0 (codes -1/+1 only, d = fp16(alpha)); the other matrices stay f32.
+    if (c.binary_weights.empty())
+      fail(out, "GGUF export dtype 'tq2_0' holds a binary-weight model's +-alpha weights, and this model has none "
+                "(config.json's concord_binary_weights is not set: train it with a binary optimizer, docs/binary.md)");
+    matrix_type = io::GgmlType::tq2_0;
+    file_type = 37;  // LLAMA_FTYPE_MOSTLY_TQ2_0
   } else if (options.dtype != "f32") {
-    fail(out, fmt::format("GGUF export dtype '{}' is not supported (f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4)",
+    fail(out, fmt::format("GGUF export dtype '{}' is not supported (f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, tq2_0)",
                           options.dtype));
   }
   std::optional<io::Tokenizer> tokenizer = options.tokenizer;
@@ -412,8 +447,18 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
     }
     // 1-D tensors (norms, biases) stay f32, as llama.cpp's converter keeps them; so do MoE
     // routers (llama-quantize leaves ffn_gate_inp alone; concord runs them in fp32).
-    const io::GgmlType type =
-        spec.is_matrix() && spec.kind != ParamKind::router ? matrix_type : io::GgmlType::f32;
+    io::GgmlType type = spec.is_matrix() && spec.kind != ParamKind::router ? matrix_type : io::GgmlType::f32;
+    if (type == io::GgmlType::tq2_0) {
+      if (!is_binary_weight(spec, c.binary_weights)) {
+        type = io::GgmlType::f32;
+      } else {
+        try {  // every row +-alpha: TQ2_0 then holds it exactly (up to alpha's fp16 rounding)
+          (void)tensor::binary_blocks(values, spec.shape[0], spec.shape[1]);
+        } catch (const InputError& e) {
+          fail(out, fmt::format("tensor '{}' is not binary: {}", spec.name, e.what()));
+        }
+      }
+    }
     const int64_t block = io::ggml_type_traits(static_cast<uint32_t>(type))->block_size;
     if (spec.shape.back() % block != 0)
       fail(out, fmt::format("tensor '{}' rows hold {} values, not a multiple of {}'s block of {} "
