@@ -223,7 +223,7 @@ TEST(BinaryOptimizer, EdRoundingIsUnbiasedAndDiffusionCarriesTheError) {
   // u = -lr * g * alpha with sgd: alpha = mean|w| = 1 (w = +-1), g = -1, lr = 0.3 delta.
   for (const char* rounding : {"stochastic", "diffused"}) {
     Matrix w(2, 256);
-    for (size_t i = 0; i < w.value.size(); ++i) w.value[i] = -1.0f;  // x = -1: z = 0, room to move up
+    for (size_t i = 0; i < w.value.size(); ++i) w.value[i] = -1.0f;  // a binary row: x = -1/2, z = 8 of 0..31
     OptimizerConfig config = named("ed", no_clip());
     config.binary.bits = bits;
     config.binary.rounding = rounding;
@@ -231,15 +231,16 @@ TEST(BinaryOptimizer, EdRoundingIsUnbiasedAndDiffusionCarriesTheError) {
     auto opt = make_optimizer(config);
     auto& ed = dynamic_cast<BinaryOptimizer&>(*opt);
     for (float& g : w.grad) g = -1.0f;
-    // dL/dalpha = sum g * s = 256 per row: alpha grows; keep lr tiny for alpha's sake by
-    // measuring one step.
+    // dL/dalpha = sum g * s = 256 per row: alpha grows; one step is measured.
+    opt->initialize(w.views());
+    for (int64_t i = 0; i < 512; ++i) ASSERT_EQ(ed.ed_grid_index(w.name, i), 8u);
     opt->step(w.views(), 0.3 * delta);
     int64_t moved = 0;
-    for (int64_t i = 0; i < 512; ++i) moved += ed.ed_grid_index(w.name, i);
+    for (int64_t i = 0; i < 512; ++i) moved += ed.ed_grid_index(w.name, i) - 8;
     if (std::string(rounding) == "diffused") {
       // Each row: 256 updates of 0.3 steps = 76.8 steps; diffusion realizes 76 or 77 of them.
       int64_t row0 = 0;
-      for (int64_t i = 0; i < 256; ++i) row0 += ed.ed_grid_index(w.name, i);
+      for (int64_t i = 0; i < 256; ++i) row0 += ed.ed_grid_index(w.name, i) - 8;
       EXPECT_TRUE(row0 == 76 || row0 == 77) << row0;
       EXPECT_EQ(moved, 2 * row0);
     } else {

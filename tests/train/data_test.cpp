@@ -276,3 +276,33 @@ TEST(Corpus, KingJamesBible) {
 
 }  // namespace
 }  // namespace concord::train
+
+namespace concord::train {
+namespace {
+
+// python-docs: every *.rst.txt under the sources folder, in sorted path order, each ending in a
+// newline; a missing folder says which package to install.
+TEST(Corpus, PythonDocsConcatenatesTheSourcesInSortedOrder) {
+  const TempDir tmp;
+  std::filesystem::create_directories(tmp.path / "library");
+  std::string big(1 << 20, 'x');
+  std::ofstream(tmp.path / "library" / "b.rst.txt") << "second";
+  std::ofstream(tmp.path / "a.rst.txt") << big;
+  std::ofstream(tmp.path / "z.html") << "not a source";
+  EXPECT_EQ(load_python_docs(tmp.path), big + "\nsecond\n");
+  try {
+    load_python_docs(tmp.path / "missing");
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("python3.11-doc"), std::string::npos) << e.what();
+  }
+  if (std::filesystem::exists(kPythonDocSources)) {
+    const std::string docs = load_corpus("python-docs");
+    EXPECT_GT(docs.size(), size_t{5} << 20);
+    EXPECT_NE(docs.find("The Python Tutorial"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace concord::train
+

@@ -192,6 +192,46 @@ TEST(BinaryTraining, KilledAndResumedRunsEqualUninterruptedOnesAndTheServedWeigh
 }
 
 
+// Fine-tuning a binary model on a new corpus (--init): the run starts from the model's +-alpha
+// weights (step 0's validation loss is theirs, on the new corpus) and lowers that loss; a model of
+// another architecture is refused naming the key.
+TEST(BinaryTraining, InitFineTunesAPretrainedBinaryModelOnANewCorpus) {
+  const TempDir tmp;
+  TrainConfig c = tiny_config(tmp.path);
+  c.optimizer = "ed";
+  c.steps = 8;
+  c.lr = 1e-2;
+  TrainOptions o;
+  o.progress = false;
+  o.out = tmp.path / "pretrained";
+  train(TrainConfig::from_json(c.to_json(), "test"), o);
+  // The new domain: code-like lines.
+  std::ostringstream code;
+  for (int i = 0; i < 3000; ++i) code << "def f" << i % 17 << "(x):\n    return x * " << i % 9 << " + " << i % 5 << "\n";
+  std::ofstream(tmp.path / "code.txt") << code.str();
+  TrainConfig fine = c;
+  fine.corpus = (tmp.path / "code.txt").string();
+  fine.init_from = (tmp.path / "pretrained").string();
+  fine.steps = 12;
+  fine = TrainConfig::from_json(fine.to_json(), "test");
+  o.out = tmp.path / "fine";
+  const TrainResult r = train(fine, o);
+  ASSERT_TRUE(r.initial_validation_loss.has_value());
+  EXPECT_LT(r.last_validation_loss, *r.initial_validation_loss);
+  std::ifstream metrics(tmp.path / "fine/metrics.jsonl");
+  std::string first;
+  std::getline(metrics, first);
+  EXPECT_EQ(nlohmann::json::parse(first)["step"], 0);
+  fine.model.head_dim = 16;
+  o.out = tmp.path / "other";
+  try {
+    train(fine, o);
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'head_dim' is 12"), std::string::npos) << e.what();
+  }
+}
+
 // A depth-recurrent model: each step's depth and s0 are drawn from (seed, step), so a killed and
 // resumed run (truncated backprop, randomized depth) equals the uninterrupted one bit for bit; the
 // metrics name each step's depth.

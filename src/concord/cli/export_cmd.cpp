@@ -92,6 +92,35 @@ void write_folder_whole(const fs::path& out, const std::function<void(const fs::
   }
 }
 
+// `m` with its `classes` GEMM weights binarized per output channel: w -> sign(w) * mean_k |w|
+// (in double, index order; +1 for zero), the config marked as a binary-weight model.
+model::Model binarized(const model::Model& m, const std::string& classes) {
+  model::ModelConfig config = m.config();
+  config.binary_weights = classes;
+  config.validate("--binarize");
+  model::Model out(config, m.policy());
+  for (const model::ParamSpec& spec : m.params()) {
+    const std::span<const float> w = m.param(spec.name);
+    const std::span<float> to = out.param(spec.name);
+    if (!model::is_binary_weight(spec, classes)) {
+      std::ranges::copy(w, to.begin());
+      continue;
+    }
+    const int64_t K = spec.shape[1];
+    for (int64_t r = 0; r < spec.shape[0]; ++r) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < K; ++k) sum += std::fabs(static_cast<double>(w[static_cast<size_t>(r * K + k)]));
+      const auto alpha = static_cast<float>(sum / static_cast<double>(K));
+      for (int64_t k = 0; k < K; ++k) {
+        const auto i = static_cast<size_t>(r * K + k);
+        to[i] = w[i] < 0.0f ? -alpha : alpha;
+      }
+    }
+  }
+  out.weights_changed();
+  return out;
+}
+
 }  // namespace
 
 void add_export_command(CLI::App& app) {
@@ -100,6 +129,7 @@ void add_export_command(CLI::App& app) {
     std::string to;
     std::string out;
     std::string dtype = "f32";
+    std::string binarize;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -127,10 +157,15 @@ void add_export_command(CLI::App& app) {
                   "weight type: safetensors f32, bf16, f16; gguf f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, "
                   "tq2_0 (a binary-weight model's +-alpha weights as llama.cpp's TQ2_0, its other matrices f32; "
                   "rows of 256) (1-D tensors stay f32)");
+  cmd->add_option("--binarize", args->binarize,
+                  "write a binary-weight model: these GEMM weights (attention,mlp | attention | mlp) become "
+                  "sign(w) * mean|w| per output channel (XNOR-Net's scale), as a binary optimizer's first step "
+                  "makes them; config.json then says concord_binary_weights (docs/binary.md)");
   cmd->callback([args]() {
     const bool gguf = args->to == "gguf";
     check_out(args->model, args->out, gguf);
     model::LoadedModel loaded = model::load_model(args->model);
+    if (!args->binarize.empty()) loaded.model = binarized(loaded.model, args->binarize);
     model::ExportOptions options;
     options.format = gguf ? model::ExportFormat::gguf : model::ExportFormat::safetensors;
     options.dtype = args->dtype;

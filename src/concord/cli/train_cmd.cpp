@@ -20,6 +20,8 @@ void add_train_command(CLI::App& app) {
     std::string policy;
     std::string export_rule;
     std::string distill_from;
+    std::string init;
+    std::string corpus;
     std::optional<int64_t> steps;
     std::optional<uint64_t> seed;
     std::optional<int64_t> memory_budget;
@@ -48,6 +50,13 @@ void add_train_command(CLI::App& app) {
                   "train a draft model for speculative decoding: the loss is the KL divergence to this teacher "
                   "model's next-token distributions (a model folder or GGUF; the corpus is tokenized by its "
                   "tokenizer, model.vocab_size must be its vocabulary's; default: the config's distill.from)");
+  cmd->add_option("--init", args->init,
+                  "fine-tune: start from this model's weights (a model folder, a training run or a GGUF; the config's "
+                  "model must be its architecture) instead of a random init; step 0 of metrics.jsonl is its validation "
+                  "loss on the corpus (default: the config's init.from)");
+  cmd->add_option("--corpus", args->corpus,
+                  "training text: kjv (the King James Bible), python-docs (the Python 3.11 documentation), "
+                  "addition:N, or a UTF-8 text file (default: the config's data.corpus)");
   add_size_flag(cmd, "--memory-budget", args->memory_budget,
                 "the run's peak RSS: the step's activations are planned to fit by recomputing attention probabilities "
                 "or whole blocks in the backward (the same gradients, bit for bit); refused, with the figures, when "
@@ -60,7 +69,7 @@ void add_train_command(CLI::App& app) {
   add_integer_flag(cmd, "--ed-bits", args->ed_bits, between(0, 8),
                    "ed: the residual's bits per weight, 2..8 (0: an unbounded fp32 residual; default 4)");
   cmd->add_option("--ed-rounding", args->ed_rounding, "ed: how an update is rounded onto the grid: stochastic | diffused");
-  cmd->add_option("--ed-update", args->ed_update, "ed: rms (the gradient over a per-row RMS) | sgd");
+  cmd->add_option("--ed-update", args->ed_update, "ed: rms (the gradient over its tensor's RMS, default) | sign (its sign) | sgd (the gradient)");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args]() {
@@ -71,6 +80,8 @@ void add_train_command(CLI::App& app) {
     if (args->seed) config.seed = *args->seed;
     if (!args->out.empty()) config.out = args->out;
     if (!args->distill_from.empty()) config.distill_from = args->distill_from;
+    if (!args->init.empty()) config.init_from = args->init;
+    if (!args->corpus.empty()) config.corpus = args->corpus;
     if (!args->optimizer.empty()) config.optimizer = args->optimizer;
     if (!args->binary.empty()) train::parse_binary_classes(args->binary, config.binary);
     if (args->ed_bits) config.binary.bits = static_cast<int>(*args->ed_bits);
@@ -88,6 +99,10 @@ void add_train_command(CLI::App& app) {
                                        r.final_rebuilt ? "rebuilt its final/ from the last checkpoint" : "nothing to do").c_str());
       return;
     }
+    if (r.initial_validation_loss)
+      std::printf("%s\n", fmt::format("from {}: validation loss {:.4f} -> {:.4f} nats/byte on {}", config.init_from,
+                                      *r.initial_validation_loss, r.last_validation_loss, config.corpus)
+                              .c_str());
     std::printf("%s\n", fmt::format("trained {} ({}, {} params) steps {}..{}: final loss {:.4f}, "
                                     "validation {} {:.4f} nats/{}, {:.0f} tokens/s, {:.1f} s, "
                                     "peak RSS {:.0f} MiB -> {}",

@@ -93,8 +93,8 @@ BinaryOptimizer::BinaryOptimizer(BinaryMethod method, const BinaryConfig& config
       throw InputError(fmt::format("[ed] residual bits must be 2..8 (or 0: an unbounded fp32 residual), not {}", c.bits));
     if (c.rounding != "stochastic" && c.rounding != "diffused")
       throw InputError(fmt::format("[ed] rounding '{}': use stochastic | diffused", c.rounding));
-    if (c.update != "rms" && c.update != "sgd")
-      throw InputError(fmt::format("[ed] update '{}': use rms | sgd", c.update));
+    if (c.update != "rms" && c.update != "sgd" && c.update != "sign")
+      throw InputError(fmt::format("[ed] update '{}': use rms | sign | sgd", c.update));
     if (!(c.beta2 >= 0.0 && c.beta2 < 1.0) || !(c.eps > 0.0))
       throw InputError(fmt::format("[ed] need 0 <= beta2 < 1 and eps > 0 (beta2 {}, eps {})", c.beta2, c.eps));
   }
@@ -154,11 +154,16 @@ void BinaryOptimizer::make_state(const ParamView& p) {
         abs_max = std::max(abs_max, a);
       }
       b.alpha[static_cast<size_t>(r)] = static_cast<float>(abs_sum / static_cast<double>(K));
+      // A row that is already binary (a pretrained binary model: every |w| alike) carries no
+      // confidence per weight: its latent starts halfway between the threshold and the clip.
+      bool binary_row = true;
+      for (int64_t k = 0; k < K && binary_row; ++k) binary_row = std::fabs(static_cast<double>(w[r * K + k])) == abs_max;
+      const double latent_scale = binary_row ? 0.5 / std::max(abs_max, 1e-300) : 1.0 / std::max(abs_max, 1e-300);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t i = r * K + k;
         const bool positive = !(w[i] < 0.0f);
         b.sign.set(i, positive ? 1u : 0u);
-        const double x = abs_max > 0.0 ? static_cast<double>(w[i]) / abs_max : 0.0;  // in [-1, 1]
+        const double x = abs_max > 0.0 ? static_cast<double>(w[i]) * latent_scale : 0.0;  // in [-1, 1]
         if (method_ == BinaryMethod::latent_adamw) b.latent[static_cast<size_t>(i)] = static_cast<float>(x);
         if (method_ == BinaryMethod::ed) {
           if (config_.bits == 0) {
@@ -259,6 +264,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
   const double delta = std::ldexp(1.0, -bits);
   const bool stochastic = config_.rounding == "stochastic";
   const bool rms = config_.update == "rms";
+  const bool sign_update = config_.update == "sign";
   const double bias2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
   int64_t flips = 0;
 
@@ -320,7 +326,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
               break;
             }
             case BinaryMethod::ed: {
-              const double u = -lr * scale * gs;
+              const double u = sign_update ? (gs > 0 ? -lr : gs < 0 ? lr : 0.0) : -lr * scale * gs;
               if (bits == 0) {
                 const double x = (positive ? 0.5 : -0.5) + static_cast<double>(b.residual_f32[ii]) + u;
                 now_positive = !(x < 0.0);

@@ -28,8 +28,9 @@
 //                 halves, and what the update carried past it stays in the residual; z saturates
 //                 at the grid's ends as BinaryConnect's latent clips at +-1. The update is
 //                 u = -lr * dL/ds / (sqrt(v / (1 - beta2^t)) + eps), v an EMA of the tensor's mean
-//                 squared dL/ds ("rms": one fp32 per tensor, counted), or u = -lr * dL/ds
-//                 ("sgd"). State per weight: 1 + b bits (plus the per-row alpha every method has).
+//                 squared dL/ds ("rms": one fp32 per tensor, counted), u = -lr * sign(dL/ds)
+//                 ("sign": no statistics at all), or u = -lr * dL/ds ("sgd"). State per weight:
+//                 1 + b bits (plus the per-row alpha every method has).
 //                 bits = 0 keeps the residual as an unbounded fp32 (x = s/2 + r, no grid, no
 //                 clip): with "sgd" it is latent-weight SGD, flip for flip — the test that ED's
 //                 bookkeeping is exact.
@@ -37,7 +38,8 @@
 // The first step (or initialize()) makes the state from the values a parameter holds (its random
 // init or a pretrained model): alpha[n] = mean_k |w[n,k]| (the scale that minimises
 // ||w - alpha s||^2 for s = sign(w)), s = sign(w) (+1 for zero), and the latent, for latent-adamw and
-// ed, x = w / max_k |w[n,k]| (ed: the grid point below it).
+// ed, x = w / max_k |w[n,k]| (ed: the grid point below it) — or x = s/2 for a row that is already
+// binary (every |w| alike: a pretrained binary model, which carries no per-weight confidence).
 //
 // Checkpoints (optimizer.safetensors): "<param>.sign" (+-1), "<param>.residual" (ed: the b-bit
 // integer, or the fp32 residual when bits = 0), "<param>.latent" / ".exp_avg" / ".exp_avg_sq"

@@ -94,6 +94,32 @@ std::string run_bible(const fs::path& tool) {
 
 }  // namespace
 
+std::string load_python_docs(const fs::path& sources) {
+  std::error_code ec;
+  if (!fs::is_directory(sources, ec))
+    throw InputError(fmt::format("[corpus] python-docs: {} not found; install python3.11-doc: run scripts/setup",
+                                 sources.string()));
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(sources, ec))
+    if (e.is_regular_file() && e.path().string().ends_with(".rst.txt")) files.push_back(e.path());
+  std::sort(files.begin(), files.end());  // a fixed order: the same corpus on every machine
+  std::string text;
+  for (const fs::path& f : files) {
+    std::string part;
+    if (!read_file(f, part))
+      throw InputError(fmt::format("[corpus] python-docs: cannot read {} ({})", f.string(), std::strerror(errno)));
+    text += part;
+    if (!text.empty() && text.back() != '\n') text += '\n';
+  }
+  if (text.size() < (1 << 20))
+    throw InputError(fmt::format("[corpus] python-docs: {} holds {} files, {} bytes: not the Python documentation; "
+                                 "reinstall python3.11-doc: run scripts/setup",
+                                 sources.string(), files.size(), text.size()));
+  if (const size_t bad = io::invalid_utf8_offset(text); bad != std::string_view::npos)
+    throw InputError(fmt::format("[corpus] python-docs: not UTF-8 text (offset {})", bad));
+  return text;
+}
+
 bool is_complete_kjv(std::string_view text) {
   return text.size() > kKjvMinBytes && text.starts_with(kFirstVerse) && text.ends_with(kLastVerse);
 }
@@ -173,6 +199,7 @@ std::string load_corpus(std::string_view spec) {
     const fs::path dir = corpus_cache_dir();
     return load_kjv(fs::path(kBibleTool), dir.empty() ? fs::path() : dir / "kjv.txt");
   }
+  if (spec == "python-docs") return load_python_docs(fs::path(kPythonDocSources));
   const fs::path path{std::string(spec)};
   std::error_code ec;
   if (fs::is_directory(path, ec)) {

@@ -25,6 +25,9 @@ namespace concord::train {
 // 400,000 lines "a+b=c", the digit count of each operand uniform in 1..N (1 <= N <= 18).
 // "addition-reversed:N": the same problems with the sum written least significant digit first
 // ("57+68=521" for 125), the order in which a left-to-right decoder can carry.
+// "python-docs": the Python 3.11 documentation's reStructuredText sources from Debian's
+// python3.11-doc (every *.rst.txt under /usr/share/doc/python3.11/html/_sources, in sorted path
+// order; about 11 MB) — the new domain of the binary-weight adaptation run (docs/binary.md).
 // Anything else: the path of a UTF-8 text file.
 // Throws InputError when the tool is missing ("install bible-kjv: run scripts/setup"), fails or
 // prints something other than the whole Bible, or when the file is unreadable, empty or not
@@ -57,6 +60,10 @@ std::string load_kjv(const std::filesystem::path& bible_tool,
                      const std::filesystem::path& cache_file);
 // $XDG_CACHE_HOME/concord, else $HOME/.cache/concord; empty when neither variable is set.
 std::filesystem::path corpus_cache_dir();
+inline constexpr const char* kPythonDocSources = "/usr/share/doc/python3.11/html/_sources";
+// The pieces of load_corpus("python-docs"), for tests: the sources' *.rst.txt files in sorted
+// order, concatenated (each ending in a newline).
+std::string load_python_docs(const std::filesystem::path& sources);
 // Whether `text` is the whole KJV as load_kjv produces it (starts with Genesis 1:1, ends with
 // Revelation 22:21, over 4 MB).
 bool is_complete_kjv(std::string_view text);

@@ -168,7 +168,7 @@ struct BinaryConfig {
   bool mlp = true;        // gate, up, down (and the experts') are binary
   int bits = 4;           // ed: the residual's bits, 2..8; 0 = an unbounded fp32 residual
   std::string rounding = "stochastic";  // ed: stochastic | diffused
-  std::string update = "rms";           // ed: rms | sgd
+  std::string update = "rms";           // ed: rms | sign | sgd
   double beta2 = 0.999;                 // ed rms: the EMA of a row's mean squared gradient
   double eps = 1e-8;                    // ed rms
   double bop_gamma = 1e-3;              // bop: the EMA's rate

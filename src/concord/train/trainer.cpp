@@ -182,6 +182,12 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
         else v.fail_unknown("distill: from");
       });
     }
+    else if (key == "init") {
+      value.each_member([&](const std::string&, const io::JsonValue& v) {
+        if (v.key() == "init.from") c.init_from = v.nonempty_string();
+        else v.fail_unknown("init: from");
+      });
+    }
     else if (key == "depth") {
       depth_given = true;
       value.each_member([&](const std::string&, const io::JsonValue& v) {
@@ -234,7 +240,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
         else v.fail_unknown("checkpoint: every, keep");
       });
     } else {
-      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, depth, distill, out");
+      value.fail_unknown("name, model, policy, export, data, train, eval, checkpoint, depth, distill, init, optimizer, out");
     }
   });
   // A binary-weight run's model is one: its final/ config.json says which weights are +-alpha.
@@ -289,6 +295,7 @@ json TrainConfig::to_json() const {
           {"checkpoint", {{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
           {"out", out}};
   if (!distill_from.empty()) j["distill"] = {{"from", distill_from}};
+  if (!init_from.empty()) j["init"] = {{"from", init_from}};
   // Written only for a binary optimizer, so that an adamw run's identity is what it always was.
   if (optimizer != "adamw") {
     j["optimizer"] = {{"name", optimizer}, {"binary", binary_classes_text(binary)}};
@@ -302,6 +309,25 @@ json TrainConfig::to_json() const {
                   {"backprop", depth.backprop}};
   return j;
 }
+
+namespace {
+
+// --init: `m`'s weights from the model at `path` (fp32 values), whose architecture must be m's.
+void init_weights_from(model::Model& m, const std::string& path) {
+  const model::LoadedModel src = model::load_model(path, "fp32");
+  json want = m.config().to_json(), have = src.model.config().to_json();
+  // Which weights are +-alpha is the run's (its optimizer's) business, not the architecture's.
+  want.erase("concord_binary_weights");
+  have.erase("concord_binary_weights");
+  for (const auto& [key, value] : want.items())
+    if (!have.contains(key) || have.at(key) != value)
+      throw InputError(fmt::format("[train] --init {}: its '{}' is {}, the training config's model says {}", path, key,
+                                   have.contains(key) ? have.at(key).dump() : "absent", value.dump()));
+  for (const model::ParamSpec& spec : m.params()) std::ranges::copy(src.model.param(spec.name), m.param(spec.name).begin());
+  m.weights_changed();
+}
+
+}  // namespace
 
 OptimizerConfig TrainConfig::optimizer_config() const {
   OptimizerConfig o{.name = optimizer, .adamw = {lr, beta1, beta2, 1e-8, weight_decay, grad_clip}, .binary = binary};
@@ -368,6 +394,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   // served copy the forward and backward passes use.
   model::Model m(config.model, config.policy);
   m.init_random(config.seed, static_cast<float>(config.init_std));
+  if (!config.init_from.empty()) init_weights_from(m, config.init_from);
   TrainState state(m, config.policy, config.export_rule, config.seed, config.optimizer_config());
   const LrSchedule schedule{config.lr, config.min_lr, config.warmup_steps, std::max(config.steps, config.warmup_steps)};
   const auto* binary_optimizer = dynamic_cast<const BinaryOptimizer*>(&state.optimizer());
@@ -442,6 +469,15 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                  config.depth.expected_depth(), std::sqrt(config.depth.depth_variance()),
                                  config.depth.backprop > 0 ? fmt::format("the last {} iterations", config.depth.backprop)
                                                            : std::string("every iteration")));
+  if (!config.init_from.empty() && step == 0 && !teacher) {
+    // A fine-tuning run: where the initial weights stand on the new corpus.
+    export_served(0);
+    result.initial_validation_loss = validation_loss(m, validation, config.depth);
+    metrics.write({{"step", 0}, {"val_loss", *result.initial_validation_loss}});
+    if (options.progress)
+      progress.message(fmt::format("step 0 ({}): validation loss {:.4f} nats/byte", config.init_from,
+                                   *result.initial_validation_loss));
+  }
   const int64_t tokens_per_step = B * T;
   std::vector<float> teacher_logits;
   double train_seconds = 0;

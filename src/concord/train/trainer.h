@@ -71,6 +71,12 @@ struct TrainConfig {
   // teacher (a model folder or GGUF, served in its own precision) must have model.vocab_size
   // tokens; validation reports the mean KL in nats per token.
   std::string distill_from;
+  // Fine-tuning ("init": {"from": PATH}, `concord train --init PATH`): the weights start as this
+  // model's (a folder, a training run or a GGUF, read as fp32 values) instead of a random init;
+  // its architecture must be model's (the keys of config.json; InputError naming the first that
+  // differs). The run evaluates the initial weights on the validation split first (step 0 in
+  // metrics.jsonl), so that what the fine-tuning gained on the new corpus is measured.
+  std::string init_from;
   // evaluation and checkpoints (0 disables the periodic ones; the last step always does both)
   int64_t eval_every = 100;
   int64_t eval_batches = 8;
@@ -106,6 +112,7 @@ struct TrainResult {
   int64_t steps_done = 0;     // the step count reached
   std::vector<float> losses;  // training loss of each step run here
   double last_validation_loss = 0;
+  std::optional<double> initial_validation_loss;  // --init: the initial weights' (step 0)
   double tokens_per_second = 0;
   double seconds = 0;
   size_t peak_rss_bytes = 0;
