@@ -153,6 +153,7 @@ sched|--model m --pass train|--budget|12XB|a size (bytes, or a number with KiB, 
 sched|--model m --pass train|--budget|0|a size (bytes, or a number with KiB, MiB or GiB)
 train|--config c|--memory-budget|-5MiB|a size (bytes, or a number with KiB, MiB or GiB)
 train|--config c|--ed-bits|9|an integer in [0, 8]
+train|--config c|--latent-range|0|a number in (0, 1]
 flow model|--model m|--probe|0|an integer in [1, 4096]
 flow model|--model m|--time|-1|a number > 0
 flow model|--model m|--gd-steps|0|a number > 0

@@ -27,6 +27,7 @@ void add_train_command(CLI::App& app) {
     std::optional<int64_t> memory_budget;
     std::string optimizer, binary, ed_rounding, ed_update;
     std::optional<int64_t> ed_bits;
+    std::optional<double> ed_range;
     bool no_resume = false;
     bool quiet = false;
   };
@@ -68,6 +69,10 @@ void add_train_command(CLI::App& app) {
                   "which GEMM weights a binary optimizer trains as signs: attention,mlp (default) | attention | mlp");
   add_integer_flag(cmd, "--ed-bits", args->ed_bits, between(0, 8),
                    "ed: the residual's bits per weight, 2..8 (0: an unbounded fp32 residual; default 4)");
+  add_real_flag(cmd, "--latent-range", args->ed_range, real_in(0, 1, true, false),
+                  "latent-adamw and ed: the latent's range [-R, R], 0 < R <= 1 (default 1, BinaryConnect's clip at +-1): "
+                  "where latent-adamw clips and the span of ed's b-bit grid (a smaller R spends ed's bits nearer the flip "
+                  "threshold)");
   cmd->add_option("--ed-rounding", args->ed_rounding, "ed: how an update is rounded onto the grid: stochastic | diffused");
   cmd->add_option("--ed-update", args->ed_update, "ed: rms (the gradient over its tensor's RMS, default) | sign (its sign) | sgd (the gradient)");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
@@ -86,6 +91,7 @@ void add_train_command(CLI::App& app) {
     if (!args->binary.empty()) train::parse_binary_classes(args->binary, config.binary);
     if (args->ed_bits) config.binary.bits = static_cast<int>(*args->ed_bits);
     if (!args->ed_rounding.empty()) config.binary.rounding = args->ed_rounding;
+    if (args->ed_range) config.binary.range = *args->ed_range;
     if (!args->ed_update.empty()) config.binary.update = args->ed_update;
     // Re-validate what the overrides touched.
     config = train::TrainConfig::from_json(config.to_json(), args->config);

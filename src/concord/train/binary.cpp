@@ -88,6 +88,8 @@ struct BinaryOptimizer::Binary {
 BinaryOptimizer::BinaryOptimizer(BinaryMethod method, const BinaryConfig& config, const AdamWConfig& adamw)
     : method_(method), config_(config), plain_(adamw) {
   const BinaryConfig& c = config_;
+  if (!(c.range > 0.0 && c.range <= 1.0))
+    throw InputError(fmt::format("[{}] latent range {} must lie in (0, 1]", name(), c.range));
   if (method_ == BinaryMethod::ed) {
     if (!(c.bits == 0 || (c.bits >= 2 && c.bits <= 8)))
       throw InputError(fmt::format("[ed] residual bits must be 2..8 (or 0: an unbounded fp32 residual), not {}", c.bits));
@@ -164,14 +166,17 @@ void BinaryOptimizer::make_state(const ParamView& p) {
         const bool positive = !(w[i] < 0.0f);
         b.sign.set(i, positive ? 1u : 0u);
         const double x = abs_max > 0.0 ? static_cast<double>(w[i]) * latent_scale : 0.0;  // in [-1, 1]
-        if (method_ == BinaryMethod::latent_adamw) b.latent[static_cast<size_t>(i)] = static_cast<float>(x);
+        if (method_ == BinaryMethod::latent_adamw)
+          b.latent[static_cast<size_t>(i)] = static_cast<float>(std::clamp(x, -config_.range, config_.range));
         if (method_ == BinaryMethod::ed) {
           if (config_.bits == 0) {
             b.residual_f32[static_cast<size_t>(i)] = static_cast<float>(x - (positive ? 0.5 : -0.5));
           } else {
             const int64_t half = int64_t{1} << config_.bits;
             const double delta = std::ldexp(1.0, -config_.bits);
-            int64_t z = static_cast<int64_t>(std::floor((x + 1.0) / delta));
+            // The grid spans latents [-range, range]: x / range on [-1, 1].
+            const double xr = std::clamp(x / config_.range, -1.0, 1.0);
+            int64_t z = static_cast<int64_t>(std::floor((xr + 1.0) / delta));
             z = std::clamp<int64_t>(z, positive ? half : 0, positive ? 2 * half - 1 : half - 1);
             b.residual.set(i, static_cast<uint32_t>(z - (positive ? half : 0)));
           }
@@ -265,6 +270,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
   const bool stochastic = config_.rounding == "stochastic";
   const bool rms = config_.update == "rms";
   const bool sign_update = config_.update == "sign";
+  const auto range_f = static_cast<float>(config_.range);
   const double bias2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
   int64_t flips = 0;
 
@@ -314,7 +320,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
           switch (method_) {
             case BinaryMethod::latent_adamw: {
               latent_update(b.latent[ii], b.exp_avg[ii], b.exp_avg_sq[ii], gs);
-              b.latent[ii] = std::clamp(b.latent[ii], -1.0f, 1.0f);
+              b.latent[ii] = std::clamp(b.latent[ii], -range_f, range_f);
               now_positive = !(b.latent[ii] < 0.0f);
               break;
             }
@@ -327,6 +333,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
             }
             case BinaryMethod::ed: {
               const double u = sign_update ? (gs > 0 ? -lr : gs < 0 ? lr : 0.0) : -lr * scale * gs;
+              const double ug = bits == 0 ? u : u / config_.range;  // in grid units of [-1, 1]
               if (bits == 0) {
                 const double x = (positive ? 0.5 : -0.5) + static_cast<double>(b.residual_f32[ii]) + u;
                 now_positive = !(x < 0.0);
@@ -334,7 +341,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
               } else {
                 // Grid steps, bounded so that the integer cannot overflow (a move of more than
                 // the whole grid saturates anyway).
-                const double steps = std::clamp(u / delta + carry, -4.0 * static_cast<double>(half), 4.0 * static_cast<double>(half));
+                const double steps = std::clamp(ug / delta + carry, -4.0 * static_cast<double>(half), 4.0 * static_cast<double>(half));
                 double moved;
                 if (stochastic) {
                   moved = std::floor(steps + uniform01(config_.seed, b.stream, static_cast<uint64_t>(t),

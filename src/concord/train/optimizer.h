@@ -169,7 +169,8 @@ struct BinaryConfig {
   int bits = 4;           // ed: the residual's bits, 2..8; 0 = an unbounded fp32 residual
   std::string rounding = "stochastic";  // ed: stochastic | diffused
   std::string update = "rms";           // ed: rms | sign | sgd
-  double beta2 = 0.999;                 // ed rms: the EMA of a row's mean squared gradient
+  double range = 1.0;                   // latent-adamw's clip / ed's grid: latents in [-range, range] (<= 1)
+  double beta2 = 0.999;                 // ed rms: the EMA of the tensor's mean squared gradient
   double eps = 1e-8;                    // ed rms
   double bop_gamma = 1e-3;              // bop: the EMA's rate
   double bop_threshold = 1e-6;          // bop: flip when s * m exceeds it

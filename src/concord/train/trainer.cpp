@@ -170,10 +170,11 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
         else if (at == "optimizer.rounding") c.binary.rounding = v.string();
         else if (at == "optimizer.update") c.binary.update = v.string();
         else if (at == "optimizer.beta2") c.binary.beta2 = v.number_in(0, 1);
+        else if (at == "optimizer.range") c.binary.range = v.positive_number();
         else if (at == "optimizer.eps") c.binary.eps = v.positive_number();
         else if (at == "optimizer.bop_gamma") c.binary.bop_gamma = v.positive_number();
         else if (at == "optimizer.bop_threshold") c.binary.bop_threshold = v.number_at_least(0);
-        else v.fail_unknown("optimizer: name, binary, bits, rounding, update, beta2, eps, bop_gamma, bop_threshold");
+        else v.fail_unknown("optimizer: name, binary, bits, rounding, update, range, beta2, eps, bop_gamma, bop_threshold");
       });
     }
     else if (key == "distill") {
@@ -299,6 +300,7 @@ json TrainConfig::to_json() const {
   // Written only for a binary optimizer, so that an adamw run's identity is what it always was.
   if (optimizer != "adamw") {
     j["optimizer"] = {{"name", optimizer}, {"binary", binary_classes_text(binary)}};
+    if (optimizer != "bop") j["optimizer"]["range"] = binary.range;
     if (optimizer == "ed")
       j["optimizer"].update({{"bits", binary.bits}, {"rounding", binary.rounding}, {"update", binary.update},
                              {"beta2", binary.beta2}, {"eps", binary.eps}});
