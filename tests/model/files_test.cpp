@@ -849,8 +849,8 @@ TEST(NativeWeights, KernelVariantsNeedTheMatchingStorage) {
 
 // A binary-weight model (train/binary.h: +-alpha rows in its attention and MLP weights, config.json
 // "concord_binary_weights") loaded "native" serves those weights as packed signs (b1 blocks, no fp32
-// copy; alpha rounded to fp16) and the rest as fp32; its logits follow the fp32 forward within the
-// int8 activation quantization's error. Exported to GGUF as TQ2_0 (llama.cpp's ternary type, codes
+// copy; alpha rounded to fp16), its embedding / head as Q8_0 and the rest as fp32; its logits follow
+// the fp32 forward within the int8 quantization's error. Exported to GGUF as TQ2_0 (llama.cpp's ternary type, codes
 // -1/+1 only) it loads back natively as the same packed signs: the same logits bit for bit. A row
 // that is not +-alpha is an error naming the folder and the tensor.
 TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
@@ -885,6 +885,11 @@ TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
   EXPECT_EQ(native.model.config().binary_weights, "attention,mlp");
   for (const auto& spec : model.params()) {
     const concord::tensor::QuantWeight* w = native.model.stored_weight(spec.name);
+    if (spec.kind == concord::model::ParamKind::embed) {  // the (tied) embedding / head: Q8_0
+      ASSERT_NE(w, nullptr);
+      EXPECT_EQ(w->type(), concord::tensor::BlockQuant::q8_0);
+      continue;
+    }
     if (!concord::model::is_binary_weight(spec, config.binary_weights)) {
       EXPECT_EQ(w, nullptr) << spec.name;
       continue;
@@ -907,7 +912,7 @@ TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
     worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
     scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
   }
-  EXPECT_LE(worst / scale, 0.02) << "W1A8 vs fp32: max|dlogit| / max|logit|";
+  EXPECT_LE(worst / scale, 0.04) << "W1A8 (head W8A8) vs fp32: max|dlogit| / max|logit| (2.4% measured)";
   EXPECT_GT(worst, 0.0);  // the int8 activations do change the bits
 
   // GGUF TQ2_0 and back: the same b1 blocks, the same logits.
@@ -915,7 +920,8 @@ TEST(ModelFiles, ABinaryWeightModelIsServedAsPackedSigns) {
   concord::model::export_model(model, gguf, options(ExportFormat::gguf, "tq2_0"));
   const concord::io::GgufFile file = concord::io::GgufFile::open(gguf);
   EXPECT_EQ(file.find("blk.0.ffn_up.weight")->type, concord::io::GgmlType::tq2_0);
-  EXPECT_EQ(file.find("token_embd.weight")->type, concord::io::GgmlType::f32);
+  EXPECT_EQ(file.find("token_embd.weight")->type, concord::io::GgmlType::q8_0);
+  EXPECT_EQ(file.find("blk.0.attn_norm.weight")->type, concord::io::GgmlType::f32);
   auto from_gguf = concord::model::load_model(gguf, "native");
   for (const auto& spec : model.params())
     EXPECT_EQ(from_gguf.model.stored_weight(spec.name) != nullptr, native.model.stored_weight(spec.name) != nullptr)

@@ -60,13 +60,23 @@ fs::path resolve_folder(const fs::path& dir) {
 }
 
 // A binary-weight model's folder in its own precision: its +-alpha weights as packed signs
-// (tensor::BlockQuant::b1), the rest fp32. A weight whose rows are not whole 32-element blocks
+// (tensor::BlockQuant::b1, W1A8), its embedding / head as Q8_0 blocks (W8A8: at decode the head
+// would otherwise stream more bytes than every binary layer together), norms and biases fp32 —
+// what its GGUF export (--dtype tq2_0) holds. A weight whose rows are not whole 32-element blocks
 // stays fp32.
 Model binary_model(const fs::path& dir, const ModelConfig& config, PrecisionPolicy policy) {
   Model values(config);
   files_detail::read_hf_weights(dir, values);
   StoredWeights stored;
   for (const ParamSpec& spec : values.params()) {
+    if (spec.is_matrix() && (spec.kind == ParamKind::embed || spec.kind == ParamKind::lm_head) &&
+        spec.shape[1] % 32 == 0) {
+      // The embedding / head: Q8_0 blocks (W8A8), as the model's GGUF export (--dtype tq2_0) stores them.
+      const std::vector<uint8_t> q8 = io::encode_gguf_tensor(io::GgmlType::q8_0, values.param(spec.name));
+      stored.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(tensor::pack_quant_weight(
+                                    tensor::BlockQuant::q8_0, spec.shape[0], spec.shape[1], q8)));
+      continue;
+    }
     if (!is_binary_weight(spec, config.binary_weights) || spec.shape[1] % 32 != 0) continue;
     try {
       const std::vector<uint8_t> blocks = tensor::binary_blocks(values.param(spec.name), spec.shape[0], spec.shape[1]);

@@ -356,7 +356,7 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
     file_type = 38;
   } else if (options.dtype == "tq2_0") {
     // A binary-weight model (concord_binary_weights): its +-alpha weights as llama.cpp's ternary
-    // TQ2_0 (codes -1/+1 only, d = fp16(alpha)); the other matrices stay f32.
+    // TQ2_0 (codes -1/+1 only, d = fp16(alpha)); the embedding / head Q8_0, the rest f32.
     if (c.binary_weights.empty())
       fail(out, "GGUF export dtype 'tq2_0' holds a binary-weight model's +-alpha weights, and this model has none "
                 "(config.json's concord_binary_weights is not set: train it with a binary optimizer, docs/binary.md)");
@@ -450,7 +450,11 @@ void write_gguf_file(const Model& model, const fs::path& out, const ExportOption
     io::GgmlType type = spec.is_matrix() && spec.kind != ParamKind::router ? matrix_type : io::GgmlType::f32;
     if (type == io::GgmlType::tq2_0) {
       if (!is_binary_weight(spec, c.binary_weights)) {
-        type = io::GgmlType::f32;
+        // The embedding / head as Q8_0 (as llama-quantize keeps a TQ model's embeddings in a
+        // wider type, and as concord serves a binary folder natively), anything else f32.
+        type = (spec.kind == ParamKind::embed || spec.kind == ParamKind::lm_head) && spec.shape.back() % 32 == 0
+                   ? io::GgmlType::q8_0
+                   : io::GgmlType::f32;
       } else {
         try {  // every row +-alpha: TQ2_0 then holds it exactly (up to alpha's fp16 rounding)
           (void)tensor::binary_blocks(values, spec.shape[0], spec.shape[1]);

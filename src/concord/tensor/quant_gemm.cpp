@@ -245,8 +245,11 @@ QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
   const size_t raw = cb * nb + 32 * nb * (traits.has_min ? 2 : 1);
   w.group_bytes_ = (raw + 63) / 64 * 64;
   w.data_.assign(w.group_bytes_ * static_cast<size_t>(w.groups()), 0);  // padding rows: d = m = 0
-  for (int64_t n = 0; n < rows; ++n) {
-    const int64_t g = n / kQuantGroupRows;
+  // Groups in parallel: a group's bytes are its own (rows of one group share bytes: b1's masks).
+  const int64_t groups = w.groups();
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 20))
+  for (int64_t g = 0; g < groups; ++g)
+  for (int64_t n = g * kQuantGroupRows; n < std::min(rows, (g + 1) * kQuantGroupRows); ++n) {
     const int j = static_cast<int>(n % kQuantGroupRows);
     uint8_t* base = w.data_.data() + static_cast<size_t>(g) * w.group_bytes_;
     uint8_t* dptr = base + detail::quant_d_offset(type, nb);
@@ -322,14 +325,20 @@ std::vector<uint8_t> binary_blocks(std::span<const float> values, int64_t rows, 
                      std::to_string(values.size()) + " values: columns must be a positive multiple of 32");
   const int64_t nb = cols / 32;
   std::vector<uint8_t> out(static_cast<size_t>(rows * nb) * 6, 0);
+  // Rows in parallel; the first bad row (lowest index) is the one reported.
+  int64_t bad_row = rows, bad_col = 0;
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 20))
   for (int64_t n = 0; n < rows; ++n) {
     const float* row = values.data() + n * cols;
     const float a = std::fabs(row[0]);
-    for (int64_t k = 0; k < cols; ++k)
-      if (std::fabs(row[k]) != a || !std::isfinite(row[k]))
-        throw InputError("[quant_gemm] binary weight " + shape_text(rows, cols) + ": row " + std::to_string(n) +
-                         " holds " + std::to_string(row[k]) + " besides +-" + std::to_string(a) +
-                         " (not the +-alpha of a binary-weight model)");
+    int64_t bad = -1;
+    for (int64_t k = 0; k < cols && bad < 0; ++k)
+      if (std::fabs(row[k]) != a || !std::isfinite(row[k])) bad = k;
+    if (bad >= 0) {
+#pragma omp critical(binary_blocks_bad)
+      if (n < bad_row) bad_row = n, bad_col = bad;
+      continue;
+    }
     const uint16_t d = detail::f32_to_f16(a);
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* block = out.data() + static_cast<size_t>(n * nb + b) * 6;
@@ -338,6 +347,12 @@ std::vector<uint8_t> binary_blocks(std::span<const float> values, int64_t rows, 
         if (!std::signbit(row[b * 32 + i]) || row[b * 32 + i] == 0.0f)
           block[2 + i / 8] = static_cast<uint8_t>(block[2 + i / 8] | (1u << (i % 8)));
     }
+  }
+  if (bad_row < rows) {
+    const float v = values[static_cast<size_t>(bad_row * cols + bad_col)], a = std::fabs(values[static_cast<size_t>(bad_row * cols)]);
+    throw InputError("[quant_gemm] binary weight " + shape_text(rows, cols) + ": row " + std::to_string(bad_row) +
+                     " holds " + std::to_string(v) + " besides +-" + std::to_string(a) +
+                     " (not the +-alpha of a binary-weight model)");
   }
   return out;
 }
