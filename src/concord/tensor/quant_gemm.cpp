@@ -247,7 +247,7 @@ QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
   w.data_.assign(w.group_bytes_ * static_cast<size_t>(w.groups()), 0);  // padding rows: d = m = 0
   // Groups in parallel: a group's bytes are its own (rows of one group share bytes: b1's masks).
   const int64_t groups = w.groups();
-#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 20))
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
   for (int64_t g = 0; g < groups; ++g)
   for (int64_t n = g * kQuantGroupRows; n < std::min(rows, (g + 1) * kQuantGroupRows); ++n) {
     const int j = static_cast<int>(n % kQuantGroupRows);
@@ -327,7 +327,7 @@ std::vector<uint8_t> binary_blocks(std::span<const float> values, int64_t rows, 
   std::vector<uint8_t> out(static_cast<size_t>(rows * nb) * 6, 0);
   // Rows in parallel; the first bad row (lowest index) is the one reported.
   int64_t bad_row = rows, bad_col = 0;
-#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 20))
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
   for (int64_t n = 0; n < rows; ++n) {
     const float* row = values.data() + n * cols;
     const float a = std::fabs(row[0]);
