@@ -160,7 +160,8 @@ void BinaryOptimizer::make_state(const ParamView& p) {
       // confidence per weight: its latent starts halfway between the threshold and the clip.
       bool binary_row = true;
       for (int64_t k = 0; k < K && binary_row; ++k) binary_row = std::fabs(static_cast<double>(w[r * K + k])) == abs_max;
-      const double latent_scale = binary_row ? 0.5 / std::max(abs_max, 1e-300) : 1.0 / std::max(abs_max, 1e-300);
+      const double latent_scale =
+          (binary_row ? 0.5 * config_.range : 1.0) / std::max(abs_max, 1e-300);  // binary: x = s R / 2
       for (int64_t k = 0; k < K; ++k) {
         const int64_t i = r * K + k;
         const bool positive = !(w[i] < 0.0f);

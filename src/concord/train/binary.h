@@ -11,22 +11,23 @@
 // that are not binary (embeddings, norms, the head, biases) by AdamW over their fp32 master, as
 // under "adamw". What differs is how the signs move:
 //
-//   latent-adamw  the baseline: an fp32 latent x in [-1, 1] per weight updated by AdamW on
-//                 dL/ds and clipped to [-1, 1] (BinaryConnect); s = sign(x). State per weight:
-//                 1 + 32 + 64 = 97 bits.
+//   latent-adamw  the baseline: an fp32 latent x in [-R, R] per weight updated by AdamW on
+//                 dL/ds and clipped to [-R, R] (BinaryConnect: R = 1; BinaryConfig::range);
+//                 s = sign(x). State per weight: 1 + 32 + 64 = 97 bits.
 //   bop           Helwegen et al. 2019, as larq's Bop: m <- m + gamma (dL/ds - m) (fp32 per
 //                 weight); s flips when s * m > threshold. 1 + 32 = 33 bits.
 //   ed            error diffusion with a b-bit residual (b = 2..8): the sign and the residual are
-//                 one (b+1)-bit latent on the grid x(z) = (z + 1/2) * 2^-b - 1, z in [0, 2^(b+1)),
+//                 one (b+1)-bit latent on the grid x(z) = R * ((z + 1/2) * 2^-b - 1), z in
+//                 [0, 2^(b+1)) (R = BinaryConfig::range, 1 by default),
 //                 whose top bit is the sign (z >= 2^b: +1) and whose low b bits are the residual.
-//                 An update u (in latent units) moves z by u / 2^-b grid steps, rounded
-//                 stochastically (E[step] = u / 2^-b exactly; the random number is a hash of the
+//                 An update u (in latent units) moves z by u / (R 2^-b) grid steps, rounded
+//                 stochastically (E[step] = u / (R 2^-b) exactly; the random number is a hash of the
 //                 seed, the parameter, the step and the element, so any thread count gives the
 //                 same bits) or by diffusion (the rounding error of element k is carried to
 //                 element k+1 of the same row, Floyd-Steinberg in one dimension: no per-weight
 //                 state). The weight flips when z crosses 2^b, the threshold between the two grid
 //                 halves, and what the update carried past it stays in the residual; z saturates
-//                 at the grid's ends as BinaryConnect's latent clips at +-1. The update is
+//                 at the grid's ends as BinaryConnect's latent clips at +-R. The update is
 //                 u = -lr * dL/ds / (sqrt(v / (1 - beta2^t)) + eps), v an EMA of the tensor's mean
 //                 squared dL/ds ("rms": one fp32 per tensor, counted), u = -lr * sign(dL/ds)
 //                 ("sign": no statistics at all), or u = -lr * dL/ds ("sgd"). State per weight:
@@ -38,8 +39,9 @@
 // The first step (or initialize()) makes the state from the values a parameter holds (its random
 // init or a pretrained model): alpha[n] = mean_k |w[n,k]| (the scale that minimises
 // ||w - alpha s||^2 for s = sign(w)), s = sign(w) (+1 for zero), and the latent, for latent-adamw and
-// ed, x = w / max_k |w[n,k]| (ed: the grid point below it) — or x = s/2 for a row that is already
-// binary (every |w| alike: a pretrained binary model, which carries no per-weight confidence).
+// ed, x = w / max_k |w[n,k]| clipped to [-R, R] (ed: the grid point below it) — or x = s R / 2 for
+// a row that is already binary (every |w| alike: a pretrained binary model, which carries no
+// per-weight confidence).
 //
 // Checkpoints (optimizer.safetensors): "<param>.sign" (+-1), "<param>.residual" (ed: the b-bit
 // integer, or the fp32 residual when bits = 0), "<param>.latent" / ".exp_avg" / ".exp_avg_sq"
