@@ -157,6 +157,11 @@ std::string_view gguf_float_type_list();
 // nibble and element j+16 in the high nibble of byte j; scale and codes as ggml's quantizer
 // chooses them).
 std::vector<uint8_t> encode_gguf_tensor(GgmlType type, std::span<const float> values);
+// The 2-bit code (0..3: -1, 0, +1, 2 times d) of element e (0..255) of a TQ2_0 block {u8 qs[64];
+// f16 d}, in ggml's layout: element 128h + 32l + m is bits 2l of qs[32h + m].
+inline int tq2_0_code(const uint8_t* block, int e) {
+  return (block[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
 
 struct GgufTensorToWrite {
   std::string name;

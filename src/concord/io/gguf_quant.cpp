@@ -390,10 +390,7 @@ void decode_q8_k(const uint8_t* b, float* y) {
 // 3 decodes to 2d).
 void decode_tq2_0(const uint8_t* b, float* y) {
   const float d = f16_to_f32(load_u16(b + 64));
-  for (int e = 0; e < 256; ++e) {
-    const int q = (b[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-    y[e] = static_cast<float>(q - 1) * d;
-  }
+  for (int e = 0; e < 256; ++e) y[e] = static_cast<float>(tq2_0_code(b, e) - 1) * d;
 }
 
 // TQ2_0 from 256 values, as ggml's quantize_row_tq2_0_ref: d = max |x|, code lround(x / d) + 1.

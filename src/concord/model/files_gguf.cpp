@@ -224,7 +224,7 @@ std::vector<uint8_t> binary_blocks_of_tq2_0(std::span<const uint8_t> bytes, int6
   for (size_t b = 0; b < blocks; ++b) {
     const uint8_t* in = bytes.data() + b * 66;
     for (int e = 0; e < 256; ++e) {
-      const int q = (in[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      const int q = io::tq2_0_code(in, e);
       if (q != 0 && q != 2) return {};
       uint8_t* sub = out.data() + (b * 8 + static_cast<size_t>(e / 32)) * 6;
       if (e % 32 == 0) std::memcpy(sub, in + 64, 2);

@@ -36,13 +36,13 @@ int64_t vector_bytes(const std::vector<float>& v) { return static_cast<int64_t>(
 PackedInts::PackedInts(int64_t n, int bits) : n_(n), bits_(bits) {
   if (bits < 1 || bits > 32 || n < 0)
     throw InputError(fmt::format("[binary] packed integers need 1..32 bits and n >= 0 (bits {}, n {})", bits, n));
-  mask_ = bits == 64 ? ~0ULL : (1ULL << bits) - 1;
+  mask_ = (uint64_t{1} << bits) - 1;
   const auto total_bits = static_cast<uint64_t>(n) * static_cast<uint64_t>(bits);
   words_.assign(static_cast<size_t>((total_bits + 63) / 64), 0);
 }
 
 bool is_binary_param(const model::ParamSpec& spec, const BinaryConfig& config) {
-  return model::is_binary_weight(spec, config.attention || config.mlp ? binary_classes_text(config) : "");
+  return model::is_binary_weight(spec, binary_classes_text(config));  // "none" names no class
 }
 
 void parse_binary_classes(std::string_view text, BinaryConfig& config) {
@@ -205,11 +205,6 @@ const BinaryOptimizer::Binary& BinaryOptimizer::binary_state(std::string_view na
 
 namespace {
 
-void check_binary_view(std::string_view optimizer, const ParamView& p) {
-  if (p.binary_rows < 0 || (p.binary_rows > 0 && p.value.size() % static_cast<size_t>(p.binary_rows) != 0))
-    throw InputError(fmt::format("[{}] binary parameter '{}' has {} values, not a whole number of its {} rows", optimizer,
-                                 p.name, p.value.size(), p.binary_rows));
-}
 
 // Writes alpha[n] * s[n, k] into the values of rows [r0, r1).
 void write_values(const auto& b, std::span<float> value, int64_t r0, int64_t r1) {
@@ -222,14 +217,22 @@ void write_values(const auto& b, std::span<float> value, int64_t r0, int64_t r1)
 
 }  // namespace
 
+void BinaryOptimizer::check_view(const ParamView& p) const {
+  if (p.binary_rows < 0 || (p.binary_rows > 0 && p.value.size() % static_cast<size_t>(p.binary_rows) != 0))
+    throw InputError(fmt::format("[{}] binary parameter '{}' has {} values, not a whole number of its {} rows", name(),
+                                 p.name, p.value.size(), p.binary_rows));
+  if (p.binary_rows == 0) return;
+  const auto it = binary_.find(p.name);
+  if (it != binary_.end() && it->second->numel() != static_cast<int64_t>(p.value.size()))
+    throw InputError(fmt::format("[{}] parameter '{}' has {} values but its optimizer state {} (a checkpoint of "
+                                 "another model shape?)",
+                                 name(), p.name, p.value.size(), it->second->numel()));
+}
+
 void BinaryOptimizer::initialize(std::span<const ParamView> params) {
   for (const ParamView& p : params) {
-    check_binary_view(name(), p);
+    check_view(p);
     if (p.binary_rows == 0) continue;
-    const auto it = binary_.find(p.name);
-    if (it != binary_.end() && it->second->numel() != static_cast<int64_t>(p.value.size()))
-      throw InputError(fmt::format("[{}] parameter '{}' has {} values but its optimizer state {}", name(), p.name,
-                                   p.value.size(), it->second->numel()));
     Binary& b = binary_state(p);
     write_values(b, p.value, 0, b.rows);
   }
@@ -243,16 +246,8 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
     if (p.value.size() != p.grad.size())
       throw InputError(fmt::format("[{}] parameter '{}' has {} values but {} gradients", name(), p.name,
                                    p.value.size(), p.grad.size()));
-    check_binary_view(name(), p);
-    if (p.binary_rows == 0) {
-      plain.push_back(p);
-      continue;
-    }
-    const auto it = binary_.find(p.name);
-    if (it != binary_.end() && it->second->numel() != static_cast<int64_t>(p.value.size()))
-      throw InputError(fmt::format("[{}] parameter '{}' has {} values but its optimizer state {} (a checkpoint of "
-                                   "another model shape?)",
-                                   name(), p.name, p.value.size(), it->second->numel()));
+    check_view(p);
+    if (p.binary_rows == 0) plain.push_back(p);
   }
   const double norm = global_grad_norm(params);
   if (!std::isfinite(norm)) return norm;  // skipped, as AdamW's
@@ -261,8 +256,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
   const int64_t t = steps_ + 1;
   plain_.apply(plain, lr, clip, t);
 
-  const AdamWElement latent_update(ac, lr, t, /*decay=*/false);
-  const AdamWElement alpha_update(ac, lr, t, /*decay=*/false);
+  const AdamWElement adamw_no_decay(ac, lr, t, /*decay=*/false);  // the latents and alpha
   const double gamma = config_.bop_gamma, tau = config_.bop_threshold;
   const int bits = config_.bits;
   const int64_t half = int64_t{1} << std::max(bits, 1);
@@ -320,7 +314,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
           bool now_positive = positive;
           switch (method_) {
             case BinaryMethod::latent_adamw: {
-              latent_update(b.latent[ii], b.exp_avg[ii], b.exp_avg_sq[ii], gs);
+              adamw_no_decay(b.latent[ii], b.exp_avg[ii], b.exp_avg_sq[ii], gs);
               b.latent[ii] = std::clamp(b.latent[ii], -range_f, range_f);
               now_positive = !(b.latent[ii] < 0.0f);
               break;
@@ -369,7 +363,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
     // alpha: AdamW (no decay) on its exact gradient, then the served values.
     for (int64_t r = 0; r < b.rows; ++r) {
       const auto rr = static_cast<size_t>(r);
-      alpha_update(b.alpha[rr], b.alpha_exp_avg[rr], b.alpha_exp_avg_sq[rr], alpha_grad[rr]);
+      adamw_no_decay(b.alpha[rr], b.alpha_exp_avg[rr], b.alpha_exp_avg_sq[rr], alpha_grad[rr]);
     }
 #pragma omp parallel for schedule(static)
     for (int64_t gi = 0; gi < groups; ++gi) write_values(b, p.value, gi * group, std::min(b.rows, (gi + 1) * group));

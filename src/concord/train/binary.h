@@ -149,6 +149,8 @@ class BinaryOptimizer final : public Optimizer {
   Binary& binary_state(const ParamView& p);
   const Binary& binary_state(std::string_view name) const;
   void make_state(const ParamView& p);
+  // InputError for a binary view whose size is not whole rows or not its state's.
+  void check_view(const ParamView& p) const;
 
   BinaryMethod method_;
   BinaryConfig config_;
