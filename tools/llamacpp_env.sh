@@ -21,7 +21,7 @@ fi
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 echo "llamacpp_env: building $spec into $venv (CMAKE_ARGS=$CMAKE_ARGS)" >&2
-nice -n 10 "$venv/bin/python" -m pip install --no-binary llama-cpp-python --verbose "$spec" numpy safetensors
+nice -n 10 "$venv/bin/python" -m pip install --no-binary llama-cpp-python --verbose "$spec" numpy safetensors gguf
 "$venv/bin/python" - <<'PY'
 import llama_cpp, importlib.metadata as md
 print("llama-cpp-python", md.version("llama-cpp-python"))
