@@ -4,7 +4,15 @@
 // its ratio to OpenBLAS sgemm fp32 of the same shape (X·Wᵀ), at 1 and 2 threads.
 // "stream" cases cycle over enough copies of the weight (>= 96 MiB, like a whole model's layers)
 // that it comes from DRAM; "hot" cases reuse one copy (cache-resident, like a kernel in a loop).
+// "gemm/<isa>/<shape>/m<M>" (M = 1, 8, 64, 512; every ISA path this CPU runs) reports int8
+// multiply-adds per second and their ratio to the core's int8 peak measured in the same run by
+// "int8_peak/<isa>": a tight loop of the instruction the kernels multiply with (AVX2 vpmaddubsw,
+// 32 u8 x s8 products per instruction; AVX-512 VNNI vpdpbusd, 64), 12 independent chains per
+// thread, each product reading its chain's last result so that nothing is hoisted (x_peak).
+// "int8_peak/avx2_pair" times vpmaddubsw + vpaddw, the pair the AVX2 kernels issue per product
+// (x_pair): the rate AVX2 code that sums its products in int16 can reach at most.
 // Registration order is run order: each baseline runs just before the cases it divides.
+#include <immintrin.h>
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
@@ -168,6 +176,84 @@ void BM_prefill(benchmark::State& state, int shape) {
   state.SetLabel(std::string(concord::tensor::quant_isa_name(concord::tensor::quant_isa())));
 }
 
+using concord::tensor::QuantIsa;
+
+// The int8 peak: int8 multiply-adds per second of `threads` threads each running the loop.
+__attribute__((target("avx2"))) int64_t maddubs_loop(int64_t iters, bool pair) {
+  __m256i acc[12];
+  const __m256i b = _mm256_set1_epi8(-2);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi8(static_cast<char>(i + 1));
+  if (pair) {
+    for (int64_t i = 0; i < iters; ++i)
+      for (auto& v : acc) v = _mm256_add_epi16(v, _mm256_maddubs_epi16(v, b));
+  } else {
+    for (int64_t i = 0; i < iters; ++i)
+      for (auto& v : acc) v = _mm256_maddubs_epi16(v, b);
+  }
+  __m256i t = acc[0];
+  for (int i = 1; i < 12; ++i) t = _mm256_xor_si256(t, acc[i]);
+  return _mm256_extract_epi64(t, 0);
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dpbusd_loop(int64_t iters) {
+  __m512i acc[12];
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (auto& v : acc) v = _mm512_setzero_si512();
+  for (int64_t i = 0; i < iters; ++i) {
+    for (auto& v : acc) v = _mm512_dpbusd_epi32(v, a, b);
+  }
+  __m512i t = acc[0];
+  for (int i = 1; i < 12; ++i) t = _mm512_xor_si512(t, acc[i]);
+  alignas(64) int64_t lanes[8];
+  _mm512_store_si512(lanes, t);
+  return lanes[0];
+}
+
+// (isa, threads) -> G multiply-adds / s: the instruction alone, and AVX2's vpmaddubsw + vpaddw.
+std::map<std::pair<int, int>, double> g_peak_gmacs, g_pair_gmacs;
+
+void BM_int8_peak(benchmark::State& state, QuantIsa isa, bool pair) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr int64_t kIters = 1 << 20;
+  const double macs_per_iter = 12.0 * (isa == QuantIsa::avx512 ? 64 : 32);
+  double seconds = 0;
+  int64_t sink = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(^ : sink)
+    sink ^= isa == QuantIsa::avx512 ? dpbusd_loop(kIters) : maddubs_loop(kIters, pair);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  benchmark::DoNotOptimize(sink);
+  const double g = macs_per_iter * kIters * threads * static_cast<double>(state.iterations()) / seconds / 1e9;
+  (pair ? g_pair_gmacs : g_peak_gmacs)[{static_cast<int>(isa), threads}] = g;
+  state.counters["GMAC/s"] = g;
+}
+
+// quant_gemm at M rows with the kernel set named: int8 multiply-adds (M·N·K) per second.
+void BM_gemm(benchmark::State& state, QuantIsa isa, int shape, int64_t M) {
+  const int threads = static_cast<int>(state.range(0));
+  omp_set_num_threads(threads);
+  const Shape& s = kShapes[shape];
+  const QuantWeight w = concord::tensor::pack_quant_weight(s.type, s.N, s.K, random_blocks(s, 1));
+  const auto x = random_acts(M * s.K, 2);
+  std::vector<float> y(static_cast<size_t>(M * s.N));
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    concord::tensor::quant_gemm(w, x.data(), M, s.K, y.data(), s.N, isa);
+    benchmark::DoNotOptimize(y.data());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double g = static_cast<double>(M * s.N * s.K) * static_cast<double>(state.iterations()) / seconds / 1e9;
+  state.counters["GMAC/s"] = g;
+  const auto it = g_peak_gmacs.find({static_cast<int>(isa), threads});
+  if (it != g_peak_gmacs.end()) state.counters["x_peak"] = g / it->second;
+  const auto pr = g_pair_gmacs.find({static_cast<int>(isa), threads});
+  if (pr != g_pair_gmacs.end()) state.counters["x_pair"] = g / pr->second;
+  const auto sg = g_sgemm_gflops.find({shape, threads, false});
+  if (M == kPrefillM && sg != g_sgemm_gflops.end()) state.counters["x_sgemm"] = 2.0 * g / sg->second;
+}
+
 void register_all() {
   for (int i = 0; i < static_cast<int>(std::size(kShapes)); ++i) {
     const std::string shape = kShapes[i].name;
@@ -182,6 +268,20 @@ void register_all() {
         ->Arg(1)->Arg(2)->UseRealTime();
     benchmark::RegisterBenchmark(("prefill_m512/" + shape).c_str(), BM_prefill, i)
         ->Arg(1)->Arg(2)->UseRealTime();
+  }
+  for (QuantIsa isa : {QuantIsa::avx2, QuantIsa::avx512}) {
+    if (!concord::tensor::quant_isa_supported(isa)) continue;
+    const std::string name = concord::tensor::quant_isa_name(isa);
+    benchmark::RegisterBenchmark(("int8_peak/" + name).c_str(), BM_int8_peak, isa, false)->Arg(1)->Arg(2)->UseRealTime();
+    if (isa == QuantIsa::avx2)
+      benchmark::RegisterBenchmark("int8_peak/avx2_pair", BM_int8_peak, isa, true)->Arg(1)->Arg(2)->UseRealTime();
+    for (int i = 0; i < static_cast<int>(std::size(kShapes)); ++i) {
+      for (int64_t M : {1, 8, 64, 512}) {
+        benchmark::RegisterBenchmark(("gemm/" + name + "/" + kShapes[i].name + "/m" + std::to_string(M)).c_str(),
+                                     BM_gemm, isa, i, M)
+            ->Arg(1)->Arg(2)->UseRealTime();
+      }
+    }
   }
 }
 
