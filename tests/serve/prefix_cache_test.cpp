@@ -160,6 +160,88 @@ TEST(PrefixCache, AnEngineWithTheCacheGivesEveryRequestTheSameBits) {
   }
 }
 
+// The disaggregated hand-over (concord generate --disaggregate): a prefill worker's engine
+// computes the prompt, exports its rows as one message; a decode worker's engine of its own (its
+// own cache, as another process would have) imports them and generates: the same bits as one engine
+// doing both. A record that fails its checks is left out and prefilled again (same bits); a
+// malformed message is an error.
+TEST(PrefixCache, AHandedOverPromptDecodesToTheSameBits) {
+  for (const std::string preset : {"fp32", "bf16", "nvfp4"}) {
+    const bool row_local = preset != "nvfp4";
+    Model m(config(), PrecisionPolicy::preset(preset));
+    m.init_random(7, 0.08f);
+    EngineOptions o;
+    o.max_sequences = 1;
+    o.prefill_chunk = row_local ? 24 : 16;
+    const int64_t align = row_local ? 1 : o.prefill_chunk;
+    const std::vector<int32_t> prompt = tokens(row_local ? 115 : 113, 3);
+    const Completion want = Engine(m, o).generate({request(prompt, 5)})[0];
+
+    Engine prefill(m, o), decode(m, o);
+    auto sent = std::make_shared<PrefixCache>(m.config(), PrefixCache::fingerprint_of(m), blocks(16));
+    auto got_cache = std::make_shared<PrefixCache>(m.config(), PrefixCache::fingerprint_of(m), blocks(16));
+    prefill.set_prefix_cache(sent);
+    decode.set_prefix_cache(got_cache);
+    Request first = request(prompt, 5);
+    first.max_tokens = 1;  // the prefill worker: the prompt's rows (its one token is dropped)
+    (void)prefill.generate({first});
+    const std::vector<uint8_t> message = sent->export_prompt(prompt, align);
+    EXPECT_EQ(got_cache->import_prompt(message, "hand-over"), sent->stats().stored) << preset;
+    const Completion got = decode.generate({request(prompt, 5)})[0];
+    EXPECT_EQ(got.tokens, want.tokens) << preset;
+    EXPECT_EQ(got.logprobs, want.logprobs) << preset;
+    ASSERT_EQ(got.full_logprobs.size(), want.full_logprobs.size());
+    for (size_t t = 0; t < got.full_logprobs.size(); ++t) EXPECT_EQ(got.full_logprobs[t], want.full_logprobs[t]) << preset << " " << t;
+    // The decode worker prefilled nothing but the last prompt token (NVFP4: from the last whole chunk).
+    const int64_t resumed = row_local ? static_cast<int64_t>(prompt.size()) - 1 : 112;
+    EXPECT_EQ(decode.stats().prefix_reused_tokens, resumed) << preset;
+    EXPECT_EQ(decode.stats().prefill_tokens, static_cast<int64_t>(prompt.size()) - resumed) << preset;
+
+    // One flipped byte in the third record's rows: that record is named and left out, its positions
+    // (and every later one) prefilled again; still the same bits.
+    std::vector<std::string> warnings;
+    PrefixCacheOptions wo = blocks(16);
+    wo.warn = [&](const std::string& w) { warnings.push_back(w); };
+    Engine again(m, o);
+    auto partial = std::make_shared<PrefixCache>(m.config(), PrefixCache::fingerprint_of(m), wo);
+    again.set_prefix_cache(partial);
+    std::vector<uint8_t> bad = message;
+    size_t at = 16;
+    for (int r = 0; r < 2; ++r) {
+      uint64_t n;
+      std::memcpy(&n, bad.data() + at, 8);
+      at += 8 + n;
+    }
+    bad[at + 8 + 72 + 4 * 16 + 3] ^= 0x40;  // record 3: past its length, header and tokens, into the rows
+    EXPECT_EQ(partial->import_prompt(bad, "hand-over"), sent->stats().stored - 1);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("hand-over: record 3 of"), std::string::npos) << warnings[0];
+    EXPECT_NE(warnings[0].find("checksum mismatch"), std::string::npos) << warnings[0];
+    const Completion redo = again.generate({request(prompt, 5)})[0];
+    EXPECT_EQ(redo.tokens, want.tokens) << preset;
+    EXPECT_EQ(redo.logprobs, want.logprobs) << preset;
+    EXPECT_EQ(again.stats().prefix_reused_tokens, 32) << preset;  // the two blocks before the bad one
+
+    // Malformed messages.
+    PrefixCache c(m.config(), PrefixCache::fingerprint_of(m), blocks(16));
+    std::vector<uint8_t> truncated(message.begin(), message.end() - 5);
+    EXPECT_THROW(c.import_prompt(truncated, "hand-over"), InputError);
+    std::vector<uint8_t> magic = message;
+    magic[0] = 'X';
+    EXPECT_THROW(c.import_prompt(magic, "hand-over"), InputError);
+    std::vector<uint8_t> longer = message;
+    longer.push_back(0);
+    EXPECT_THROW(c.import_prompt(longer, "hand-over"), InputError);
+    // Another model's message: every record is refused, nothing is held.
+    Model other(config(), PrecisionPolicy::preset(preset));
+    other.init_random(8, 0.08f);
+    PrefixCacheOptions quiet = blocks(16);
+    quiet.warn = [](const std::string&) {};
+    PrefixCache foreign(other.config(), PrefixCache::fingerprint_of(other), quiet);
+    EXPECT_EQ(foreign.import_prompt(message, "hand-over"), 0);
+  }
+}
+
 TEST(PrefixCache, TheBudgetHoldsAndTheLeastRecentlyUsedGoFirst) {
   Model m(config(), PrecisionPolicy::preset("fp32"));
   m.init_random(7, 0.08f);

@@ -51,6 +51,12 @@ void put_le(std::vector<uint8_t>& out, T v) {
   std::memcpy(b, &v, sizeof(T));  // the formats are little-endian; concord builds for x86-64
   out.insert(out.end(), b, b + sizeof(T));
 }
+// (8 bytes through a u64: g++ 12 warns falsely on vector::insert of a char array after reserve)
+void put_magic(std::vector<uint8_t>& out, const char (&magic)[8]) {
+  uint64_t v;
+  std::memcpy(&v, magic, 8);
+  put_le<uint64_t>(out, v);
+}
 template <class T>
 T get_le(const uint8_t* p) {
   T v;
@@ -80,10 +86,10 @@ void PrefixCache::warn(const std::string& message) {
 
 std::filesystem::path PrefixCache::file_of(uint64_t key) const { return dir_ / fmt::format("{:016x}.kvsnap", key); }
 
-void PrefixCache::write_file(const Entry& e) {
+std::vector<uint8_t> PrefixCache::encode(const Entry& e) const {
   std::vector<uint8_t> out;
   out.reserve(kHeaderBytes + e.tokens.size() * 4 + e.rows.size() * 4);
-  out.insert(out.end(), kMagic, kMagic + 8);
+  put_magic(out, kMagic);
   put_le<uint32_t>(out, kFormat);
   put_le<uint32_t>(out, 0);
   put_le<uint64_t>(out, fingerprint_);
@@ -97,6 +103,11 @@ void PrefixCache::write_file(const Entry& e) {
   out.insert(out.end(), t, t + e.tokens.size() * sizeof(int32_t));
   const auto* r = reinterpret_cast<const uint8_t*>(e.rows.data());
   out.insert(out.end(), r, r + e.rows.size() * sizeof(float));
+  return out;
+}
+
+void PrefixCache::write_file(const Entry& e) {
+  const std::vector<uint8_t> out = encode(e);
   // Atomic (a temporary file renamed over the name: a reader sees the old file or the whole new
   // one), not fsynced: a snapshot is a cache, and one torn by a power loss fails its checksum.
   const std::filesystem::path path = file_of(e.key);
@@ -151,6 +162,19 @@ std::optional<PrefixCache::Entry> PrefixCache::read_file(uint64_t key) {
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!in.good() && !in.eof()) return reject("cannot be read");
+  std::string problem;
+  std::optional<Entry> e = decode(bytes, key, problem);
+  if (!e) return reject(problem);
+  ++stats_.disk_reads;
+  return e;
+}
+
+std::optional<PrefixCache::Entry> PrefixCache::decode(std::span<const uint8_t> bytes, std::optional<uint64_t> expect_key,
+                                                      std::string& problem) const {
+  auto reject = [&](std::string p) -> std::optional<Entry> {
+    problem = std::move(p);
+    return std::nullopt;
+  };
   if (bytes.size() < kHeaderBytes)
     return reject(fmt::format("{} bytes, shorter than the {}-byte header (truncated)", bytes.size(), kHeaderBytes));
   const uint8_t* p = bytes.data();
@@ -161,7 +185,7 @@ std::optional<PrefixCache::Entry> PrefixCache::read_file(uint64_t key) {
   const auto layers = get_le<int64_t>(p + 48), width = get_le<int64_t>(p + 56);
   const auto checksum = get_le<uint64_t>(p + 64);
   if (fingerprint != fingerprint_) return reject("written for another model (fingerprint differs)");
-  if (file_key != key) return reject(fmt::format("holds key {:016x}, not the one its name says", file_key));
+  if (expect_key && file_key != *expect_key) return reject(fmt::format("holds key {:016x}, not the one its name says", file_key));
   if (layers != layers_ || width != row_width_)
     return reject(fmt::format("{} layers x {} floats per row, the model has {} x {}", layers, width, layers_, row_width_));
   if (start < 0 || end <= start || end - start > (int64_t{1} << 24))
@@ -173,7 +197,7 @@ std::optional<PrefixCache::Entry> PrefixCache::read_file(uint64_t key) {
     return reject(fmt::format("{} bytes where its header implies {} ({})", bytes.size(), want,
                               bytes.size() < want ? "truncated" : "trailing bytes"));
   Entry e;
-  e.key = key;
+  e.key = file_key;
   e.start = start;
   e.end = end;
   e.tokens.resize(n);
@@ -181,7 +205,6 @@ std::optional<PrefixCache::Entry> PrefixCache::read_file(uint64_t key) {
   e.rows.resize(rows);
   std::memcpy(e.rows.data(), p + kHeaderBytes + n * sizeof(int32_t), rows * sizeof(float));
   if (payload_hash(e.tokens, e.rows) != checksum) return reject("checksum mismatch (corrupt)");
-  ++stats_.disk_reads;
   return e;
 }
 
@@ -270,19 +293,7 @@ int64_t PrefixCache::restore(std::span<const int32_t> prompt, model::KvCache& ca
   CONCORD_CHECK(cache.length(slot) == 0, "PrefixCache::restore into a slot that holds rows");
   CONCORD_CHECK(cache.num_layers() == layers_ && cache.row_width() == row_width_,
                 "PrefixCache::restore into a cache of another model");
-  const PrefixKeys keys = keys_of(prompt, last);
-  // The chain of blocks from position 0, then the tail when it continues the chain.
-  std::vector<Entry*> chain;
-  for (size_t b = 0; b < keys.blocks.size(); ++b) {
-    const int64_t end = static_cast<int64_t>(b + 1) * options_.block;
-    Entry* e = find(keys.blocks[b], prompt, end - options_.block, end);
-    if (!e) break;
-    chain.push_back(e);
-  }
-  const int64_t tail_start = static_cast<int64_t>(keys.blocks.size()) * options_.block;
-  if (chain.size() == keys.blocks.size() && tail_start < last && last % align == 0)
-    if (Entry* e = find(keys.tail, prompt, tail_start, last)) chain.push_back(e);
-  while (!chain.empty() && chain.back()->end % align != 0) chain.pop_back();
+  std::vector<Entry*> chain = chain_of(prompt, align);
   if (chain.empty()) return 0;
   const int64_t length = chain.back()->end;
   cache.reserve(slot, length);
@@ -299,6 +310,75 @@ int64_t PrefixCache::restore(std::span<const int32_t> prompt, model::KvCache& ca
   ++stats_.hits;
   stats_.tokens_reused += length;
   return length;
+}
+
+std::vector<PrefixCache::Entry*> PrefixCache::chain_of(std::span<const int32_t> prompt, int64_t align) {
+  const auto last = static_cast<int64_t>(prompt.size()) - 1;
+  std::vector<Entry*> chain;
+  if (last < 1) return chain;
+  const PrefixKeys keys = keys_of(prompt, last);
+  // The chain of blocks from position 0, then the tail when it continues the chain.
+  for (size_t b = 0; b < keys.blocks.size(); ++b) {
+    const int64_t end = static_cast<int64_t>(b + 1) * options_.block;
+    Entry* e = find(keys.blocks[b], prompt, end - options_.block, end);
+    if (!e) break;
+    chain.push_back(e);
+  }
+  const int64_t tail_start = static_cast<int64_t>(keys.blocks.size()) * options_.block;
+  if (chain.size() == keys.blocks.size() && tail_start < last && last % align == 0)
+    if (Entry* e = find(keys.tail, prompt, tail_start, last)) chain.push_back(e);
+  while (!chain.empty() && chain.back()->end % align != 0) chain.pop_back();
+  return chain;
+}
+
+namespace {
+constexpr char kHandOverMagic[8] = {'C', 'C', 'D', 'K', 'V', 'H', '0', '1'};
+}  // namespace
+
+std::vector<uint8_t> PrefixCache::export_prompt(std::span<const int32_t> prompt, int64_t align) {
+  if (align < 1) throw InputError(fmt::format("[prefix-cache] alignment {} must be at least 1", align));
+  const std::vector<Entry*> chain = chain_of(prompt, align);
+  size_t total = 16;
+  for (const Entry* e : chain) total += 8 + kHeaderBytes + (e->tokens.size() + e->rows.size()) * 4;
+  std::vector<uint8_t> out;
+  out.reserve(total);
+  put_magic(out, kHandOverMagic);
+  put_le<uint64_t>(out, chain.size());
+  for (const Entry* e : chain) {
+    const std::vector<uint8_t> record = encode(*e);
+    put_le<uint64_t>(out, record.size());
+    out.insert(out.end(), record.begin(), record.end());
+  }
+  return out;
+}
+
+int64_t PrefixCache::import_prompt(std::span<const uint8_t> message, const std::string& what) {
+  if (message.size() < 16 || std::memcmp(message.data(), kHandOverMagic, 8) != 0)
+    throw InputError(fmt::format("[prefix-cache] {}: not a concord KV hand-over ({} bytes, bad magic)", what, message.size()));
+  const auto records = get_le<uint64_t>(message.data() + 8);
+  size_t at = 16;
+  int64_t taken = 0;
+  for (uint64_t i = 0; i < records; ++i) {
+    if (message.size() - at < 8)
+      throw InputError(fmt::format("[prefix-cache] {}: record {} of {} is missing (truncated message)", what, i + 1, records));
+    const auto bytes = get_le<uint64_t>(message.data() + at);
+    at += 8;
+    if (bytes > message.size() - at)
+      throw InputError(fmt::format("[prefix-cache] {}: record {} of {} runs {} bytes past the message's end (truncated)",
+                                   what, i + 1, records, bytes - (message.size() - at)));
+    std::string problem;
+    std::optional<Entry> e = decode(message.subspan(at, bytes), std::nullopt, problem);
+    at += bytes;
+    if (!e) {
+      warn(fmt::format("{}: record {} of {}: {}; its positions are prefilled again", what, i + 1, records, problem));
+      continue;
+    }
+    if (entries_.count(e->key)) continue;  // held already (or a collision: keep that one)
+    if (insert(std::move(*e))) ++taken;
+  }
+  if (at != message.size())
+    throw InputError(fmt::format("[prefix-cache] {}: {} bytes after the last record", what, message.size() - at));
+  return taken;
 }
 
 void PrefixCache::put(uint64_t key, std::span<const int32_t> prompt, int64_t start, int64_t end,

@@ -92,6 +92,19 @@ class PrefixCache {
   // Drops every entry (the weights changed).
   void clear();
 
+  // The hand-over of a prompt's state to another process (concord generate --disaggregate: a
+  // prefill worker's rows to a decode worker). export_prompt: the entries restore() would resume
+  // `prompt` from (its stored blocks from position 0 and the tail), as one message: "CCDKVH01",
+  // u64 records, then per record u64 bytes and the record, byte for byte a .kvsnap file. Empty
+  // records when nothing of the prompt is held.
+  std::vector<uint8_t> export_prompt(std::span<const int32_t> prompt, int64_t align = 1);
+  // Takes such a message into this cache: every record checked as a snapshot file is read back
+  // (this model's fingerprint and sizes, positions, checksum); a record that fails is left out,
+  // named through options.warn (its positions are then prefilled again, so the result is the
+  // same bits either way). InputError when the message itself is malformed (bad magic, a record
+  // past its end). Returns the records taken.
+  int64_t import_prompt(std::span<const uint8_t> message, const std::string& what);
+
   const PrefixCacheStats& stats() const { return stats_; }
   const PrefixCacheOptions& options() const { return options_; }
 
@@ -116,6 +129,12 @@ class PrefixCache {
   std::filesystem::path file_of(uint64_t key) const;
   void write_file(const Entry& e);
   std::optional<Entry> read_file(uint64_t key);
+  // An entry as a .kvsnap record, and back (nullopt with the problem; expect_key: the key the
+  // record must hold, when its name says).
+  std::vector<uint8_t> encode(const Entry& e) const;
+  std::optional<Entry> decode(std::span<const uint8_t> bytes, std::optional<uint64_t> expect_key, std::string& problem) const;
+  // The entries restore() resumes `prompt` from, in position order.
+  std::vector<Entry*> chain_of(std::span<const int32_t> prompt, int64_t align);
   void warn(const std::string& message);
   void put(uint64_t key, std::span<const int32_t> prompt, int64_t start, int64_t end, model::KvCache& cache, int slot);
   size_t entry_bytes(const Entry& e) const;
