@@ -526,6 +526,33 @@ printf 'garbage' | dd of="$SNAP" bs=1 seek=100 conv=notrunc 2>/dev/null
   --prefix-cache-dir "$WORK/snaps" >"$WORK/snap3.json" 2>"$WORK/snap3.err"
 cmp -s "$WORK/snap1.json" "$WORK/snap3.json" && grep -qF "$SNAP: checksum mismatch (corrupt); the prefix is recomputed" "$WORK/snap3.err" \
   && pass "a corrupt snapshot file is named and recomputed, same bits" || fail "corrupt snapshot: $(cat "$WORK/snap3.err")"
+
+# Disaggregated prefill and decode (issue 25): the prefill worker's rows handed to a decode worker
+# in this process, in a second process over shared memory and (when mpirun exists) over MPI give
+# the one-worker run's tokens and log-probs bit for bit; the decode worker resumes all but the
+# last prompt token.
+"$CONCORD" generate --model "$WORK/run" --prompt "$LONG_PROMPT" --max-tokens 8 --seed 3 --json >"$WORK/dis0.json" 2>/dev/null
+DIS=(in-process shm)
+if command -v mpirun >/dev/null 2>&1 && ldd "$CONCORD" 2>/dev/null | grep -q libmpi; then DIS+=(mpi); else echo "skip: --disaggregate mpi (no mpirun)"; fi
+for t in "${DIS[@]}"; do
+  LAUNCH=()
+  [[ $t == mpi ]] && LAUNCH=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe --mca btl self,vader)
+  "${LAUNCH[@]}" "$CONCORD" generate --model "$WORK/run" --prompt "$LONG_PROMPT" --max-tokens 8 --seed 3 --json \
+    --disaggregate "$t" >"$WORK/dis_$t.json" 2>"$WORK/dis_$t.err" </dev/null
+  if [[ -s "$WORK/dis0.json" ]] && cmp -s "$WORK/dis0.json" "$WORK/dis_$t.json" \
+      && grep -q "prefill worker: 49 prompt tokens" "$WORK/dis_$t.err" \
+      && grep -q "prefix cache: 48 prompt tokens resumed" "$WORK/dis_$t.err"; then
+    pass "generate --disaggregate $t: the prompt's rows handed over, the same tokens and log-probs"
+  else
+    fail "generate --disaggregate $t: $(cat "$WORK/dis_$t.err")"
+  fi
+done
+expect_error "--disaggregate names its transports" "unknown --disaggregate transport 'tcp' (in-process, shm, mpi)" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --disaggregate tcp
+expect_error "--disaggregate refuses --echo" "--disaggregate with --echo" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --json --echo --disaggregate in-process
+expect_error "--rank alone is refused" "--rank is for the decode worker" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --rank 1
 a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 --policy mxfp8 2>/dev/null)"
 c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <cstdio>
@@ -21,7 +23,9 @@
 #include "concord/io/atomic_file.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
+#include "concord/rl/channel.h"
 #include "concord/serve/engine.h"
+#include "concord/serve/prefix_cache.h"
 #include "concord/serve/speculative.h"
 #include "concord/serve/text.h"
 
@@ -42,11 +46,36 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
   }
   return out;
 }
+// This process's own command line (/proc/self/cmdline), for the decode worker `--disaggregate shm`
+// starts: the same arguments plus its rank and the segment's name.
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  if (args.empty()) throw InputError("[generate] --disaggregate shm: cannot read this process's command line");
+  return args;
+}
+
+// The bytes PrefixCache::export_prompt can take for a prompt of n tokens (the shm segment's size):
+// the message header, and per record (at most n / block + 2) its length, header, tokens and rows.
+size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block) {
+  const auto records = static_cast<size_t>(n / block + 2);
+  const auto per_token = 4 + 8 * static_cast<size_t>(c.applications() * c.num_key_value_heads * c.head_dim);
+  return 16 + records * (8 + 72) + static_cast<size_t>(n) * per_token;
+}
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
+    std::string disaggregate, shm_name;
+    int rank = 0;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
@@ -116,8 +145,20 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--activation-arena", a->activation_arena,
                   "where a step's activations live: planned (default: the memory scheduler's plan of the step; "
                   "docs/sched.md) or bump (forward_cached's bump allocator); the same tokens bit for bit");
+  cmd->add_option("--disaggregate", a->disaggregate,
+                  "run the prompt and the generation in two workers: a prefill worker (the batched GEMM path) "
+                  "computes the prompt's KV rows and hands them to a decode worker (the one-row GEMV path), "
+                  "which generates; the same tokens bit for bit. The transport: in-process (two engines in "
+                  "this process), shm (a second process over shared memory), mpi (under mpirun -np 2: rank 0 "
+                  "prefills, rank 1 decodes and prints). docs/serve.md, disaggregated prefill and decode");
+  add_integer_flag(cmd, "--rank", a->rank, between(1, 1), "internal: the decode worker of --disaggregate shm")->group("");
+  cmd->add_option("--shm-name", a->shm_name, "internal: --disaggregate shm's segment")->group("");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
+    if (!a->disaggregate.empty() && a->disaggregate != "in-process" && a->disaggregate != "shm" && a->disaggregate != "mpi")
+      throw InputError(fmt::format("[generate] unknown --disaggregate transport '{}' (in-process, shm, mpi)", a->disaggregate));
+    if (a->rank != 0 && (a->disaggregate != "shm" || a->shm_name.empty()))
+      throw InputError("[generate] --rank is for the decode worker `--disaggregate shm` starts");
     a->draft.check("generate");
     const serve::ActivationArena arena = serve::activation_arena_from_name(a->activation_arena);
     if (!a->system.empty() && !a->chat) throw InputError("[generate] --system needs --chat");
@@ -195,6 +236,99 @@ void add_generate_command(CLI::App& app) {
       o.block = serve::rows_quantize_alone(loaded.model.policy()) ? 64 : prefill_chunk;
       engine.set_prefix_cache(std::make_shared<serve::PrefixCache>(
           loaded.model.config(), serve::PrefixCache::fingerprint_of(loaded.model), o));
+    }
+    if (!a->disaggregate.empty()) {
+      if (recurrent) throw InputError("[generate] --disaggregate: a depth-recurrent model's state is not only KV rows");
+      if (a->echo) throw InputError("[generate] --disaggregate with --echo: scoring the prompt needs every prompt row's logits "
+                                    "on the decode worker");
+      const int64_t align = serve::rows_quantize_alone(loaded.model.policy()) ? 1 : prefill_chunk;
+      const int64_t block = serve::rows_quantize_alone(loaded.model.policy()) ? 64 : prefill_chunk;
+      const uint64_t fingerprint = serve::PrefixCache::fingerprint_of(loaded.model);
+      if (!engine.prefix_cache()) {  // the decode worker keeps the handed-over rows here
+        serve::PrefixCacheOptions o;
+        o.block = block;
+        o.max_bytes = size_t{1} << 40;  // the hand-over is one prompt: no eviction
+        engine.set_prefix_cache(std::make_shared<serve::PrefixCache>(loaded.model.config(), fingerprint, o));
+      }
+      // The prefill worker: an engine of its own with a memory cache, the prompt run (its one
+      // sampled token dropped), its rows exported as one message.
+      auto prefill = [&]() {
+        const auto t0 = Clock::now();
+        serve::Engine worker(loaded.model, engine.options());
+        serve::PrefixCacheOptions o;
+        o.block = block;
+        o.max_bytes = size_t{1} << 40;
+        auto cache = std::make_shared<serve::PrefixCache>(loaded.model.config(), fingerprint, o);
+        worker.set_prefix_cache(cache);
+        serve::Request r = request;
+        r.max_tokens = 1;
+        r.top_logprobs = 0;
+        (void)worker.generate({r});
+        std::vector<uint8_t> message = cache->export_prompt(request.prompt, align);
+        const serve::EngineStats& ws = worker.stats();
+        std::fprintf(stderr, "%s\n",
+                     fmt::format("[generate] prefill worker: {} prompt tokens, prefill {:.1f} tok/s, {:.2f} s; hand-over "
+                                 "{:.2f} MiB ({} snapshot records)",
+                                 request.prompt.size(), ws.prefill_seconds > 0 ? static_cast<double>(ws.prefill_tokens) / ws.prefill_seconds : 0.0,
+                                 seconds_since(t0), static_cast<double>(message.size()) / (1024.0 * 1024.0),
+                                 cache->stats().stored)
+                         .c_str());
+        return message;
+      };
+      auto take = [&](const rl::WeightMessage& m, const std::string& how, double seconds) {
+        const int64_t records = engine.prefix_cache()->import_prompt(m.payload, "the hand-over from the prefill worker");
+        std::fprintf(stderr, "%s\n",
+                     fmt::format("[generate] decode worker: took {} snapshot records ({:.2f} MiB) over {}, {:.1f} ms after it "
+                                 "asked (the prefill included where it ran beside)",
+                                 records, static_cast<double>(m.payload.size()) / (1024.0 * 1024.0), how, 1e3 * seconds)
+                         .c_str());
+      };
+      if (a->disaggregate == "in-process") {
+        auto channel = rl::make_in_process_channel();
+        const std::vector<uint8_t> message = prefill();
+        const auto t0 = Clock::now();
+        channel->publish(1, message);
+        const rl::WeightMessage m = channel->receive();
+        take(m, "in-process", seconds_since(t0));
+      } else if (a->disaggregate == "shm") {
+        if (a->rank == 0) {
+          const std::string name = a->shm_name.empty() ? rl::default_shm_name() : a->shm_name;
+          rl::ShmOptions o;
+          o.capacity = hand_over_capacity(loaded.model.config(), static_cast<int64_t>(request.prompt.size()), block);
+          o.rollout_capacity = 64;
+          auto channel = rl::make_shm_channel(name, 0, 1, o);
+          std::vector<std::string> args = own_command_line();
+          args.insert(args.end(), {"--shm-name", name});
+          rl::SamplerProcesses decoder = rl::spawn_samplers(args, 1);  // it loads while this one prefills
+          const std::vector<uint8_t> message = prefill();
+          channel->publish(1, message);
+          decoder.wait(24 * 3600.0);
+          return;  // the decode worker printed the text
+        }
+        rl::ShmOptions o;  // capacities 0: the prefill worker's
+        auto channel = rl::make_shm_channel(a->shm_name, 1, 1, o);
+        const auto t0 = Clock::now();
+        const rl::WeightMessage m = channel->receive();
+        take(m, "shared memory", seconds_since(t0));
+      } else {  // mpi: every rank runs this command; an error on one ends the job (rl/channel.h)
+        try {
+          auto channel = rl::make_mpi_channel();
+          if (channel->samplers() != 1)
+            throw InputError(fmt::format("[generate] --disaggregate mpi runs on 2 ranks (mpirun -np 2), not {}",
+                                         channel->samplers() + 1));
+          if (channel->rank() == 0) {
+            const std::vector<uint8_t> message = prefill();
+            channel->publish(1, message);
+            return;
+          }
+          const auto t0 = Clock::now();
+          const rl::WeightMessage m = channel->receive();
+          take(m, "MPI", seconds_since(t0));
+        } catch (const InputError& e) {
+          std::fprintf(stderr, "concord: %s\n", e.what());
+          rl::mpi_abort(2);
+        }
+      }
     }
     if (!a->draft.spec.empty()) {
       if (recurrent && a->exit_kl)
