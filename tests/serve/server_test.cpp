@@ -564,6 +564,43 @@ double metric(Server& server, const std::string& line_start) {
   return std::stod(text.substr(at + line_start.size() + 2));
 }
 
+// Disaggregated prefill (--disaggregate): every prompt runs on the prefill worker's twin and its
+// rows are handed to the engine; responses (sampled, several choices, streamed and not, echo,
+// alone and concurrent) are the plain server's bit for bit, and /metrics counts the hand-overs.
+TEST_F(ServerTest, DisaggregatedPrefillAnswersAsThePlainServer) {
+  auto body = [](int i) {
+    return json{{"prompt", std::string(static_cast<size_t>(1 + 37 * i % 300), static_cast<char>('a' + i))},
+                {"max_tokens", 6 + 3 * (i % 4)},
+                {"seed", 100 + i},
+                {"temperature", 1.0},
+                {"n", 1 + i % 2},
+                {"logprobs", 2},
+                {"return_tokens_as_token_ids", true}};
+  };
+  const json echo = {{"prompt", "abcdefgh"}, {"max_tokens", 3}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}};
+  constexpr int kRequests = 8;
+  std::vector<json> plain;
+  json plain_echo;
+  {
+    auto server = start(options());
+    for (int i = 0; i < kRequests; ++i) plain.push_back(post_ok("/v1/completions", body(i))["choices"]);
+    plain_echo = post_ok("/v1/completions", echo)["choices"];
+  }
+  ServerOptions o = options();
+  o.disaggregate = true;
+  auto server = start(o);
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(post_ok("/v1/completions", body(i))["choices"], plain[static_cast<size_t>(i)]) << i;
+  EXPECT_EQ(post_ok("/v1/completions", echo)["choices"], plain_echo);  // echo prefills on the engine
+  std::vector<std::future<json>> together;
+  for (int i = 0; i < kRequests; ++i)
+    together.push_back(std::async(std::launch::async, [&, i] { return post_ok("/v1/completions", body(i))["choices"]; }));
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(together[static_cast<size_t>(i)].get(), plain[static_cast<size_t>(i)]) << i;
+  // Every request but the one-token prompt (i = 0) and the echo went through the worker, twice.
+  EXPECT_EQ(metric(*server, "concord_disaggregated_prefills_total"), 2 * (kRequests - 1));
+  EXPECT_GT(metric(*server, "concord_handover_bytes_total"), 0);
+  EXPECT_GT(metric(*server, "concord_prefix_cache_reused_tokens_total"), 0);
+}
+
 // Speculative decoding in the server (--draft): greedy responses are the plain server's token
 // for token, log-probs included; sampled ones the engine's with the same drafter; /metrics
 // counts the drafted and accepted tokens.

@@ -448,6 +448,41 @@ TEST_F(WeightsTest, ThePrefixCacheServesTheSameBitsAndAWeightUpdateEmptiesIt) {
   EXPECT_EQ(metric(port_, "concord_prefix_cache_hits_total"), 2);
 }
 
+// Disaggregated prefill across a weight update: the prefill worker's twin is remade from the new
+// weights, so its hand-overs keep being taken (a stale twin's rows would be refused by their
+// fingerprint and recomputed: the same bits, but no rows resumed).
+TEST_F(WeightsTest, ThePrefillWorkerFollowsAWeightUpdate) {
+  ServerOptions o = with_faults();
+  o.disaggregate = true;
+  o.prefix_cache_block = 16;
+  o.engine.prefill_chunk = 16;
+  start(o);
+  auto logprobs_of = [&](const std::string& prompt) {
+    httplib::Client cli("127.0.0.1", port_);
+    auto res = cli.Post("/v1/completions",
+                        json{{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0.8}, {"seed", 3}, {"logprobs", 2}}.dump(),
+                        "application/json");
+    return json::parse(res->body)["choices"][0]["logprobs"];
+  };
+  const std::string a(150, 'x'), b(120, 'y');
+  const json first = logprobs_of(a);
+  EXPECT_EQ(metric(port_, "concord_disaggregated_prefills_total"), 1);
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_reused_tokens_total"), 144);  // 9 handed-over blocks of 16
+  ASSERT_EQ(post_weights({{"version", 1}, {"path", write(publish(1), "v1.safetensors")}})->status, 200);
+  const json after = logprobs_of(a);
+  EXPECT_NE(after, first);
+  EXPECT_EQ(metric(port_, "concord_disaggregated_prefills_total"), 2);
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_reused_tokens_total"), 288);  // the new twin's rows taken
+  (void)logprobs_of(b);
+  EXPECT_EQ(metric(port_, "concord_prefix_cache_reused_tokens_total"), 288 + 112);
+  // The same bits as a server that prefills on its engine, on the same new weights.
+  server_.reset();
+  ServerOptions plain = with_faults();
+  plain.engine.prefill_chunk = 16;
+  start(plain);
+  EXPECT_EQ(logprobs_of(a), after);
+}
+
 TEST_F(WeightsTest, FaultsAreRefusedUnlessTheServerAllowsThem) {
   ServerOptions o;
   o.weights_faults = false;

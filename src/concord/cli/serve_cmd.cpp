@@ -62,7 +62,7 @@ void add_serve_command(CLI::App& app) {
             max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
             max_weights_body_bytes = int64_t{1} << 30, prefix_cache_bytes = 0, prefix_cache_block = 0;
     double request_timeout = 600, receive_timeout = 30;
-    bool weights_from_any_host = false, weights_faults = false;
+    bool weights_from_any_host = false, weights_faults = false, disaggregate = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -121,6 +121,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--prefix-cache-dir", a->prefix_cache_dir,
                   "also keep the prefix cache's snapshots as files in this folder (per model; they outlive the "
                   "server); turns the cache on (256 MiB in memory unless --prefix-cache-bytes)");
+  cmd->add_flag("--disaggregate", a->disaggregate,
+                "prefill each prompt on a prefill worker (a thread with an engine of its own on a twin of the "
+                "model) and hand its KV rows to the decode engine, so a long prompt does not stall the running "
+                "requests' decode steps; responses unchanged bit for bit; turns the prefix cache on (1 GiB unless "
+                "--prefix-cache-bytes). docs/serve.md, disaggregated prefill and decode");
   cmd->add_flag("--weights-from-any-host", a->weights_from_any_host,
                 "accept POST /v1/weights from any peer (default: loopback only)");
   cmd->add_flag("--weights-faults", a->weights_faults,
@@ -150,6 +155,7 @@ void add_serve_command(CLI::App& app) {
     options.prefix_cache_bytes = a->prefix_cache_bytes;
     options.prefix_cache_block = a->prefix_cache_block;
     options.prefix_cache_dir = a->prefix_cache_dir;
+    options.disaggregate = a->disaggregate;
     options.request_timeout_seconds = a->request_timeout;
     options.read_timeout_seconds = static_cast<int>(a->read_timeout);
     options.write_timeout_seconds = static_cast<int>(a->write_timeout);

@@ -347,6 +347,17 @@ Model::Model(ModelConfig config, PrecisionPolicy policy, StoredWeights stored)
     : impl_(std::make_unique<Impl>(std::move(config), std::move(policy), std::move(stored))) {}
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
+
+Model Model::twin() const {
+  StoredWeights stored;
+  for (size_t i = 0; i < impl_->specs.size(); ++i)
+    if (impl_->stored[i]) stored.emplace(impl_->specs[i].name, impl_->stored[i]);
+  Model m(impl_->config, impl_->policy, std::move(stored));
+  for (size_t i = 0; i < impl_->specs.size(); ++i)
+    if (!impl_->stored[i]) m.impl_->values[i] = impl_->values[i];
+  m.weights_changed();
+  return m;
+}
 Model& Model::operator=(Model&&) noexcept = default;
 
 const ModelConfig& Model::config() const { return impl_->config; }

@@ -130,6 +130,11 @@ class Model {
   ~Model();
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
+  // A model with this one's config, policy and weights for another thread (concord serve's
+  // prefill worker): the stored blocks shared, the fp32 values copied, its own derived weights.
+  // Its passes give this model's bits. Settings of the passes (depth, adaptive exit, router
+  // statistics, recomputation) are not carried.
+  Model twin() const;
 
   const ModelConfig& config() const;
   const PrecisionPolicy& policy() const;

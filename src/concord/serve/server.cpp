@@ -172,6 +172,9 @@ Server::Server(ServedModel served, ServerOptions options) {
   if (!options.prefix_cache_dir.empty() && options.prefix_cache_bytes == 0)
     options.prefix_cache_bytes = int64_t{256} << 20;  // a directory turns the cache on
   if (options.prefix_cache_block < 0) throw InputError("[serve] --prefix-cache-block must be >= 0 (0: automatic)");
+  if (options.disaggregate && served.model.config().recurrent())
+    throw InputError("[serve] --disaggregate: a depth-recurrent model's state is not only KV rows; serve it "
+                     "without a prefill worker");
   if (options.prefix_cache_bytes > 0 && served.model.config().recurrent())
     throw InputError("[serve] --prefix-cache-bytes: a depth-recurrent model's state is not only KV rows; "
                      "serve it without the prefix cache");

@@ -74,6 +74,13 @@ struct ServerOptions {
   int64_t prefix_cache_bytes = 0;
   int64_t prefix_cache_block = 0;
   std::string prefix_cache_dir;  // also keep the snapshots as files here ("": memory only)
+  // Disaggregated prefill and decode (docs/serve.md): a prefill worker thread with an engine of
+  // its own on a twin of the model (Model::twin) runs each new request's prompt and hands its KV
+  // rows to the serving engine's prefix cache (PrefixCache::export_prompt / import_prompt), which
+  // then feeds only the last prompt token; long prompts no longer stall the running requests'
+  // decode steps. Responses are unchanged bit for bit. The prefix cache is on (prefix_cache_bytes,
+  // or 1 GiB when that is 0). Not for depth-recurrent models; echo requests prefill as usual.
+  bool disaggregate = false;
 };
 
 // What a server serves: the model (must outlive the server), its tokenizer, chat template

@@ -180,6 +180,23 @@ struct Server::Impl {
   int64_t prefix_hits_seen = 0, prefix_reused_seen = 0;
   // A prefix cache for the model as it is now (its fingerprint); nullptr when off.
   std::shared_ptr<PrefixCache> make_prefix_cache();
+  int64_t prefix_block() const;
+
+  // Disaggregated prefill (options.disaggregate). The scheduler hands new jobs to the prefill
+  // worker (prefill_queue) and takes each back with its prompt's rows (prefilled), imports them
+  // into the engine's prefix cache and admits the job. After a weight update the scheduler remakes
+  // the twin (nothing is prefilling then) and marks the worker's engine stale.
+  std::unique_ptr<model::Model> prefill_model;
+  std::thread prefill_worker;
+  std::mutex prefill_mu;
+  std::condition_variable prefill_cv;
+  std::deque<std::shared_ptr<Job>> prefill_queue;  // guarded by prefill_mu
+  bool prefill_stop = false, prefill_stale = false;  // guarded by prefill_mu
+  std::deque<std::pair<std::shared_ptr<Job>, std::vector<uint8_t>>> prefilled;  // guarded by mu
+  int64_t prefilling = 0;  // scheduler-only: jobs with the worker, not yet taken back
+  Counter& handovers;
+  Counter& handover_bytes;
+  void run_prefill_worker();
 
   // Scheduler-only.
   std::vector<std::shared_ptr<Job>> active;
@@ -221,10 +238,19 @@ struct Server::Impl {
                                     "Requests resumed from the prefix cache (--prefix-cache-bytes).")),
         prefix_reused(metrics.counter("concord_prefix_cache_reused_tokens_total",
                                       "Prompt tokens resumed from the prefix cache instead of prefilled.")),
-        prefix_bytes(metrics.gauge("concord_prefix_cache_bytes", "Bytes the prefix cache holds.")) {
+        prefix_bytes(metrics.gauge("concord_prefix_cache_bytes", "Bytes the prefix cache holds.")),
+        handovers(metrics.counter("concord_disaggregated_prefills_total",
+                                  "Prompts the prefill worker ran and handed over (--disaggregate).")),
+        handover_bytes(metrics.counter("concord_handover_bytes_total",
+                                       "Bytes of KV rows handed from the prefill worker to the engine (--disaggregate).")) {
     context = options.engine.max_context > 0 ? options.engine.max_context
                                              : served.model.config().max_position_embeddings;
     if (options.drafter) engine.set_drafter(options.drafter, options.speculation);
+    if (options.disaggregate) {
+      if (options.prefix_cache_bytes <= 0) options.prefix_cache_bytes = int64_t{1} << 30;
+      prefill_model = std::make_unique<model::Model>(served.model.twin());
+      prefill_model->prepare_weights();
+    }
     if (options.prefix_cache_bytes > 0) engine.set_prefix_cache(make_prefix_cache());
   }
 

@@ -152,15 +152,67 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   active.push_back(job);
 }
 
+int64_t Server::Impl::prefix_block() const {
+  return options.prefix_cache_block > 0                   ? options.prefix_cache_block
+         : rows_quantize_alone(served.model.policy()) ? 64
+                                                      : options.engine.prefill_chunk;
+}
+
 std::shared_ptr<PrefixCache> Server::Impl::make_prefix_cache() {
   if (options.prefix_cache_bytes <= 0) return nullptr;
   PrefixCacheOptions o;
   o.max_bytes = static_cast<size_t>(options.prefix_cache_bytes);
   o.dir = options.prefix_cache_dir;
-  o.block = options.prefix_cache_block > 0                   ? options.prefix_cache_block
-            : rows_quantize_alone(served.model.policy()) ? 64
-                                                         : options.engine.prefill_chunk;
+  o.block = prefix_block();
   return std::make_shared<PrefixCache>(served.model.config(), PrefixCache::fingerprint_of(served.model), o);
+}
+
+// The prefill worker: an engine of its own on the twin, one prompt at a time (its one sampled
+// token dropped), the prompt's rows exported from its own prefix cache (which also lets it resume
+// prompts sharing a prefix).
+void Server::Impl::run_prefill_worker() {
+  std::unique_ptr<Engine> worker;
+  std::shared_ptr<PrefixCache> cache;
+  const int64_t align = rows_quantize_alone(served.model.policy()) ? 1 : options.engine.prefill_chunk;
+  while (true) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lk(prefill_mu);
+      prefill_cv.wait(lk, [&] { return prefill_stop || !prefill_queue.empty(); });
+      if (prefill_queue.empty()) return;  // stopping
+      job = std::move(prefill_queue.front());
+      prefill_queue.pop_front();
+      if (prefill_stale || !worker) {  // first use, or the twin was remade after a weight update
+        EngineOptions eo = options.engine;
+        eo.max_sequences = 1;
+        worker = std::make_unique<Engine>(*prefill_model, eo);
+        PrefixCacheOptions po;
+        po.max_bytes = static_cast<size_t>(options.prefix_cache_bytes);
+        po.block = prefix_block();
+        cache = std::make_shared<PrefixCache>(prefill_model->config(), PrefixCache::fingerprint_of(*prefill_model), po);
+        worker->set_prefix_cache(cache);
+        prefill_stale = false;
+      }
+    }
+    std::vector<uint8_t> message;
+    if (!job->cancel_requested.load()) {
+      try {
+        Request r = job->requests.at(0);
+        r.max_tokens = 1;
+        r.top_logprobs = 0;
+        r.full_logprobs = false;
+        (void)worker->generate({r});
+        message = cache->export_prompt(job->prompt, align);
+      } catch (const std::exception& e) {  // the engine then prefills it itself: same bits
+        std::fprintf(stderr, "concord: [serve] the prefill worker failed on a request (%s); the engine prefills it\n",
+                     e.what());
+        message.clear();
+      }
+    }
+    std::lock_guard lk(mu);
+    prefilled.emplace_back(std::move(job), std::move(message));
+    work_cv.notify_all();
+  }
 }
 
 void Server::Impl::serve_swap_request() {
@@ -180,13 +232,19 @@ void Server::Impl::serve_swap_request() {
     std::lock_guard lk(j->mutex);
     return j->finished;
   });
-  if (!active.empty() || engine.running() + engine.waiting() > 0) return;  // still finishing
+  if (!active.empty() || engine.running() + engine.waiting() > 0 || prefilling > 0) return;  // still finishing
   std::string error;
   std::string info;
   try {
     receiver.commit(*request->report);  // nothing runs on the model now
     if (options.remake_drafter) engine.set_drafter(options.remake_drafter(), options.speculation);
     if (engine.prefix_cache()) engine.set_prefix_cache(make_prefix_cache());  // the old rows are stale
+    if (prefill_model) {  // nothing is with the prefill worker now (checked above)
+      std::lock_guard lk(prefill_mu);
+      *prefill_model = served.model.twin();
+      prefill_model->prepare_weights();
+      prefill_stale = true;
+    }
     info = make_weights_info();
   } catch (const std::exception& e) {
     error = e.what();
@@ -205,23 +263,48 @@ void Server::Impl::serve_swap_request() {
 
 void Server::Impl::run_scheduler() {
   engine.set_token_callback([this](const TokenEvent& ev) { on_token(ev); });
+  if (prefill_model) prefill_worker = std::thread([this] { run_prefill_worker(); });
   while (true) {
     std::deque<std::shared_ptr<Job>> fresh;
+    std::deque<std::pair<std::shared_ptr<Job>, std::vector<uint8_t>>> handed;
     int64_t fresh_choices = 0;
     {
       std::unique_lock lk(mu);
       if (active.empty()) {
         // Wake up for new jobs, or now and then to notice cancellations of queued jobs.
         work_cv.wait_for(lk, std::chrono::milliseconds(200),
-                         [&] { return !inbox.empty() || stop_scheduler || swap_request; });
+                         [&] { return !inbox.empty() || !prefilled.empty() || stop_scheduler || swap_request; });
       }
-      if (stop_scheduler && inbox.empty() && active.empty() && !swap_request) break;
+      if (stop_scheduler && inbox.empty() && active.empty() && !swap_request && prefilling == 0 && prefilled.empty()) break;
       // A weight update waits for the running requests: new ones wait for it (they run on the
       // new version).
       if (!swap_request) fresh.swap(inbox);
+      handed.swap(prefilled);
+    }
+    for (auto& [job, message] : handed) {  // back from the prefill worker: its rows, then the job
+      --prefilling;
+      if (!message.empty()) {
+        try {
+          engine.prefix_cache()->import_prompt(message, "the prefill worker's hand-over");
+          handovers.inc();
+          handover_bytes.inc(static_cast<double>(message.size()));
+        } catch (const InputError& e) {  // a bug: the engine prefills the prompt itself
+          std::fprintf(stderr, "concord: [serve] %s\n", e.what());
+        }
+      }
+      admit(job);
     }
     for (const auto& job : fresh) {
       fresh_choices += static_cast<int64_t>(job->requests.size());
+      // Disaggregated: the prompt goes to the prefill worker first (echo requests score their
+      // prompt here; a one-token prompt has no rows to hand over).
+      if (prefill_model && !job->echo && job->prompt.size() >= 2) {
+        ++prefilling;
+        std::lock_guard lk(prefill_mu);
+        prefill_queue.push_back(job);
+        prefill_cv.notify_one();
+        continue;
+      }
       admit(job);
     }
     {
@@ -291,6 +374,14 @@ void Server::Impl::run_scheduler() {
       return j->finished;
     });
     serve_swap_request();
+  }
+  if (prefill_worker.joinable()) {
+    {
+      std::lock_guard lk(prefill_mu);
+      prefill_stop = true;
+      prefill_cv.notify_all();
+    }
+    prefill_worker.join();
   }
 }
 
