@@ -553,6 +553,40 @@ expect_error "--disaggregate refuses --echo" "--disaggregate with --echo" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --json --echo --disaggregate in-process
 expect_error "--rank alone is refused" "--rank is for the decode worker" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --rank 1
+
+# Expert parallelism (issue 23): the committed tiny Qwen3-MoE GGUF (4 experts) under mpirun -np 2 and
+# 3 gives the one-process tokens and log-probs bit for bit; --ep-stats has a line per MoE layer and
+# rank whose rows add up to every routed row once; a slow rank changes the timing, not the bits.
+MOE_GGUF="$(cd "$(dirname "$0")/../golden/moe" && pwd)/tiny_qwen3moe.gguf"
+"$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 --json \
+  >"$WORK/ep1.json" 2>/dev/null
+if command -v mpirun >/dev/null 2>&1 && ldd "$CONCORD" 2>/dev/null | grep -q libmpi; then
+  for np in 2 3; do
+    SLOW=()
+    [[ $np == 3 ]] && SLOW=(--slow-rank 1:3)
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np $np --oversubscribe --mca btl self,vader \
+      "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+      --json --expert-parallel --ep-stats "$WORK/ep$np.jsonl" "${SLOW[@]}" >"$WORK/ep$np.json" 2>"$WORK/ep$np.err" </dev/null
+    rows_ok=$(python3 -c "
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+apps = {l['application'] for l in lines}
+ok = len(lines) == len(apps) * $np and all(sum(l['rows'] for l in lines if l['application'] == a) == lines[0]['layer_rows'] for a in apps)
+print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null)
+    if [[ -s "$WORK/ep1.json" ]] && cmp -s "$WORK/ep1.json" "$WORK/ep$np.json" && [[ $rows_ok == yes ]] \
+        && grep -q "expert parallel: $np ranks, 2 MoE layers" "$WORK/ep$np.err"; then
+      pass "generate --expert-parallel at $np ranks: the one-process bits; every routed row computed once"
+    else
+      fail "generate --expert-parallel at $np ranks: rows_ok=$rows_ok $(cat "$WORK/ep$np.err")"
+    fi
+  done
+else
+  echo "skip: --expert-parallel (no mpirun)"
+fi
+expect_error "--expert-parallel needs experts" "--expert-parallel: $WORK/run is a" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --expert-parallel
+expect_error "--slow-rank needs --expert-parallel" "--slow-rank and --ep-stats need --expert-parallel" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --slow-rank 1:2
 a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 --policy mxfp8 2>/dev/null)"
 c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "concord/io/gguf.h"
@@ -286,6 +288,74 @@ TEST(Moe, TheCachedForwardEqualsTheTrainingForward) {
           << preset << " position " << t;
     }
   }
+}
+
+// Expert parallelism without MPI: R threads, each a rank with its own twin of the model and its
+// share of the experts, the exchange a shared buffer between two barriers. Every rank's logits (a
+// batched forward and a cached decode) are the single model's bit for bit, for every R up to E; each
+// rank computed only its experts' rows; a backward is refused.
+TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
+  for (const char* preset : {"fp32", "bf16", "mxfp8"}) {
+    const ModelConfig c = moe_config(true, 5, 2);
+    Model m(c, PrecisionPolicy::preset(preset));
+    randomize(m, 21);
+    const int64_t B = 2, T = 7, V = c.vocab_size;
+    const auto tokens = tokens_of(B * T, 3, V);
+    std::vector<float> want(static_cast<size_t>(B * T * V));
+    m.forward(tokens, B, T, want);
+    for (int ranks = 1; ranks <= 5; ++ranks) {
+      std::vector<float> shared;
+      std::barrier sync(ranks);
+      std::vector<std::vector<float>> got(static_cast<size_t>(ranks)), decoded(static_cast<size_t>(ranks));
+      std::vector<int64_t> rows(static_cast<size_t>(ranks));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+          Model mine = m.twin();
+          auto ep = std::make_shared<ExpertParallel>();
+          ep->rank = r;
+          ep->ranks = ranks;
+          ep->exchange = [&, r](float* y, std::span<const int64_t> row_begin, int64_t C) {
+            if (r == 0) shared.assign(static_cast<size_t>(row_begin.back() * C), std::nanf(""));
+            sync.arrive_and_wait();
+            std::copy(y + row_begin[static_cast<size_t>(r)] * C, y + row_begin[static_cast<size_t>(r) + 1] * C,
+                      shared.begin() + row_begin[static_cast<size_t>(r)] * C);
+            sync.arrive_and_wait();
+            std::copy(shared.begin(), shared.end(), y);
+            sync.arrive_and_wait();
+          };
+          mine.set_expert_parallel(ep);
+          got[static_cast<size_t>(r)].resize(want.size());
+          mine.forward(tokens, B, T, got[static_cast<size_t>(r)]);
+          // Decode the first sequence token by token through the KV cache.
+          KvCache cache(c, 1);
+          const int slot = cache.allocate();
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> row(static_cast<size_t>(V));
+            const CachedInput one{slot, std::span(tokens).subspan(static_cast<size_t>(t), 1), LogitRows::last};
+            mine.forward_cached(cache, std::span(&one, 1), row);
+            decoded[static_cast<size_t>(r)].insert(decoded[static_cast<size_t>(r)].end(), row.begin(), row.end());
+          }
+          for (const ExpertParallel::Layer& l : mine.expert_parallel()->layers) rows[static_cast<size_t>(r)] += l.rows;
+          EXPECT_THROW(mine.forward_backward(tokens, tokens, B, T), InputError);
+        });
+      for (std::thread& t : threads) t.join();
+      int64_t total = 0;
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_TRUE(same_bits(got[static_cast<size_t>(r)], want)) << preset << " " << ranks << " ranks, rank " << r;
+        EXPECT_TRUE(same_bits(decoded[static_cast<size_t>(r)], std::span<const float>(want).first(static_cast<size_t>(T * V))))
+            << preset << " decode, " << ranks << " ranks, rank " << r;
+        total += rows[static_cast<size_t>(r)];
+      }
+      // The ranks' rows add up to every routed row once: (B*T + T decode rows) * k per layer.
+      EXPECT_EQ(total, (B * T + T) * c.num_experts_per_tok * c.num_hidden_layers) << preset << " " << ranks;
+    }
+  }
+  Model four(moe_config(true), PrecisionPolicy::preset("fp32"));
+  auto too_many = std::make_shared<ExpertParallel>();
+  too_many->ranks = 5;
+  too_many->exchange = [](float*, std::span<const int64_t>, int64_t) {};
+  EXPECT_THROW(four.set_expert_parallel(too_many), InputError);  // 4 experts over 5 ranks
 }
 
 TEST(Moe, LossAndGradientsDoNotDependOnTheThreadCount) {

@@ -46,6 +46,63 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
   }
   return out;
 }
+// Expert parallelism's measurements (model::ExpertParallel), gathered at rank 0: one JSON line per
+// MoE layer and rank to `path` (when given) and a summary on stderr. Collective: every rank calls it.
+void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelConfig& c, const std::string& path) {
+  std::vector<int64_t> apps;
+  for (int64_t a = 0; a < static_cast<int64_t>(ep.layers.size()); ++a)
+    if (ep.layers[static_cast<size_t>(a)].passes > 0) apps.push_back(a);
+  std::vector<double> mine;
+  for (int64_t a : apps) {
+    const model::ExpertParallel::Layer& l = ep.layers[static_cast<size_t>(a)];
+    mine.insert(mine.end(), {l.compute_s, l.exchange_s, static_cast<double>(l.rows), static_cast<double>(l.layer_rows),
+                             static_cast<double>(l.passes)});
+  }
+  const std::vector<double> all = rl::mpi_gather_doubles(mine);
+  if (ep.rank != 0) return;
+  const size_t per_rank = mine.size();
+  std::string lines;
+  double wait_total = 0, busy_total = 0, worst_imbalance = 0, slowest_layer = 0;
+  for (size_t i = 0; i < apps.size(); ++i) {
+    double max_rows = 0, sum_rows = 0, layer_time = 0;
+    for (int q = 0; q < ep.ranks; ++q) {
+      const double* v = all.data() + static_cast<size_t>(q) * per_rank + i * 5;
+      const int64_t e_lo = ep.first_expert(c.num_experts, q), e_hi = ep.first_expert(c.num_experts, q + 1);
+      lines += fmt::format("{{\"application\": {}, \"rank\": {}, \"experts\": [{}, {}], \"passes\": {}, \"rows\": {}, "
+                           "\"layer_rows\": {}, \"compute_s\": {:.6f}, \"wait_s\": {:.6f}}}\n",
+                           apps[i], q, e_lo, e_hi, static_cast<int64_t>(v[4]), static_cast<int64_t>(v[2]),
+                           static_cast<int64_t>(v[3]), v[0], v[1]);
+      max_rows = std::max(max_rows, v[2]);
+      sum_rows += v[2];
+      layer_time = std::max(layer_time, v[0] + v[1]);
+      wait_total += v[1];
+      busy_total += v[0] + v[1];
+    }
+    const double mean_rows = sum_rows / ep.ranks;
+    if (mean_rows > 0) worst_imbalance = std::max(worst_imbalance, max_rows / mean_rows);
+    slowest_layer = std::max(slowest_layer, layer_time);
+  }
+  if (!path.empty()) io::write_file_atomic(path, lines);
+  std::string ranks_text;
+  for (int q = 0; q < ep.ranks; ++q) {
+    double compute = 0, wait = 0, rows = 0;
+    for (size_t i = 0; i < apps.size(); ++i) {
+      const double* v = all.data() + static_cast<size_t>(q) * per_rank + i * 5;
+      compute += v[0];
+      wait += v[1];
+      rows += v[2];
+    }
+    ranks_text += fmt::format("{}rank {}: {:.0f} rows, compute {:.1f} ms, wait {:.1f} ms ({:.0f}%)", q ? "; " : "", q, rows,
+                            1e3 * compute, 1e3 * wait, compute + wait > 0 ? 100.0 * wait / (compute + wait) : 0.0);
+  }
+  std::fprintf(stderr, "%s\n",
+               fmt::format("expert parallel: {} ranks, {} MoE layers; {:.1f}% of the MoE layers' time spent waiting at "
+                           "the exchange; load imbalance (max/mean rows of a layer) up to {:.2f}; {}{}",
+                           ep.ranks, apps.size(), busy_total > 0 ? 100.0 * wait_total / busy_total : 0.0, worst_imbalance,
+                           ranks_text, path.empty() ? "" : fmt::format("; per layer and rank: {}", path))
+                   .c_str());
+}
+
 // This process's own command line (/proc/self/cmdline), for the decode worker `--disaggregate shm`
 // starts: the same arguments plus its rank and the segment's name.
 std::vector<std::string> own_command_line() {
@@ -74,8 +131,9 @@ size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block)
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
-    std::string disaggregate, shm_name;
+    std::string disaggregate, shm_name, slow_rank, ep_stats;
     int rank = 0;
+    bool expert_parallel = false;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
@@ -153,8 +211,23 @@ void add_generate_command(CLI::App& app) {
                   "prefills, rank 1 decodes and prints). docs/serve.md, disaggregated prefill and decode");
   add_integer_flag(cmd, "--rank", a->rank, between(1, 1), "internal: the decode worker of --disaggregate shm")->group("");
   cmd->add_option("--shm-name", a->shm_name, "internal: --disaggregate shm's segment")->group("");
+  cmd->add_flag("--expert-parallel", a->expert_parallel,
+                "an MoE model under mpirun -np R: each rank computes R-th of every MoE layer's experts, the "
+                "outputs are exchanged (MPI_Allgatherv) and every rank combines them as one process would: the "
+                "same tokens bit for bit; rank 0 prints. Measures each layer's compute and wait per rank "
+                "(docs/moe.md, expert parallelism)");
+  cmd->add_option("--slow-rank", a->slow_rank,
+                  "with --expert-parallel: RANK:FACTOR makes that rank's experts take FACTOR times as long "
+                  "(busy-waiting), as a slower device would");
+  cmd->add_option("--ep-stats", a->ep_stats,
+                  "with --expert-parallel: write one JSON line per MoE layer and rank (rows, compute and wait "
+                  "seconds) to this file");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
+    if ((!a->slow_rank.empty() || !a->ep_stats.empty()) && !a->expert_parallel)
+      throw InputError("[generate] --slow-rank and --ep-stats need --expert-parallel");
+    if (a->expert_parallel && !a->disaggregate.empty())
+      throw InputError("[generate] --expert-parallel with --disaggregate: choose one (both use the MPI ranks)");
     if (!a->disaggregate.empty() && a->disaggregate != "in-process" && a->disaggregate != "shm" && a->disaggregate != "mpi")
       throw InputError(fmt::format("[generate] unknown --disaggregate transport '{}' (in-process, shm, mpi)", a->disaggregate));
     if (a->rank != 0 && (a->disaggregate != "shm" || a->shm_name.empty()))
@@ -226,6 +299,36 @@ void add_generate_command(CLI::App& app) {
         loaded.model.set_adaptive_exit(model::Model::AdaptiveExit{*a->exit_kl, a->max_depth.value_or(0)});
         prefill_chunk = 1;  // adaptive exit decides per token
       }
+    }
+    std::shared_ptr<model::ExpertParallel> ep;
+    if (a->expert_parallel) {
+      if (!loaded.model.config().moe())
+        throw InputError(fmt::format("[generate] --expert-parallel: {} is a {}, which has no experts", a->model,
+                                     loaded.model.config().architecture));
+      ep = rl::make_mpi_expert_parallel();
+      if (!a->slow_rank.empty()) {
+        const size_t colon = a->slow_rank.find(':');
+        int slow = -1;
+        double factor = 0;
+        try {
+          if (colon == std::string::npos) throw std::invalid_argument("no colon");
+          size_t used = 0;
+          slow = std::stoi(a->slow_rank.substr(0, colon), &used);
+          if (used != colon) throw std::invalid_argument("rank");
+          const std::string f = a->slow_rank.substr(colon + 1);
+          factor = std::stod(f, &used);
+          if (used != f.size()) throw std::invalid_argument("factor");
+        } catch (const std::exception&) {
+          throw InputError(fmt::format("[generate] --slow-rank '{}': expected RANK:FACTOR, e.g. 1:2.5", a->slow_rank));
+        }
+        if (slow < 0 || slow >= ep->ranks || !(factor >= 1.0))
+          throw InputError(fmt::format("[generate] --slow-rank {}: the rank must lie in [0, {}) and the factor be >= 1",
+                                       a->slow_rank, ep->ranks));
+        if (slow == ep->rank) ep->slow_factor = factor;
+      }
+      loaded.model.set_expert_parallel(ep);
+      if (ep->rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
+        throw InputError("[generate] --expert-parallel: cannot quiet a rank's stdout");
     }
     serve::Engine engine(loaded.model, {.max_sequences = 1, .prefill_chunk = prefill_chunk,
                                         .kv_core_slots = a->kv_core_slots.value_or(0), .activation_arena = arena});
@@ -402,6 +505,10 @@ void add_generate_command(CLI::App& app) {
                                {"tokens_per_expert", stats.counts[application]}});
       }
       io::write_file_atomic(a->router_stats, j.dump(1) + "\n");
+    }
+    if (ep) {
+      report_expert_parallel(*ep, loaded.model.config(), a->ep_stats);
+      if (ep->rank != 0) return;  // rank 0 reports the run
     }
     const serve::EngineStats& s = engine.stats();
     auto rate = [](int64_t n, double sec) { return sec > 0 ? static_cast<double>(n) / sec : 0.0; };

@@ -18,6 +18,7 @@
 // p ⊙ (dp − <dp, p>), then the router GEMM's dgrad and wgrad in fp32. An expert no token chose gets
 // a zero gradient. Every sum runs in a fixed order, so results do not depend on the thread count.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -114,7 +115,11 @@ class MoeBlock final : public LayerBlock {
     }
     const int32_t* saved_pos = m.row_positions;
     const LayerPrecision& mlp = mlp_precision(m);
-    for (int64_t e = 0; e < E; ++e) {
+    // Expert parallelism: this rank's experts only, then the exchange fills the others' rows.
+    ExpertParallel* ep = m.ep.get();
+    const int64_t e_lo = ep ? ep->first_expert(E, ep->rank) : 0, e_hi = ep ? ep->first_expert(E, ep->rank + 1) : E;
+    const auto t_experts = std::chrono::steady_clock::now();
+    for (int64_t e = e_lo; e < e_hi; ++e) {
       const int64_t b = r.begin[static_cast<size_t>(e)], n = r.begin[static_cast<size_t>(e) + 1] - b;
       if (n == 0) continue;
       const std::vector<int64_t> splits = expert_splits(r, p.row_splits, e);
@@ -126,6 +131,27 @@ class MoeBlock final : public LayerBlock {
       m.linear_forward_rows(mlp, lp.expert_down[ei], r.h + b * Fm, n, r.y + b * C, splits);
     }
     m.row_positions = saved_pos;
+    if (ep) {
+      auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      };
+      double compute = seconds_since(t_experts);
+      if (ep->slow_factor > 1.0) {  // a slower device: busy for (factor - 1) times as long again
+        const double until = compute * ep->slow_factor;
+        while ((compute = seconds_since(t_experts)) < until) {
+        }
+      }
+      std::vector<int64_t> row_begin(static_cast<size_t>(ep->ranks) + 1);
+      for (int q = 0; q <= ep->ranks; ++q) row_begin[static_cast<size_t>(q)] = r.begin[static_cast<size_t>(ep->first_expert(E, q))];
+      const auto t_exchange = std::chrono::steady_clock::now();
+      ep->exchange(r.y, row_begin, C);
+      ExpertParallel::Layer& l = ep->layers.at(static_cast<size_t>(p.application));
+      l.exchange_s += seconds_since(t_exchange);
+      l.compute_s += compute;
+      l.rows += r.begin[static_cast<size_t>(e_hi)] - r.begin[static_cast<size_t>(e_lo)];
+      l.layer_rows += r.R;
+      ++l.passes;
+    }
 
     float* out = work.alloc(T * C);
 #pragma omp parallel for schedule(static) if (T * C > 65536)
@@ -148,6 +174,9 @@ class MoeBlock final : public LayerBlock {
     const int64_t Fm = c.moe_intermediate_size;
     const LayerParams& lp = params(m);
     const MoeActivations& r = *a.moe;
+    if (m.ep)
+      throw InputError("[model] a backward pass with expert parallelism: this rank holds only its experts' activations "
+                       "(expert parallelism is for inference)");
     tensor::Arena& work = *p.work;
     auto id = [&](int param) { return gemm_stream_id(param, p.repeat, m.specs.size()); };
     auto grad = [&](int param) { return m.grads[static_cast<size_t>(param)].data(); };

@@ -601,6 +601,23 @@ void Model::set_router_stats(bool on) {
 
 Model::RouterStats Model::router_stats() const { return {impl_->router_counts, impl_->router_rows}; }
 
+void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+  if (ep) {
+    if (!impl_->config.moe())
+      throw InputError(fmt::format("[model] expert parallelism: this {} has no experts", impl_->config.architecture));
+    if (ep->ranks < 1 || ep->rank < 0 || ep->rank >= ep->ranks || !ep->exchange)
+      throw InputError(fmt::format("[model] expert parallelism: rank {} of {} (and an exchange) is not a valid setup",
+                                   ep->rank, ep->ranks));
+    if (ep->ranks > impl_->config.num_experts)
+      throw InputError(fmt::format("[model] expert parallelism over {} ranks: the model has {} experts, fewer than ranks",
+                                   ep->ranks, impl_->config.num_experts));
+    if (!(ep->slow_factor >= 1.0)) throw InputError("[model] expert parallelism: a slow factor must be >= 1");
+    ep->layers.assign(static_cast<size_t>(impl_->applications()), {});
+  }
+  impl_->ep = std::move(ep);
+}
+const ExpertParallel* Model::expert_parallel() const { return impl_->ep.get(); }
+
 std::vector<int32_t> Model::moe_selected(int64_t application) const {
   if (application < 0 || application >= static_cast<int64_t>(impl_->acts.size()))
     throw InputError(fmt::format("[model] moe_selected: application {} outside the last forward's 0..{}", application,

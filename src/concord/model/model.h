@@ -118,6 +118,31 @@ std::vector<float> recurrent_initial_state(const ModelConfig& config, uint64_t s
 // precision"). Shared, so copies of a model (an engine per thread) share one set of blocks.
 using StoredWeights = std::map<std::string, std::shared_ptr<const tensor::QuantWeight>, std::less<>>;
 
+// Expert parallelism (issue 23): each of `ranks` processes computes the experts [first_expert(r),
+// first_expert(r + 1)) of every MoE layer on the rows routed to them; every process holds the whole
+// batch and computes the same routing (attention and the router are replicated), so expert e's
+// output rows are the same rows [begin[e], begin[e+1]) everywhere. `exchange` then fills the other
+// ranks' rows of y (MPI: rl/channel.h make_mpi_expert_parallel); after it every rank combines all
+// rows in the single-process order, so its logits are the single-process model's bit for bit.
+// Inference only (a backward needs every expert's activations).
+struct ExpertParallel {
+  int rank = 0, ranks = 1;
+  // y (rows, C): expert outputs in gathered order; rank r's rows are [row_begin[r], row_begin[r+1]).
+  std::function<void(float* y, std::span<const int64_t> row_begin, int64_t C)> exchange;
+  // A slow rank (--slow-rank): after its experts, this rank busy-waits (slow_factor - 1) times the
+  // time they took, as a GPU that many times slower would.
+  double slow_factor = 1.0;
+  // Measured per application (accumulated over passes): seconds computing this rank's experts
+  // (slowness included), seconds in exchange (waiting for the slowest rank, then the transfer),
+  // the rows this rank's experts computed, the rows of the layer, and passes.
+  struct Layer {
+    double compute_s = 0, exchange_s = 0;
+    int64_t rows = 0, layer_rows = 0, passes = 0;
+  };
+  std::vector<Layer> layers;
+  int64_t first_expert(int64_t num_experts, int r) const { return num_experts * r / ranks; }
+};
+
 class Model {
  public:
   explicit Model(ModelConfig config, PrecisionPolicy policy = PrecisionPolicy::preset("fp32"));
@@ -238,6 +263,9 @@ class Model {
   };
   void set_router_stats(bool on);
   RouterStats router_stats() const;
+  // Expert parallelism (ExpertParallel above); nullptr: every expert here (the default).
+  void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
+  const ExpertParallel* expert_parallel() const;
 
   // Distillation (a draft model for speculative decoding, serve/speculative.h): forward over
   // (B, T), then the mean over the B*T rows of KL(p_teacher || p_model), p_teacher the softmax

@@ -124,6 +124,7 @@ struct Model::Impl {
   // (block_layer.h's moe_aux_loss scaled by router_aux_loss_coef); empty: no aux loss.
   std::vector<double> moe_aux_dp;
   double moe_aux = 0.0;  // the last training forward's aux loss (unscaled), 0 without one
+  std::shared_ptr<ExpertParallel> ep;  // expert parallelism (Model::set_expert_parallel)
   bool router_stats_on = false;
   std::vector<std::vector<int64_t>> router_counts;  // per application (Model::RouterStats)
   int64_t router_rows = 0;

@@ -54,6 +54,10 @@
 #include <string_view>
 #include <vector>
 
+namespace concord::model {
+struct ExpertParallel;
+}
+
 namespace concord::rl {
 
 // A weight message: the learner step that made the payload. The RL loop (loop.cpp) uses version
@@ -130,6 +134,14 @@ bool launched_by_mpirun();
 // (MPI_Abort) — returning from main instead would hang in MPI_Finalize while the other ranks
 // wait in a collective for this one. Without MPI (or before MPI_Init) it just exits.
 [[noreturn]] void mpi_abort(int exit_code);
+
+// Expert parallelism over MPI_COMM_WORLD (model::ExpertParallel, issue 23): rank and ranks from the
+// world, exchange = MPI_Allgatherv of each rank's rows of the expert outputs (rows * C floats; the
+// counts must fit MPI's int). InputError when concord was built without MPI.
+std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel();
+// Every rank's `mine` (the same length on every rank) gathered at rank 0, rank after rank; empty on
+// the other ranks. Collective: every rank calls it.
+std::vector<double> mpi_gather_doubles(std::span<const double> mine);
 
 // Sampler processes for `concord rl --transport shm --samplers N`: the learner creates the
 // channel (rank 0) first, then starts N copies of this executable (/proc/self/exe), child i

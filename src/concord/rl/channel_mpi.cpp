@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "concord/model/model.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
 
@@ -200,6 +201,50 @@ class MpiChannel final : public Channel {
 std::unique_ptr<Channel> make_mpi_channel() { return std::make_unique<MpiChannel>(); }
 bool mpi_available() { return true; }
 
+std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
+  ensure_mpi_initialised();
+  auto ep = std::make_shared<model::ExpertParallel>();
+  MPI_Comm_rank(MPI_COMM_WORLD, &ep->rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ep->ranks);
+  ep->exchange = [ranks = ep->ranks](float* y, std::span<const int64_t> row_begin, int64_t C) {
+    std::vector<int> counts(static_cast<size_t>(ranks)), displs(static_cast<size_t>(ranks));
+    for (int q = 0; q < ranks; ++q) {
+      const int64_t n = (row_begin[static_cast<size_t>(q) + 1] - row_begin[static_cast<size_t>(q)]) * C;
+      const int64_t at = row_begin[static_cast<size_t>(q)] * C;
+      if (at + n > INT_MAX) {
+        g_failed = true;
+        throw InputError(fmt::format("[ep] an MoE layer's expert outputs ({} floats) exceed MPI's int counts: "
+                                     "use smaller batches", at + n));
+      }
+      counts[static_cast<size_t>(q)] = static_cast<int>(n);
+      displs[static_cast<size_t>(q)] = static_cast<int>(at);
+    }
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, y, counts.data(), displs.data(), MPI_FLOAT,
+                                  MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+      g_failed = true;
+      throw InputError(fmt::format("[ep] rank {}: MPI_Allgatherv of the expert outputs failed ({})", rank, rc));
+    }
+  };
+  return ep;
+}
+
+std::vector<double> mpi_gather_doubles(std::span<const double> mine) {
+  ensure_mpi_initialised();
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<double> all(rank == 0 ? mine.size() * static_cast<size_t>(size) : 0);
+  if (MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(), static_cast<int>(mine.size()),
+                 MPI_DOUBLE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    g_failed = true;
+    throw InputError(fmt::format("[ep] rank {}: MPI_Gather of the measurements failed", rank));
+  }
+  return all;
+}
+
 void mpi_abort(int exit_code) {
   std::fflush(nullptr);
   int initialised = 0, finalized = 0;
@@ -216,6 +261,15 @@ std::unique_ptr<Channel> make_mpi_channel() {
                    "libopenmpi-dev, and re-run cmake)");
 }
 bool mpi_available() { return false; }
+
+std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
+  throw InputError("[ep] expert parallelism runs over MPI, and concord was built without MPI (install OpenMPI, "
+                   "e.g. Debian's libopenmpi-dev, and rebuild)");
+}
+
+std::vector<double> mpi_gather_doubles(std::span<const double>) {
+  throw InputError("[ep] concord was built without MPI");
+}
 
 void mpi_abort(int exit_code) {
   std::fflush(nullptr);
