@@ -119,6 +119,7 @@ generate|--model m --prompt p|--depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--exit-kl|-1|a number >= 0
 generate|--model m --prompt p|--max-depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--kv-core-slots|5000|an integer in [1, 4096]
+generate|--model m --prompt p|--slots-per-rank|-1|an integer in [0, 1048576]
 generate|--model m --prompt p|--draft-tokens|0|an integer in [1, 64]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
@@ -584,12 +585,28 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
       fail "generate --expert-parallel at $np ranks: rows_ok=$rows_ok $(cat "$WORK/ep$np.err")"
     fi
   done
+  # EPLB's placement from the router statistics of another prompt: replicated experts' rows are
+  # split among their holders, and the bits stay the one-process ones.
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt "In the beginning God created the heaven" --max-tokens 16 \
+    --router-stats "$WORK/loads.json" >/dev/null 2>&1
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+    mpirun -np 2 --oversubscribe --mca btl self,vader \
+    "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+    --json --expert-parallel --placement eplb --placement-loads "$WORK/loads.json" --slots-per-rank 3 \
+    >"$WORK/ep_eplb.json" 2>"$WORK/ep_eplb.err" </dev/null
+  cmp -s "$WORK/ep1.json" "$WORK/ep_eplb.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_eplb.err" \
+    && pass "generate --expert-parallel --placement eplb: replicas split the rows, the one-process bits" \
+    || fail "--placement eplb: $(cat "$WORK/ep_eplb.err")"
 else
   echo "skip: --expert-parallel (no mpirun)"
 fi
+expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb)" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement random
+expect_error "--placement eplb needs loads" "--placement eplb takes its loads from --placement-loads" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement eplb
 expect_error "--expert-parallel needs experts" "--expert-parallel: $WORK/run is a" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --expert-parallel
-expect_error "--slow-rank needs --expert-parallel" "--slow-rank and --ep-stats need --expert-parallel" \
+expect_error "--slow-rank needs --expert-parallel" "--slow-rank, --ep-stats and --placement need --expert-parallel" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --slow-rank 1:2
 a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 --policy mxfp8 2>/dev/null)"

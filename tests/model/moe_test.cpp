@@ -26,6 +26,7 @@
 #include "concord/model/files.h"
 #include "concord/model/kv_cache.h"
 #include "concord/model/model.h"
+#include "concord/serve/eplb.h"
 #include "concord/tensor/quant_gemm.h"
 #include "concord/numerics/check.h"
 #include "model_to_reference.h"
@@ -34,6 +35,8 @@
 
 namespace concord::model {
 namespace {
+
+namespace serve_placement = concord::serve::eplb;
 
 using concord_test::same_bits;
 using concord_test::tokens_of;
@@ -292,9 +295,11 @@ TEST(Moe, TheCachedForwardEqualsTheTrainingForward) {
 
 // Expert parallelism without MPI: R threads, each a rank with its own twin of the model and its
 // share of the experts, the exchange a shared buffer between two barriers. Every rank's logits (a
-// batched forward and a cached decode) are the single model's bit for bit, for every R up to E; each
-// rank computed only its experts' rows; a backward is refused.
+// batched forward and a cached decode) are the single model's bit for bit, for every R up to E,
+// with the contiguous split and with EPLB's placement (replicated experts' rows split among their
+// holders); every routed row is computed once; a backward is refused.
 TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
+  for (const bool replicas : {false, true})
   for (const char* preset : {"fp32", "bf16", "mxfp8"}) {
     const ModelConfig c = moe_config(true, 5, 2);
     Model m(c, PrecisionPolicy::preset(preset));
@@ -303,7 +308,7 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
     const auto tokens = tokens_of(B * T, 3, V);
     std::vector<float> want(static_cast<size_t>(B * T * V));
     m.forward(tokens, B, T, want);
-    for (int ranks = 1; ranks <= 5; ++ranks) {
+    for (int ranks = replicas ? 3 : 1; ranks <= 5; ++ranks) {  // with replicas: 2 slots a rank, >= 5 slots
       std::vector<float> shared;
       std::barrier sync(ranks);
       std::vector<std::vector<float>> got(static_cast<size_t>(ranks)), decoded(static_cast<size_t>(ranks));
@@ -315,15 +320,28 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
           auto ep = std::make_shared<ExpertParallel>();
           ep->rank = r;
           ep->ranks = ranks;
-          ep->exchange = [&, r](float* y, std::span<const int64_t> row_begin, int64_t C) {
-            if (r == 0) shared.assign(static_cast<size_t>(row_begin.back() * C), std::nanf(""));
+          ep->exchange = [&, r](float* y, const std::vector<ExpertParallel::RowRanges>& pieces, int64_t C) {
+            int64_t end = 0;
+            for (const auto& ranges : pieces)
+              for (const auto& [first, last] : ranges) end = std::max(end, last);
+            if (r == 0) shared.assign(static_cast<size_t>(end * C), std::nanf(""));
             sync.arrive_and_wait();
-            std::copy(y + row_begin[static_cast<size_t>(r)] * C, y + row_begin[static_cast<size_t>(r) + 1] * C,
-                      shared.begin() + row_begin[static_cast<size_t>(r)] * C);
+            for (const auto& [first, last] : pieces[static_cast<size_t>(r)])
+              std::copy(y + first * C, y + last * C, shared.begin() + first * C);
             sync.arrive_and_wait();
             std::copy(shared.begin(), shared.end(), y);
             sync.arrive_and_wait();
           };
+          if (replicas) {  // EPLB's placement of made-up loads over 2 slots a rank: hot experts replicated
+            const std::vector<double> load = {900, 40, 300, 70, 10};
+            const serve_placement::Placement pl = serve_placement::eplb(load, ranks, 2);
+            ep->rank_experts.assign(static_cast<size_t>(c.applications()), {});
+            for (auto& per_app : ep->rank_experts) {
+              per_app.resize(static_cast<size_t>(ranks));
+              for (int64_t slot = 0; slot < ranks * 2; ++slot)
+                per_app[static_cast<size_t>(slot / 2)].push_back(pl.slot_expert[static_cast<size_t>(slot)]);
+            }
+          }
           mine.set_expert_parallel(ep);
           got[static_cast<size_t>(r)].resize(want.size());
           mine.forward(tokens, B, T, got[static_cast<size_t>(r)]);
@@ -342,7 +360,8 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
       for (std::thread& t : threads) t.join();
       int64_t total = 0;
       for (int r = 0; r < ranks; ++r) {
-        EXPECT_TRUE(same_bits(got[static_cast<size_t>(r)], want)) << preset << " " << ranks << " ranks, rank " << r;
+        EXPECT_TRUE(same_bits(got[static_cast<size_t>(r)], want)) << preset << " " << ranks << " ranks, rank " << r
+                                                                  << (replicas ? " (replicas)" : "");
         EXPECT_TRUE(same_bits(decoded[static_cast<size_t>(r)], std::span<const float>(want).first(static_cast<size_t>(T * V))))
             << preset << " decode, " << ranks << " ranks, rank " << r;
         total += rows[static_cast<size_t>(r)];
@@ -354,7 +373,7 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
   Model four(moe_config(true), PrecisionPolicy::preset("fp32"));
   auto too_many = std::make_shared<ExpertParallel>();
   too_many->ranks = 5;
-  too_many->exchange = [](float*, std::span<const int64_t>, int64_t) {};
+  too_many->exchange = [](float*, const std::vector<ExpertParallel::RowRanges>&, int64_t) {};
   EXPECT_THROW(four.set_expert_parallel(too_many), InputError);  // 4 experts over 5 ranks
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
 #include "concord/serve/engine.h"
+#include "concord/serve/eplb.h"
 #include "concord/serve/prefix_cache.h"
 #include "concord/serve/speculative.h"
 #include "concord/serve/text.h"
@@ -131,7 +133,8 @@ size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block)
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
-    std::string disaggregate, shm_name, slow_rank, ep_stats;
+    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads;
+    int64_t slots_per_rank = 0;
     int rank = 0;
     bool expert_parallel = false;
     DraftArgs draft;
@@ -222,10 +225,23 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--ep-stats", a->ep_stats,
                   "with --expert-parallel: write one JSON line per MoE layer and rank (rows, compute and wait "
                   "seconds) to this file");
+  cmd->add_option("--placement", a->placement,
+                  "with --expert-parallel: contiguous (default: rank r holds experts [rE/R, (r+1)E/R)) or eplb "
+                  "(DeepSeek's EPLB from --placement-loads: hot experts replicated, replicas packed evenly; "
+                  "docs/moe.md, placement)");
+  cmd->add_option("--placement-loads", a->placement_loads,
+                  "with --placement eplb: the tokens per expert of each MoE layer, as `concord generate "
+                  "--router-stats` writes them");
+  add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
+                   "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
-    if ((!a->slow_rank.empty() || !a->ep_stats.empty()) && !a->expert_parallel)
-      throw InputError("[generate] --slow-rank and --ep-stats need --expert-parallel");
+    if ((!a->slow_rank.empty() || !a->ep_stats.empty() || a->placement != "contiguous") && !a->expert_parallel)
+      throw InputError("[generate] --slow-rank, --ep-stats and --placement need --expert-parallel");
+    if (a->placement != "contiguous" && a->placement != "eplb")
+      throw InputError(fmt::format("[generate] unknown --placement '{}' (contiguous, eplb)", a->placement));
+    if ((a->placement == "eplb") != !a->placement_loads.empty())
+      throw InputError("[generate] --placement eplb takes its loads from --placement-loads (and only it does)");
     if (a->expert_parallel && !a->disaggregate.empty())
       throw InputError("[generate] --expert-parallel with --disaggregate: choose one (both use the MPI ranks)");
     if (!a->disaggregate.empty() && a->disaggregate != "in-process" && a->disaggregate != "shm" && a->disaggregate != "mpi")
@@ -325,6 +341,46 @@ void add_generate_command(CLI::App& app) {
           throw InputError(fmt::format("[generate] --slow-rank {}: the rank must lie in [0, {}) and the factor be >= 1",
                                        a->slow_rank, ep->ranks));
         if (slow == ep->rank) ep->slow_factor = factor;
+      }
+      if (a->placement == "eplb") {
+        const model::ModelConfig& mc = loaded.model.config();
+        if (!serve::rows_quantize_alone(loaded.model.policy()))
+          throw InputError(fmt::format("[generate] --placement eplb splits a replicated expert's rows, and the {} policy "
+                                       "quantizes rows with a shared scale (the bits would change): use the contiguous "
+                                       "placement", loaded.model.policy().name));
+        const int64_t slots = a->slots_per_rank > 0 ? a->slots_per_rank : (mc.num_experts + ep->ranks - 1) / ep->ranks + 1;
+        nlohmann::json stats;
+        std::ifstream in(a->placement_loads, std::ios::binary);
+        if (!in) throw InputError(fmt::format("{}: cannot open (--placement-loads)", a->placement_loads));
+        try {
+          stats = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+          throw InputError(fmt::format("{}: not router statistics JSON ({})", a->placement_loads, e.what()));
+        }
+        std::map<int64_t, std::vector<double>> loads;
+        try {
+          for (const auto& layer : stats.at("layers")) {
+            std::vector<double> w;
+            for (const auto& v : layer.at("tokens_per_expert")) w.push_back(v.get<double>());
+            loads[layer.at("application").get<int64_t>()] = std::move(w);
+          }
+        } catch (const nlohmann::json::exception& e) {
+          throw InputError(fmt::format("{}: expected {{\"layers\": [{{\"application\", \"tokens_per_expert\"}}]}} as "
+                                       "--router-stats writes ({})", a->placement_loads, e.what()));
+        }
+        ep->rank_experts.assign(static_cast<size_t>(mc.applications()), {});
+        for (int64_t application = 0; application < mc.applications(); ++application) {
+          if (!mc.is_moe_layer(mc.block_of(application))) continue;
+          const auto it = loads.find(application);
+          if (it == loads.end() || static_cast<int64_t>(it->second.size()) != mc.num_experts)
+            throw InputError(fmt::format("{}: no loads of {} experts for MoE application {}", a->placement_loads,
+                                         mc.num_experts, application));
+          const serve::eplb::Placement pl = serve::eplb::eplb(it->second, ep->ranks, slots);
+          auto& ranks = ep->rank_experts[static_cast<size_t>(application)];
+          ranks.resize(static_cast<size_t>(ep->ranks));
+          for (int64_t slot = 0; slot < ep->ranks * slots; ++slot)
+            ranks[static_cast<size_t>(slot / slots)].push_back(pl.slot_expert[static_cast<size_t>(slot)]);
+        }
       }
       loaded.model.set_expert_parallel(ep);
       if (ep->rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)

@@ -115,20 +115,60 @@ class MoeBlock final : public LayerBlock {
     }
     const int32_t* saved_pos = m.row_positions;
     const LayerPrecision& mlp = mlp_precision(m);
-    // Expert parallelism: this rank's experts only, then the exchange fills the others' rows.
+    // Expert parallelism: this rank's pieces of the experts' rows only, then the exchange fills
+    // the others' rows.
     ExpertParallel* ep = m.ep.get();
-    const int64_t e_lo = ep ? ep->first_expert(E, ep->rank) : 0, e_hi = ep ? ep->first_expert(E, ep->rank + 1) : E;
+    struct Piece {
+      int64_t expert, first, last;
+    };
+    std::vector<Piece> mine;
+    std::vector<ExpertParallel::RowRanges> pieces;
+    if (ep) {
+      pieces.resize(static_cast<size_t>(ep->ranks));
+      const auto app = static_cast<size_t>(p.application);
+      if (ep->rank_experts.empty()) {  // the contiguous split: one piece per expert of the rank
+        for (int q = 0; q < ep->ranks; ++q)
+          for (int64_t e = ep->first_expert(E, q); e < ep->first_expert(E, q + 1); ++e) {
+            const int64_t b = r.begin[static_cast<size_t>(e)], last = r.begin[static_cast<size_t>(e) + 1];
+            if (last == b) continue;
+            pieces[static_cast<size_t>(q)].push_back({b, last});
+            if (q == ep->rank) mine.push_back({e, b, last});
+          }
+      } else {  // a placement: an expert's rows split among its holders in order
+        std::vector<std::vector<int>> holders(static_cast<size_t>(E));
+        for (int q = 0; q < ep->ranks; ++q)
+          for (int64_t e : ep->rank_experts[app][static_cast<size_t>(q)]) holders[static_cast<size_t>(e)].push_back(q);
+        for (int64_t e = 0; e < E; ++e) {
+          const int64_t b = r.begin[static_cast<size_t>(e)], n = r.begin[static_cast<size_t>(e) + 1] - b;
+          const auto& h = holders[static_cast<size_t>(e)];
+          const auto c_e = static_cast<int64_t>(h.size());
+          for (int64_t i = 0; i < c_e; ++i) {
+            const int64_t first = b + n * i / c_e, last = b + n * (i + 1) / c_e;
+            if (last == first) continue;
+            pieces[static_cast<size_t>(h[static_cast<size_t>(i)])].push_back({first, last});
+            if (h[static_cast<size_t>(i)] == ep->rank) mine.push_back({e, first, last});
+          }
+        }
+      }
+    } else {
+      for (int64_t e = 0; e < E; ++e)
+        if (r.begin[static_cast<size_t>(e) + 1] > r.begin[static_cast<size_t>(e)])
+          mine.push_back({e, r.begin[static_cast<size_t>(e)], r.begin[static_cast<size_t>(e) + 1]});
+    }
     const auto t_experts = std::chrono::steady_clock::now();
-    for (int64_t e = e_lo; e < e_hi; ++e) {
-      const int64_t b = r.begin[static_cast<size_t>(e)], n = r.begin[static_cast<size_t>(e) + 1] - b;
-      if (n == 0) continue;
-      const std::vector<int64_t> splits = expert_splits(r, p.row_splits, e);
+    int64_t computed = 0;
+    for (const Piece& piece : mine) {
+      const int64_t e = piece.expert, b = piece.first, n = piece.last - piece.first;
+      const int64_t skip = b - r.begin[static_cast<size_t>(e)];
+      std::vector<int64_t> splits = expert_splits(r, p.row_splits, e);
+      for (int64_t& s : splits) s = std::clamp<int64_t>(s - skip, 0, n);  // a replica's share: its own rows
       m.row_positions = gathered_pos.empty() ? nullptr : gathered_pos.data() + b;
       const size_t ei = static_cast<size_t>(e);
       m.linear_forward_rows(mlp, lp.expert_gate[ei], r.x + b * C, n, r.gate + b * Fm, splits);
       m.linear_forward_rows(mlp, lp.expert_up[ei], r.x + b * C, n, r.up + b * Fm, splits);
       swiglu_forward(r.h + b * Fm, r.gate + b * Fm, r.up + b * Fm, n, Fm);
       m.linear_forward_rows(mlp, lp.expert_down[ei], r.h + b * Fm, n, r.y + b * C, splits);
+      computed += n;
     }
     m.row_positions = saved_pos;
     if (ep) {
@@ -141,14 +181,12 @@ class MoeBlock final : public LayerBlock {
         while ((compute = seconds_since(t_experts)) < until) {
         }
       }
-      std::vector<int64_t> row_begin(static_cast<size_t>(ep->ranks) + 1);
-      for (int q = 0; q <= ep->ranks; ++q) row_begin[static_cast<size_t>(q)] = r.begin[static_cast<size_t>(ep->first_expert(E, q))];
       const auto t_exchange = std::chrono::steady_clock::now();
-      ep->exchange(r.y, row_begin, C);
+      ep->exchange(r.y, pieces, C);
       ExpertParallel::Layer& l = ep->layers.at(static_cast<size_t>(p.application));
       l.exchange_s += seconds_since(t_exchange);
       l.compute_s += compute;
-      l.rows += r.begin[static_cast<size_t>(e_hi)] - r.begin[static_cast<size_t>(e_lo)];
+      l.rows += computed;
       l.layer_rows += r.R;
       ++l.passes;
     }

@@ -612,6 +612,29 @@ void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
       throw InputError(fmt::format("[model] expert parallelism over {} ranks: the model has {} experts, fewer than ranks",
                                    ep->ranks, impl_->config.num_experts));
     if (!(ep->slow_factor >= 1.0)) throw InputError("[model] expert parallelism: a slow factor must be >= 1");
+    const ModelConfig& c = impl_->config;
+    if (!ep->rank_experts.empty()) {
+      if (static_cast<int64_t>(ep->rank_experts.size()) != impl_->applications())
+        throw InputError(fmt::format("[model] expert placement for {} applications, the model has {}", ep->rank_experts.size(),
+                                     impl_->applications()));
+      for (int64_t a = 0; a < impl_->applications(); ++a) {
+        if (!c.is_moe_layer(c.block_of(a))) continue;
+        const auto& ranks = ep->rank_experts[static_cast<size_t>(a)];
+        if (static_cast<int>(ranks.size()) != ep->ranks)
+          throw InputError(fmt::format("[model] expert placement of application {}: {} ranks, the job has {}", a,
+                                       ranks.size(), ep->ranks));
+        std::vector<int64_t> held(static_cast<size_t>(c.num_experts), 0);
+        for (const auto& experts : ranks)
+          for (int64_t e : experts) {
+            if (e < 0 || e >= c.num_experts)
+              throw InputError(fmt::format("[model] expert placement of application {}: expert {} of {}", a, e, c.num_experts));
+            ++held[static_cast<size_t>(e)];
+          }
+        for (int64_t e = 0; e < c.num_experts; ++e)
+          if (held[static_cast<size_t>(e)] == 0)
+            throw InputError(fmt::format("[model] expert placement of application {}: expert {} is on no rank", a, e));
+      }
+    }
     ep->layers.assign(static_cast<size_t>(impl_->applications()), {});
   }
   impl_->ep = std::move(ep);

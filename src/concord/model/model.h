@@ -32,6 +32,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "concord/model/config.h"
@@ -126,9 +127,19 @@ using StoredWeights = std::map<std::string, std::shared_ptr<const tensor::QuantW
 // rows in the single-process order, so its logits are the single-process model's bit for bit.
 // Inference only (a backward needs every expert's activations).
 struct ExpertParallel {
+  using RowRanges = std::vector<std::pair<int64_t, int64_t>>;  // [first, last) gathered rows
   int rank = 0, ranks = 1;
-  // y (rows, C): expert outputs in gathered order; rank r's rows are [row_begin[r], row_begin[r+1]).
-  std::function<void(float* y, std::span<const int64_t> row_begin, int64_t C)> exchange;
+  // The experts on each rank's slots, per application (serve/eplb.h makes them); empty: every MoE
+  // application splits the experts contiguously, rank r holding [rE/R, (r+1)E/R). An expert on c
+  // slots (replicas) has its n rows split among them in order: the i-th holder (ranks ascending,
+  // a rank's slots in order) computes rows [b + n·i/c, b + n·(i+1)/c) of the expert's [b, b + n)
+  // (SGLang's per-batch re-routing among replicas). Splitting an expert's rows changes no bit
+  // under row-local quantizers; NVFP4 / per-tensor FP8 share a scale across rows and are not split
+  // (the caller's check: serve::rows_quantize_alone).
+  std::vector<std::vector<std::vector<int64_t>>> rank_experts;
+  // y (rows, C): expert outputs in gathered order; pieces[r] the row ranges rank r computed (this
+  // rank's are filled); afterwards every rank's ranges must be filled.
+  std::function<void(float* y, const std::vector<RowRanges>& pieces, int64_t C)> exchange;
   // A slow rank (--slow-rank): after its experts, this rank busy-waits (slow_factor - 1) times the
   // time they took, as a GPU that many times slower would.
   double slow_factor = 1.0;

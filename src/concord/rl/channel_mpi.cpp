@@ -206,26 +206,42 @@ std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
   auto ep = std::make_shared<model::ExpertParallel>();
   MPI_Comm_rank(MPI_COMM_WORLD, &ep->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ep->ranks);
-  ep->exchange = [ranks = ep->ranks](float* y, std::span<const int64_t> row_begin, int64_t C) {
+  // Each rank's pieces packed in order, gathered with MPI_Allgatherv, unpacked into their rows.
+  ep->exchange = [ranks = ep->ranks, rank = ep->rank](float* y, const std::vector<model::ExpertParallel::RowRanges>& pieces,
+                                                     int64_t C) {
     std::vector<int> counts(static_cast<size_t>(ranks)), displs(static_cast<size_t>(ranks));
+    int64_t total = 0;
     for (int q = 0; q < ranks; ++q) {
-      const int64_t n = (row_begin[static_cast<size_t>(q) + 1] - row_begin[static_cast<size_t>(q)]) * C;
-      const int64_t at = row_begin[static_cast<size_t>(q)] * C;
-      if (at + n > INT_MAX) {
+      int64_t n = 0;
+      for (const auto& [first, last] : pieces[static_cast<size_t>(q)]) n += (last - first) * C;
+      if (total + n > INT_MAX) {
         g_failed = true;
         throw InputError(fmt::format("[ep] an MoE layer's expert outputs ({} floats) exceed MPI's int counts: "
-                                     "use smaller batches", at + n));
+                                     "use smaller batches", total + n));
       }
       counts[static_cast<size_t>(q)] = static_cast<int>(n);
-      displs[static_cast<size_t>(q)] = static_cast<int>(at);
+      displs[static_cast<size_t>(q)] = static_cast<int>(total);
+      total += n;
     }
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, y, counts.data(), displs.data(), MPI_FLOAT,
-                                  MPI_COMM_WORLD);
+    std::vector<float> sent(static_cast<size_t>(counts[static_cast<size_t>(rank)])), all(static_cast<size_t>(total));
+    size_t at = 0;
+    for (const auto& [first, last] : pieces[static_cast<size_t>(rank)]) {
+      std::copy(y + first * C, y + last * C, sent.begin() + static_cast<std::ptrdiff_t>(at));
+      at += static_cast<size_t>((last - first) * C);
+    }
+    const int rc = MPI_Allgatherv(sent.data(), counts[static_cast<size_t>(rank)], MPI_FLOAT, all.data(), counts.data(),
+                                  displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) {
       g_failed = true;
       throw InputError(fmt::format("[ep] rank {}: MPI_Allgatherv of the expert outputs failed ({})", rank, rc));
+    }
+    for (int q = 0; q < ranks; ++q) {
+      size_t from = static_cast<size_t>(displs[static_cast<size_t>(q)]);
+      for (const auto& [first, last] : pieces[static_cast<size_t>(q)]) {
+        std::copy(all.begin() + static_cast<std::ptrdiff_t>(from), all.begin() + static_cast<std::ptrdiff_t>(from + static_cast<size_t>((last - first) * C)),
+                  y + first * C);
+        from += static_cast<size_t>((last - first) * C);
+      }
     }
   };
   return ep;
