@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import cpu_name, wait_quiet  # noqa: E402
-from serve_fixture import Server, concord_bin, smollm2_path  # noqa: E402
+from serve_fixture import Server, concord_bin, smollm2_path, sse_events  # noqa: E402
 
 
 def stream(server, prompt, max_tokens, times, texts, started=None, after=0):
@@ -34,24 +34,13 @@ def stream(server, prompt, max_tokens, times, texts, started=None, after=0):
     conn = server.connection(timeout=900)
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True})
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    buf = b""
-    while True:
-        chunk = resp.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            data = event.decode()[len("data: "):]
-            if data == "[DONE]":
-                continue
-            for c in json.loads(data).get("choices", []):
-                if c.get("text"):
-                    times.append(time.perf_counter())
-                    texts.append(c["text"])
-                    if started is not None and len(times) == after:
-                        started.set()
+    for event in sse_events(conn.getresponse()):
+        for c in event.get("choices", []):
+            if c.get("text"):
+                times.append(time.perf_counter())
+                texts.append(c["text"])
+                if started is not None and len(times) == after:
+                    started.set()
     conn.close()
 
 

@@ -170,6 +170,33 @@ class Engine:
         llama_cpp.llama_model_free(self.model)
 
 
+def save_sequence_logits(gguf: str | os.PathLike, out: str | os.PathLike, sequences: int, length: int,
+                         vocab: int, seed: int = 11) -> np.ndarray:
+    """The goldens of the tiny-model checks (tools/make_llamacpp_*_golden.py): llama.cpp's logits at
+    every position of `sequences` seeded random byte sequences of `length` tokens, each decoded in
+    one batch with an f32 KV cache (llama.cpp's default f16 one alone moves logits ~3e-4), written
+    to `out` as safetensors {tokens I32 (S, T), logits F32 (S*T, V)} with the llama-cpp-python /
+    llama.cpp versions and the CPU as metadata. Returns the logits."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 256, size=(sequences, length)).astype(np.int32)
+    engine = Engine(gguf, n_threads=2, n_ctx=64, kv_f32=True)
+    assert engine.n_vocab == vocab, engine.n_vocab
+    rows = []
+    for s in range(sequences):
+        engine.clear()
+        engine.decode([int(t) for t in tokens[s]], logits="all")
+        rows += [np.array(engine.logits(i), dtype=np.float32) for i in range(length)]
+    engine.close()
+    logits = np.stack(rows)
+    meta = {k: str(v) for k, v in versions().items()}
+    meta["cpu"] = cpu_name()
+    save_file({"tokens": tokens, "logits": logits}, str(out), metadata=meta)
+    print(f"{out}: logits {logits.shape}, max |logit| {np.abs(logits).max():.4g}, {meta}")
+    return logits
+
+
 @llama_cpp.llama_log_callback
 def _silent_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
     if os.environ.get("LLAMACPP_VERBOSE"):

@@ -32,10 +32,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
+from safetensors.numpy import save_file  # the model folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_lib import ROOT, Engine, cpu_name, versions  # noqa: E402
+from llamacpp_lib import ROOT, save_sequence_logits  # noqa: E402
 
 OUT = ROOT / "tests" / "golden" / "binary"
 C, F, L, HQ, HKV, D, V = 256, 256, 2, 4, 2, 64, 259
@@ -98,23 +98,8 @@ def main() -> None:
     kinds = {t.name: t.tensor_type.name for t in GGUFReader(str(gguf)).tensors}
     assert kinds["blk.0.attn_q.weight"] == "TQ2_0" and kinds["blk.1.ffn_down.weight"] == "TQ2_0", kinds
     assert kinds["token_embd.weight"] == "Q8_0" and kinds["output.weight"] == "Q8_0", kinds
-    rng = np.random.default_rng(11)
-    tokens = rng.integers(0, 256, size=(S, T)).astype(np.int32)
-    engine = Engine(gguf, n_threads=2, n_ctx=64, kv_f32=True)
-    assert engine.n_vocab == V, engine.n_vocab
-    rows = []
-    for s in range(S):
-        engine.clear()
-        engine.decode([int(t) for t in tokens[s]], logits="all")
-        rows += [np.array(engine.logits(i), dtype=np.float32) for i in range(T)]
-    engine.close()
-    logits = np.stack(rows)
-    meta = {k: str(v) for k, v in versions().items()}
-    meta["cpu"] = cpu_name()
-    save_file({"tokens": tokens, "logits": logits}, str(OUT / "llamacpp_logits.safetensors"), metadata=meta)
-    print(f"{OUT}: logits {logits.shape}, max |logit| {np.abs(logits).max():.4g}, tensor types "
-          f"{sorted(set(kinds.values()))}, {meta}")
-
+    save_sequence_logits(gguf, OUT / "llamacpp_logits.safetensors", S, T, V)
+    print(f"tensor types {sorted(set(kinds.values()))}")
 
 if __name__ == "__main__":
     main()

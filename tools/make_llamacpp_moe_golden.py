@@ -30,7 +30,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_lib import ROOT, Engine, cpu_name, versions  # noqa: E402
+from llamacpp_lib import ROOT, save_sequence_logits  # noqa: E402
 
 OUT = ROOT / "tests" / "golden" / "moe"
 C, F, FM, L, E, K, HQ, HKV, D, V = 32, 64, 32, 2, 4, 2, 2, 1, 16, 259
@@ -84,22 +84,7 @@ def main() -> None:
     make_folder(folder)
     gguf.unlink(missing_ok=True)
     subprocess.run([concord, "export", "--model", str(folder), "--to", "gguf", "--out", str(gguf)], check=True)
-    rng = np.random.default_rng(11)
-    tokens = rng.integers(0, 256, size=(S, T)).astype(np.int32)
-    engine = Engine(gguf, n_threads=2, n_ctx=64, kv_f32=True)  # llama.cpp's default f16 cache: ~3e-4
-    assert engine.n_vocab == V, engine.n_vocab
-    rows = []
-    for s in range(S):
-        engine.clear()
-        engine.decode([int(t) for t in tokens[s]], logits="all")
-        rows += [np.array(engine.logits(i), dtype=np.float32) for i in range(T)]
-    engine.close()
-    logits = np.stack(rows)
-    meta = {k: str(v) for k, v in versions().items()}
-    meta["cpu"] = cpu_name()
-    save_file({"tokens": tokens, "logits": logits}, str(OUT / "llamacpp_logits.safetensors"), metadata=meta)
-    print(f"{OUT}: logits {logits.shape}, max |logit| {np.abs(logits).max():.4g}, {meta}")
-
+    save_sequence_logits(gguf, OUT / "llamacpp_logits.safetensors", S, T, V)
 
 if __name__ == "__main__":
     main()
