@@ -597,12 +597,20 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
   cmp -s "$WORK/ep1.json" "$WORK/ep_eplb.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_eplb.err" \
     && pass "generate --expert-parallel --placement eplb: replicas split the rows, the one-process bits" \
     || fail "--placement eplb: $(cat "$WORK/ep_eplb.err")"
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+    mpirun -np 2 --oversubscribe --mca btl self,vader \
+    "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+    --json --expert-parallel --placement speed --placement-loads "$WORK/loads.json" --slow-rank 1:3 \
+    >"$WORK/ep_speed.json" 2>"$WORK/ep_speed.err" </dev/null
+  cmp -s "$WORK/ep1.json" "$WORK/ep_speed.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_speed.err" \
+    && pass "generate --expert-parallel --placement speed (a rank 3x slower): the one-process bits" \
+    || fail "--placement speed: $(cat "$WORK/ep_speed.err")"
 else
   echo "skip: --expert-parallel (no mpirun)"
 fi
-expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb)" \
+expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb, speed)" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement random
-expect_error "--placement eplb needs loads" "--placement eplb takes its loads from --placement-loads" \
+expect_error "--placement eplb needs loads" "--placement eplb and speed take their loads from --placement-loads" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement eplb
 expect_error "--expert-parallel needs experts" "--expert-parallel: $WORK/run is a" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --expert-parallel

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -133,7 +134,7 @@ size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block)
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
-    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads;
+    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads, rank_speeds;
     int64_t slots_per_rank = 0;
     int rank = 0;
     bool expert_parallel = false;
@@ -226,9 +227,13 @@ void add_generate_command(CLI::App& app) {
                   "with --expert-parallel: write one JSON line per MoE layer and rank (rows, compute and wait "
                   "seconds) to this file");
   cmd->add_option("--placement", a->placement,
-                  "with --expert-parallel: contiguous (default: rank r holds experts [rE/R, (r+1)E/R)) or eplb "
-                  "(DeepSeek's EPLB from --placement-loads: hot experts replicated, replicas packed evenly; "
+                  "with --expert-parallel: contiguous (default: rank r holds experts [rE/R, (r+1)E/R)), eplb "
+                  "(DeepSeek's EPLB from --placement-loads: hot experts replicated, replicas packed evenly) or "
+                  "speed (the same loads, placed for ranks of unequal speed: --rank-speeds, or the --slow-rank; "
                   "docs/moe.md, placement)");
+  cmd->add_option("--rank-speeds", a->rank_speeds,
+                  "with --placement speed: each rank's relative speed, comma-separated (default: 1, and 1/FACTOR "
+                  "for the --slow-rank)");
   cmd->add_option("--placement-loads", a->placement_loads,
                   "with --placement eplb: the tokens per expert of each MoE layer, as `concord generate "
                   "--router-stats` writes them");
@@ -238,10 +243,12 @@ void add_generate_command(CLI::App& app) {
   cmd->callback([a]() {
     if ((!a->slow_rank.empty() || !a->ep_stats.empty() || a->placement != "contiguous") && !a->expert_parallel)
       throw InputError("[generate] --slow-rank, --ep-stats and --placement need --expert-parallel");
-    if (a->placement != "contiguous" && a->placement != "eplb")
-      throw InputError(fmt::format("[generate] unknown --placement '{}' (contiguous, eplb)", a->placement));
-    if ((a->placement == "eplb") != !a->placement_loads.empty())
-      throw InputError("[generate] --placement eplb takes its loads from --placement-loads (and only it does)");
+    if (a->placement != "contiguous" && a->placement != "eplb" && a->placement != "speed")
+      throw InputError(fmt::format("[generate] unknown --placement '{}' (contiguous, eplb, speed)", a->placement));
+    if ((a->placement != "contiguous") != !a->placement_loads.empty())
+      throw InputError("[generate] --placement eplb and speed take their loads from --placement-loads (and only they do)");
+    if (!a->rank_speeds.empty() && a->placement != "speed")
+      throw InputError("[generate] --rank-speeds is for --placement speed");
     if (a->expert_parallel && !a->disaggregate.empty())
       throw InputError("[generate] --expert-parallel with --disaggregate: choose one (both use the MPI ranks)");
     if (!a->disaggregate.empty() && a->disaggregate != "in-process" && a->disaggregate != "shm" && a->disaggregate != "mpi")
@@ -342,13 +349,39 @@ void add_generate_command(CLI::App& app) {
                                        a->slow_rank, ep->ranks));
         if (slow == ep->rank) ep->slow_factor = factor;
       }
-      if (a->placement == "eplb") {
+      if (a->placement != "contiguous") {
         const model::ModelConfig& mc = loaded.model.config();
         if (!serve::rows_quantize_alone(loaded.model.policy()))
-          throw InputError(fmt::format("[generate] --placement eplb splits a replicated expert's rows, and the {} policy "
+          throw InputError(fmt::format("[generate] --placement {} splits a replicated expert's rows, and the {} policy "
                                        "quantizes rows with a shared scale (the bits would change): use the contiguous "
-                                       "placement", loaded.model.policy().name));
+                                       "placement", a->placement, loaded.model.policy().name));
         const int64_t slots = a->slots_per_rank > 0 ? a->slots_per_rank : (mc.num_experts + ep->ranks - 1) / ep->ranks + 1;
+        std::vector<double> speeds(static_cast<size_t>(ep->ranks), 1.0);
+        if (!a->rank_speeds.empty()) {
+          speeds.clear();
+          std::string rest = a->rank_speeds;
+          while (!rest.empty()) {
+            const size_t comma = rest.find(',');
+            const std::string one = rest.substr(0, comma);
+            size_t used = 0;
+            double v = 0;
+            try {
+              v = std::stod(one, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != one.size() || one.empty() || !(v > 0) || !std::isfinite(v))
+              throw InputError(fmt::format("[generate] --rank-speeds '{}': '{}' is not a number > 0", a->rank_speeds, one));
+            speeds.push_back(v);
+            rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+          }
+          if (static_cast<int>(speeds.size()) != ep->ranks)
+            throw InputError(fmt::format("[generate] --rank-speeds has {} speeds for {} ranks", speeds.size(), ep->ranks));
+        } else if (!a->slow_rank.empty()) {
+          for (int q = 0; q < ep->ranks; ++q) speeds[static_cast<size_t>(q)] = 1.0;
+          const int slow = std::stoi(a->slow_rank.substr(0, a->slow_rank.find(':')));  // checked above
+          speeds[static_cast<size_t>(slow)] = 1.0 / std::stod(a->slow_rank.substr(a->slow_rank.find(':') + 1));
+        }
         nlohmann::json stats;
         std::ifstream in(a->placement_loads, std::ios::binary);
         if (!in) throw InputError(fmt::format("{}: cannot open (--placement-loads)", a->placement_loads));
@@ -375,7 +408,8 @@ void add_generate_command(CLI::App& app) {
           if (it == loads.end() || static_cast<int64_t>(it->second.size()) != mc.num_experts)
             throw InputError(fmt::format("{}: no loads of {} experts for MoE application {}", a->placement_loads,
                                          mc.num_experts, application));
-          const serve::eplb::Placement pl = serve::eplb::eplb(it->second, ep->ranks, slots);
+          const serve::eplb::Placement pl = a->placement == "eplb" ? serve::eplb::eplb(it->second, ep->ranks, slots)
+                                                                  : serve::eplb::speed_aware(it->second, speeds, slots);
           auto& ranks = ep->rank_experts[static_cast<size_t>(application)];
           ranks.resize(static_cast<size_t>(ep->ranks));
           for (int64_t slot = 0; slot < ep->ranks * slots; ++slot)

@@ -154,6 +154,109 @@ Placement eplb(std::span<const double> load, int64_t ranks, int64_t slots_per_ra
   return p;
 }
 
+double max_rank_time(const Placement& p, std::span<const double> load, std::span<const double> speed) {
+  const std::vector<double> l = rank_loads(p, load);
+  double worst = 0.0;
+  for (size_t r = 0; r < l.size(); ++r) worst = std::max(worst, l[r] / (speed.empty() ? 1.0 : speed[r]));
+  return worst;
+}
+
+Placement speed_aware(std::span<const double> load, std::span<const double> speed, int64_t slots_per_rank) {
+  const auto E = static_cast<int64_t>(load.size()), ranks = static_cast<int64_t>(speed.size());
+  const int64_t S = ranks * slots_per_rank;
+  if (E < 1 || ranks < 1 || slots_per_rank < 1 || S < E)
+    throw InputError(fmt::format("[eplb] {} experts on {} ranks x {} slots: every expert needs a slot", E, ranks,
+                                 slots_per_rank));
+  for (double v : speed)
+    if (!(v > 0.0) || !std::isfinite(v)) throw InputError("[eplb] rank speeds must be finite and > 0");
+  for (double w : load)
+    if (!(w >= 0.0) || !std::isfinite(w)) throw InputError("[eplb] expert loads must be finite and >= 0");
+  // holders[e]: the ranks of e's replicas (a rank may hold several).
+  std::vector<std::vector<int64_t>> holders(static_cast<size_t>(E));
+  std::vector<int64_t> fill(static_cast<size_t>(ranks), 0);
+  auto worst_time = [&]() {
+    std::vector<double> l(static_cast<size_t>(ranks), 0.0);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t q : holders[static_cast<size_t>(e)])
+        l[static_cast<size_t>(q)] += load[static_cast<size_t>(e)] / static_cast<double>(holders[static_cast<size_t>(e)].size());
+    double t = 0.0;
+    for (int64_t q = 0; q < ranks; ++q) t = std::max(t, l[static_cast<size_t>(q)] / speed[static_cast<size_t>(q)]);
+    return t;
+  };
+  // 1. One replica each, largest expert first, to the rank with room where the largest time after
+  //    it is least (ties: the faster rank, then the lower).
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return load[static_cast<size_t>(a)] > load[static_cast<size_t>(b)]; });
+  auto best_step = [&](std::span<const int64_t> experts) {
+    int64_t best_e = -1, best_q = -1;
+    double best_t = 0.0;
+    for (int64_t e : experts)
+      for (int64_t q = 0; q < ranks; ++q) {
+        if (fill[static_cast<size_t>(q)] == slots_per_rank) continue;
+        holders[static_cast<size_t>(e)].push_back(q);
+        const double t = worst_time();
+        holders[static_cast<size_t>(e)].pop_back();
+        const bool better = best_q < 0 || t < best_t ||
+                            (t == best_t && speed[static_cast<size_t>(q)] > speed[static_cast<size_t>(best_q)]);
+        if (better) best_e = e, best_q = q, best_t = t;
+      }
+    holders[static_cast<size_t>(best_e)].push_back(best_q);
+    ++fill[static_cast<size_t>(best_q)];
+  };
+  for (int64_t e : order) best_step(std::span<const int64_t>(&e, 1));
+  // 2. The other S - E slots: each time the (expert, rank) replica that leaves the least largest
+  //    time, so a slow rank's remaining slots take small shares of cold experts.
+  for (int64_t k = E; k < S; ++k) best_step(order);
+  Placement joint;
+  joint.ranks = ranks;
+  joint.slots_per_rank = slots_per_rank;
+  joint.slot_expert.assign(static_cast<size_t>(S), 0);
+  joint.replica_rank.assign(static_cast<size_t>(S), 0);
+  joint.replicas.assign(static_cast<size_t>(E), 0);
+  std::vector<int64_t> used(static_cast<size_t>(ranks), 0);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t q : holders[static_cast<size_t>(e)]) {
+      const int64_t slot = q * slots_per_rank + used[static_cast<size_t>(q)]++;
+      joint.slot_expert[static_cast<size_t>(slot)] = e;
+      joint.replica_rank[static_cast<size_t>(slot)] = joint.replicas[static_cast<size_t>(e)]++;
+    }
+  // 3. The other candidate: EPLB's replicas (the hottest split most), packed largest first onto the
+  //    rank with room whose time after taking it is least. Many ranks favour it (the joint greedy
+  //    sees only the largest time, which one replica rarely moves); the better of the two is kept.
+  const Replicated r = replicate(load, S);
+  auto weight = [&](int64_t i) {
+    const auto e = static_cast<size_t>(r.phy2log[static_cast<size_t>(i)]);
+    return load[e] / static_cast<double>(r.count[e]);
+  };
+  std::vector<int64_t> items(static_cast<size_t>(S));
+  std::iota(items.begin(), items.end(), 0);
+  std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) { return weight(a) > weight(b); });
+  Placement packed;
+  packed.ranks = ranks;
+  packed.slots_per_rank = slots_per_rank;
+  packed.slot_expert.assign(static_cast<size_t>(S), 0);
+  packed.replica_rank.assign(static_cast<size_t>(S), 0);
+  packed.replicas = r.count;
+  std::vector<double> rank_load(static_cast<size_t>(ranks), 0.0);
+  std::fill(fill.begin(), fill.end(), 0);
+  for (int64_t i : items) {
+    int64_t best = -1;
+    double best_time = 0.0;
+    for (int64_t q = 0; q < ranks; ++q) {
+      if (fill[static_cast<size_t>(q)] == slots_per_rank) continue;
+      const double t = (rank_load[static_cast<size_t>(q)] + weight(i)) / speed[static_cast<size_t>(q)];
+      if (best < 0 || t < best_time) best = q, best_time = t;
+    }
+    const int64_t slot = best * slots_per_rank + fill[static_cast<size_t>(best)]++;
+    rank_load[static_cast<size_t>(best)] += weight(i);
+    packed.slot_expert[static_cast<size_t>(slot)] = r.phy2log[static_cast<size_t>(i)];
+    packed.replica_rank[static_cast<size_t>(slot)] = r.rank[static_cast<size_t>(i)];
+  }
+  return max_rank_time(joint, load, speed) <= max_rank_time(packed, load, speed) ? joint : packed;
+}
+
 Placement contiguous(int64_t experts, int64_t ranks) {
   if (experts < 1 || ranks < 1 || ranks > experts)
     throw InputError(fmt::format("[eplb] {} experts over {} ranks: each rank needs an expert", experts, ranks));
@@ -171,7 +274,10 @@ Placement contiguous(int64_t experts, int64_t ranks) {
   return p;
 }
 
-Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per_rank) {
+Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per_rank, std::span<const double> speed) {
+  if (!speed.empty() && static_cast<int64_t>(speed.size()) != ranks)
+    throw InputError(fmt::format("[eplb] {} rank speeds for {} ranks", speed.size(), ranks));
+  auto speed_of = [&](int64_t r) { return speed.empty() ? 1.0 : speed[static_cast<size_t>(r)]; };
   const auto E = static_cast<int64_t>(load.size());
   const int64_t S = ranks * slots_per_rank;
   if (E < 1 || ranks < 1 || slots_per_rank < 1 || S < E)
@@ -215,12 +321,12 @@ Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per
         bool tried = false;  // an earlier rank in the same state: the same subtree
         for (int64_t q = 0; q < r && !tried; ++q)
           tried = fill[static_cast<size_t>(q)] == fill[static_cast<size_t>(r)] &&
-                  rank_load[static_cast<size_t>(q)] == rank_load[static_cast<size_t>(r)];
+                  rank_load[static_cast<size_t>(q)] == rank_load[static_cast<size_t>(r)] && speed_of(q) == speed_of(r);
         if (tried) continue;
         rank_load[static_cast<size_t>(r)] += items[i].first;
         ++fill[static_cast<size_t>(r)];
         rank_of[i] = r;
-        go(i + 1, std::max(worst, rank_load[static_cast<size_t>(r)]));
+        go(i + 1, std::max(worst, rank_load[static_cast<size_t>(r)] / speed_of(r)));
         rank_load[static_cast<size_t>(r)] -= items[i].first;
         --fill[static_cast<size_t>(r)];
       }

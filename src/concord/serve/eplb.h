@@ -47,13 +47,26 @@ std::vector<int64_t> balanced_packing(std::span<const double> weight, int64_t pa
 Placement eplb(std::span<const double> load, int64_t ranks, int64_t slots_per_rank, int64_t groups = 1,
                int64_t nodes = 1);
 
+// Speed-aware placement (ViBE's idea for heterogeneous devices): rank r computes at relative speed
+// speed[r] (> 0), so its time is its load / speed[r] and the layer waits for the largest time.
+// Greedy on that objective: one replica of each expert, largest first, to the rank with room that
+// leaves the least largest time (ties: the faster rank); then each remaining slot to the (expert,
+// rank) replica that leaves the least largest time — so a slow rank, which must fill its slots
+// too, gets small shares of cold experts. And EPLB's replicas packed largest first onto the rank
+// whose time after taking one is least. The better of the two. O(S · E · ranks · S).
+Placement speed_aware(std::span<const double> load, std::span<const double> speed, int64_t slots_per_rank);
+// max over ranks of rank_loads / speed (speed empty: all 1).
+double max_rank_time(const Placement& p, std::span<const double> load, std::span<const double> speed);
+
 // The contiguous placement without replicas (the default of concord generate --expert-parallel):
 // rank r holds experts [rE/R, (r+1)E/R); slots_per_rank is the largest share.
 Placement contiguous(int64_t experts, int64_t ranks);
 
-// The exact optimum of max_rank_load over every placement with these slots (exhaustive: for
-// E <= 8 and ranks · slots_per_rank <= 12; InputError above). Ties: the first found.
-Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per_rank);
+// The exact optimum of max_rank_time (max_rank_load when speed is empty) over every placement with
+// these slots (exhaustive: for E <= 8 and ranks · slots_per_rank <= 12; InputError above). Ties:
+// the first found.
+Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per_rank,
+                  std::span<const double> speed = {});
 
 // Checks a placement's invariants (every expert has >= 1 replica, the replicas fill every slot,
 // equal slots per rank, replica_rank numbers each expert's replicas 0..c_e-1); InputError naming
