@@ -120,6 +120,7 @@ generate|--model m --prompt p|--exit-kl|-1|a number >= 0
 generate|--model m --prompt p|--max-depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--kv-core-slots|5000|an integer in [1, 4096]
 generate|--model m --prompt p|--slots-per-rank|-1|an integer in [0, 1048576]
+generate|--model m --prompt p|--rank-speeds|0|a number > 0
 generate|--model m --prompt p|--draft-tokens|0|an integer in [1, 64]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]

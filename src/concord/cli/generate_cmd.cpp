@@ -134,7 +134,8 @@ size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block)
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
-    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads, rank_speeds;
+    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads;
+    std::vector<double> rank_speeds;
     int64_t slots_per_rank = 0;
     int rank = 0;
     bool expert_parallel = false;
@@ -231,11 +232,11 @@ void add_generate_command(CLI::App& app) {
                   "(DeepSeek's EPLB from --placement-loads: hot experts replicated, replicas packed evenly) or "
                   "speed (the same loads, placed for ranks of unequal speed: --rank-speeds, or the --slow-rank; "
                   "docs/moe.md, placement)");
-  cmd->add_option("--rank-speeds", a->rank_speeds,
-                  "with --placement speed: each rank's relative speed, comma-separated (default: 1, and 1/FACTOR "
-                  "for the --slow-rank)");
+  add_real_list_flag(cmd, "--rank-speeds", a->rank_speeds, positive(),
+                     "with --placement speed: each rank's relative speed, comma-separated (default: 1, and 1/FACTOR "
+                     "for the --slow-rank)");
   cmd->add_option("--placement-loads", a->placement_loads,
-                  "with --placement eplb: the tokens per expert of each MoE layer, as `concord generate "
+                  "with --placement eplb or speed: the tokens per expert of each MoE layer, as `concord generate "
                   "--router-stats` writes them");
   add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
                    "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
@@ -329,10 +330,10 @@ void add_generate_command(CLI::App& app) {
         throw InputError(fmt::format("[generate] --expert-parallel: {} is a {}, which has no experts", a->model,
                                      loaded.model.config().architecture));
       ep = rl::make_mpi_expert_parallel();
+      int slow = -1;  // --slow-rank's rank and factor
+      double factor = 1.0;
       if (!a->slow_rank.empty()) {
         const size_t colon = a->slow_rank.find(':');
-        int slow = -1;
-        double factor = 0;
         try {
           if (colon == std::string::npos) throw std::invalid_argument("no colon");
           size_t used = 0;
@@ -358,29 +359,12 @@ void add_generate_command(CLI::App& app) {
         const int64_t slots = a->slots_per_rank > 0 ? a->slots_per_rank : (mc.num_experts + ep->ranks - 1) / ep->ranks + 1;
         std::vector<double> speeds(static_cast<size_t>(ep->ranks), 1.0);
         if (!a->rank_speeds.empty()) {
-          speeds.clear();
-          std::string rest = a->rank_speeds;
-          while (!rest.empty()) {
-            const size_t comma = rest.find(',');
-            const std::string one = rest.substr(0, comma);
-            size_t used = 0;
-            double v = 0;
-            try {
-              v = std::stod(one, &used);
-            } catch (const std::exception&) {
-              used = 0;
-            }
-            if (used != one.size() || one.empty() || !(v > 0) || !std::isfinite(v))
-              throw InputError(fmt::format("[generate] --rank-speeds '{}': '{}' is not a number > 0", a->rank_speeds, one));
-            speeds.push_back(v);
-            rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-          }
-          if (static_cast<int>(speeds.size()) != ep->ranks)
-            throw InputError(fmt::format("[generate] --rank-speeds has {} speeds for {} ranks", speeds.size(), ep->ranks));
-        } else if (!a->slow_rank.empty()) {
-          for (int q = 0; q < ep->ranks; ++q) speeds[static_cast<size_t>(q)] = 1.0;
-          const int slow = std::stoi(a->slow_rank.substr(0, a->slow_rank.find(':')));  // checked above
-          speeds[static_cast<size_t>(slow)] = 1.0 / std::stod(a->slow_rank.substr(a->slow_rank.find(':') + 1));
+          if (static_cast<int>(a->rank_speeds.size()) != ep->ranks)
+            throw InputError(fmt::format("[generate] --rank-speeds has {} speeds for {} ranks", a->rank_speeds.size(),
+                                         ep->ranks));
+          speeds = a->rank_speeds;
+        } else if (slow >= 0) {
+          speeds[static_cast<size_t>(slow)] = 1.0 / factor;
         }
         nlohmann::json stats;
         std::ifstream in(a->placement_loads, std::ios::binary);
@@ -437,21 +421,20 @@ void add_generate_command(CLI::App& app) {
       const int64_t align = serve::rows_quantize_alone(loaded.model.policy()) ? 1 : prefill_chunk;
       const int64_t block = serve::rows_quantize_alone(loaded.model.policy()) ? 64 : prefill_chunk;
       const uint64_t fingerprint = serve::PrefixCache::fingerprint_of(loaded.model);
-      if (!engine.prefix_cache()) {  // the decode worker keeps the handed-over rows here
+      // A memory cache that keeps one prompt's rows whole (no eviction).
+      auto hand_over_cache = [&] {
         serve::PrefixCacheOptions o;
         o.block = block;
-        o.max_bytes = size_t{1} << 40;  // the hand-over is one prompt: no eviction
-        engine.set_prefix_cache(std::make_shared<serve::PrefixCache>(loaded.model.config(), fingerprint, o));
-      }
+        o.max_bytes = size_t{1} << 40;
+        return std::make_shared<serve::PrefixCache>(loaded.model.config(), fingerprint, o);
+      };
+      if (!engine.prefix_cache()) engine.set_prefix_cache(hand_over_cache());  // the decode worker's
       // The prefill worker: an engine of its own with a memory cache, the prompt run (its one
       // sampled token dropped), its rows exported as one message.
       auto prefill = [&]() {
         const auto t0 = Clock::now();
         serve::Engine worker(loaded.model, engine.options());
-        serve::PrefixCacheOptions o;
-        o.block = block;
-        o.max_bytes = size_t{1} << 40;
-        auto cache = std::make_shared<serve::PrefixCache>(loaded.model.config(), fingerprint, o);
+        auto cache = hand_over_cache();
         worker.set_prefix_cache(cache);
         serve::Request r = request;
         r.max_tokens = 1;

@@ -17,7 +17,9 @@ struct Packed {
 };
 
 // EPLB's balanced_packing with the rank of each item inside its pack (the order it arrived in).
-Packed pack_items(std::span<const double> weight, int64_t packs) {
+// With `speed` (one per pack), each item goes to the pack with room whose time (load / speed) after
+// taking it is least — the same choice as the least load when every speed is 1.
+Packed pack_items(std::span<const double> weight, int64_t packs, std::span<const double> speed = {}) {
   const auto n = static_cast<int64_t>(weight.size());
   if (packs < 1 || n % packs != 0)
     throw InputError(fmt::format("[eplb] {} items do not divide into {} equal packs", n, packs));
@@ -25,7 +27,7 @@ Packed pack_items(std::span<const double> weight, int64_t packs) {
   Packed out;
   out.pack.assign(static_cast<size_t>(n), 0);
   out.rank_in_pack.assign(static_cast<size_t>(n), 0);
-  if (per == 1) {  // as eplb.py: item i in pack i
+  if (per == 1 && speed.empty()) {  // as eplb.py: item i in pack i
     std::iota(out.pack.begin(), out.pack.end(), 0);
     return out;
   }
@@ -35,11 +37,15 @@ Packed pack_items(std::span<const double> weight, int64_t packs) {
                    [&](int64_t a, int64_t b) { return weight[static_cast<size_t>(a)] > weight[static_cast<size_t>(b)]; });
   std::vector<double> load(static_cast<size_t>(packs), 0.0);
   std::vector<int64_t> count(static_cast<size_t>(packs), 0);
+  auto time_with = [&](int64_t p, double w) {
+    const double l = load[static_cast<size_t>(p)] + w;
+    return speed.empty() ? l : l / speed[static_cast<size_t>(p)];
+  };
   for (int64_t item : order) {
+    const double w = weight[static_cast<size_t>(item)];
     int64_t best = -1;
     for (int64_t p = 0; p < packs; ++p)
-      if (count[static_cast<size_t>(p)] < per && (best < 0 || load[static_cast<size_t>(p)] < load[static_cast<size_t>(best)]))
-        best = p;
+      if (count[static_cast<size_t>(p)] < per && (best < 0 || time_with(p, w) < time_with(best, w))) best = p;
     out.pack[static_cast<size_t>(item)] = best;
     out.rank_in_pack[static_cast<size_t>(item)] = count[static_cast<size_t>(best)]++;
     load[static_cast<size_t>(best)] += weight[static_cast<size_t>(item)];
@@ -77,6 +83,46 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
   return inv;
 }
 
+// The arguments every placement takes: E >= 1 experts with finite loads >= 0 on ranks x slots >= E
+// slots, and (when given) one finite speed > 0 per rank.
+void check_inputs(std::span<const double> load, int64_t ranks, int64_t slots_per_rank, std::span<const double> speed = {}) {
+  const auto E = static_cast<int64_t>(load.size());
+  if (E < 1 || ranks < 1 || slots_per_rank < 1 || ranks * slots_per_rank < E)
+    throw InputError(fmt::format("[eplb] {} experts on {} ranks x {} slots: every expert needs a slot", E, ranks,
+                                 slots_per_rank));
+  for (double w : load)
+    if (!(w >= 0.0) || !std::isfinite(w)) throw InputError("[eplb] expert loads must be finite and >= 0");
+  if (!speed.empty() && static_cast<int64_t>(speed.size()) != ranks)
+    throw InputError(fmt::format("[eplb] {} rank speeds for {} ranks", speed.size(), ranks));
+  for (double v : speed)
+    if (!(v > 0.0) || !std::isfinite(v)) throw InputError("[eplb] rank speeds must be finite and > 0");
+}
+
+// A placement of `ranks` x `slots_per_rank` slots for E experts, every slot and count still 0.
+Placement empty_placement(int64_t ranks, int64_t slots_per_rank, int64_t experts) {
+  Placement p;
+  p.ranks = ranks;
+  p.slots_per_rank = slots_per_rank;
+  p.slot_expert.assign(static_cast<size_t>(ranks * slots_per_rank), 0);
+  p.replica_rank.assign(static_cast<size_t>(ranks * slots_per_rank), 0);
+  p.replicas.assign(static_cast<size_t>(experts), 0);
+  return p;
+}
+
+// The placement of (expert, rank) replicas taken in order: each fills its rank's next slot and gets
+// its expert's next replica number.
+Placement place(int64_t ranks, int64_t slots_per_rank, int64_t experts,
+                const std::vector<std::pair<int64_t, int64_t>>& expert_rank) {
+  Placement p = empty_placement(ranks, slots_per_rank, experts);
+  std::vector<int64_t> used(static_cast<size_t>(ranks), 0);
+  for (const auto& [e, q] : expert_rank) {
+    const int64_t slot = q * slots_per_rank + used[static_cast<size_t>(q)]++;
+    p.slot_expert[static_cast<size_t>(slot)] = e;
+    p.replica_rank[static_cast<size_t>(slot)] = p.replicas[static_cast<size_t>(e)]++;
+  }
+  return p;
+}
+
 }  // namespace
 
 std::vector<double> rank_loads(const Placement& p, std::span<const double> load) {
@@ -98,13 +144,9 @@ std::vector<int64_t> balanced_packing(std::span<const double> weight, int64_t pa
 }
 
 Placement eplb(std::span<const double> load, int64_t ranks, int64_t slots_per_rank, int64_t groups, int64_t nodes) {
+  check_inputs(load, ranks, slots_per_rank);
   const auto E = static_cast<int64_t>(load.size());
   const int64_t S = ranks * slots_per_rank;
-  if (E < 1 || ranks < 1 || slots_per_rank < 1 || S < E)
-    throw InputError(fmt::format("[eplb] {} experts on {} ranks x {} slots: every expert needs a slot", E, ranks,
-                                 slots_per_rank));
-  for (double w : load)
-    if (!(w >= 0.0) || !std::isfinite(w)) throw InputError("[eplb] expert loads must be finite and >= 0");
   if (groups < 1 || E % groups != 0)
     throw InputError(fmt::format("[eplb] {} experts do not divide into {} groups", E, groups));
   if (nodes < 1 || ranks % nodes != 0) throw InputError(fmt::format("[eplb] {} ranks do not divide into {} nodes", ranks, nodes));
@@ -123,12 +165,7 @@ Placement eplb(std::span<const double> load, int64_t ranks, int64_t slots_per_ra
   }
   const std::vector<int64_t> mlog2log = inverse(log2mlog);
 
-  Placement p;
-  p.ranks = ranks;
-  p.slots_per_rank = slots_per_rank;
-  p.slot_expert.assign(static_cast<size_t>(S), 0);
-  p.replica_rank.assign(static_cast<size_t>(S), 0);
-  p.replicas.assign(static_cast<size_t>(E), 0);
+  Placement p = empty_placement(ranks, slots_per_rank, E);
   for (int64_t node = 0; node < nodes; ++node) {
     // 2. replicas within the node.
     std::vector<double> w(static_cast<size_t>(per_node_log));
@@ -164,13 +201,8 @@ double max_rank_time(const Placement& p, std::span<const double> load, std::span
 Placement speed_aware(std::span<const double> load, std::span<const double> speed, int64_t slots_per_rank) {
   const auto E = static_cast<int64_t>(load.size()), ranks = static_cast<int64_t>(speed.size());
   const int64_t S = ranks * slots_per_rank;
-  if (E < 1 || ranks < 1 || slots_per_rank < 1 || S < E)
-    throw InputError(fmt::format("[eplb] {} experts on {} ranks x {} slots: every expert needs a slot", E, ranks,
-                                 slots_per_rank));
-  for (double v : speed)
-    if (!(v > 0.0) || !std::isfinite(v)) throw InputError("[eplb] rank speeds must be finite and > 0");
-  for (double w : load)
-    if (!(w >= 0.0) || !std::isfinite(w)) throw InputError("[eplb] expert loads must be finite and >= 0");
+  if (speed.empty()) throw InputError("[eplb] a speed-aware placement needs the ranks' speeds");
+  check_inputs(load, ranks, slots_per_rank, speed);
   // holders[e]: the ranks of e's replicas (a rank may hold several).
   std::vector<std::vector<int64_t>> holders(static_cast<size_t>(E));
   std::vector<int64_t> fill(static_cast<size_t>(ranks), 0);
@@ -209,48 +241,24 @@ Placement speed_aware(std::span<const double> load, std::span<const double> spee
   // 2. The other S - E slots: each time the (expert, rank) replica that leaves the least largest
   //    time, so a slow rank's remaining slots take small shares of cold experts.
   for (int64_t k = E; k < S; ++k) best_step(order);
-  Placement joint;
-  joint.ranks = ranks;
-  joint.slots_per_rank = slots_per_rank;
-  joint.slot_expert.assign(static_cast<size_t>(S), 0);
-  joint.replica_rank.assign(static_cast<size_t>(S), 0);
-  joint.replicas.assign(static_cast<size_t>(E), 0);
-  std::vector<int64_t> used(static_cast<size_t>(ranks), 0);
+  std::vector<std::pair<int64_t, int64_t>> expert_rank;
   for (int64_t e = 0; e < E; ++e)
-    for (int64_t q : holders[static_cast<size_t>(e)]) {
-      const int64_t slot = q * slots_per_rank + used[static_cast<size_t>(q)]++;
-      joint.slot_expert[static_cast<size_t>(slot)] = e;
-      joint.replica_rank[static_cast<size_t>(slot)] = joint.replicas[static_cast<size_t>(e)]++;
-    }
+    for (int64_t q : holders[static_cast<size_t>(e)]) expert_rank.push_back({e, q});
+  const Placement joint = place(ranks, slots_per_rank, E, expert_rank);
   // 3. The other candidate: EPLB's replicas (the hottest split most), packed largest first onto the
   //    rank with room whose time after taking it is least. Many ranks favour it (the joint greedy
   //    sees only the largest time, which one replica rarely moves); the better of the two is kept.
   const Replicated r = replicate(load, S);
-  auto weight = [&](int64_t i) {
+  std::vector<double> share(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) {
     const auto e = static_cast<size_t>(r.phy2log[static_cast<size_t>(i)]);
-    return load[e] / static_cast<double>(r.count[e]);
-  };
-  std::vector<int64_t> items(static_cast<size_t>(S));
-  std::iota(items.begin(), items.end(), 0);
-  std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) { return weight(a) > weight(b); });
-  Placement packed;
-  packed.ranks = ranks;
-  packed.slots_per_rank = slots_per_rank;
-  packed.slot_expert.assign(static_cast<size_t>(S), 0);
-  packed.replica_rank.assign(static_cast<size_t>(S), 0);
+    share[static_cast<size_t>(i)] = load[e] / static_cast<double>(r.count[e]);
+  }
+  const Packed by_time = pack_items(share, ranks, speed);
+  Placement packed = empty_placement(ranks, slots_per_rank, E);
   packed.replicas = r.count;
-  std::vector<double> rank_load(static_cast<size_t>(ranks), 0.0);
-  std::fill(fill.begin(), fill.end(), 0);
-  for (int64_t i : items) {
-    int64_t best = -1;
-    double best_time = 0.0;
-    for (int64_t q = 0; q < ranks; ++q) {
-      if (fill[static_cast<size_t>(q)] == slots_per_rank) continue;
-      const double t = (rank_load[static_cast<size_t>(q)] + weight(i)) / speed[static_cast<size_t>(q)];
-      if (best < 0 || t < best_time) best = q, best_time = t;
-    }
-    const int64_t slot = best * slots_per_rank + fill[static_cast<size_t>(best)]++;
-    rank_load[static_cast<size_t>(best)] += weight(i);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t slot = by_time.pack[static_cast<size_t>(i)] * slots_per_rank + by_time.rank_in_pack[static_cast<size_t>(i)];
     packed.slot_expert[static_cast<size_t>(slot)] = r.phy2log[static_cast<size_t>(i)];
     packed.replica_rank[static_cast<size_t>(slot)] = r.rank[static_cast<size_t>(i)];
   }
@@ -275,14 +283,10 @@ Placement contiguous(int64_t experts, int64_t ranks) {
 }
 
 Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per_rank, std::span<const double> speed) {
-  if (!speed.empty() && static_cast<int64_t>(speed.size()) != ranks)
-    throw InputError(fmt::format("[eplb] {} rank speeds for {} ranks", speed.size(), ranks));
+  check_inputs(load, ranks, slots_per_rank, speed);
   auto speed_of = [&](int64_t r) { return speed.empty() ? 1.0 : speed[static_cast<size_t>(r)]; };
   const auto E = static_cast<int64_t>(load.size());
   const int64_t S = ranks * slots_per_rank;
-  if (E < 1 || ranks < 1 || slots_per_rank < 1 || S < E)
-    throw InputError(fmt::format("[eplb] {} experts on {} ranks x {} slots: every expert needs a slot", E, ranks,
-                                 slots_per_rank));
   if (E > 8 || S > 12) throw InputError(fmt::format("[eplb] the exact search takes E <= 8 and <= 12 slots, not {} and {}", E, S));
   double best = INFINITY;
   Placement out;
@@ -301,19 +305,9 @@ Placement optimal(std::span<const double> load, int64_t ranks, int64_t slots_per
       if (worst >= best) return;
       if (i == items.size()) {
         best = worst;
-        out = Placement{};
-        out.ranks = ranks;
-        out.slots_per_rank = slots_per_rank;
-        out.slot_expert.assign(static_cast<size_t>(S), 0);
-        out.replica_rank.assign(static_cast<size_t>(S), 0);
-        out.replicas = c;
-        std::vector<int64_t> used(static_cast<size_t>(ranks), 0), seen(static_cast<size_t>(E), 0);
-        for (size_t j = 0; j < items.size(); ++j) {
-          const int64_t r = rank_of[j], e = items[j].second;
-          const int64_t slot = r * slots_per_rank + used[static_cast<size_t>(r)]++;
-          out.slot_expert[static_cast<size_t>(slot)] = e;
-          out.replica_rank[static_cast<size_t>(slot)] = seen[static_cast<size_t>(e)]++;
-        }
+        std::vector<std::pair<int64_t, int64_t>> expert_rank;
+        for (size_t j = 0; j < items.size(); ++j) expert_rank.push_back({items[j].second, rank_of[j]});
+        out = place(ranks, slots_per_rank, E, expert_rank);
         return;
       }
       for (int64_t r = 0; r < ranks; ++r) {
