@@ -167,6 +167,18 @@ flow model|--model m|--precision-step|0|a number > 0
 flow model|--model m|--points|0|an integer in [1, 1000]
 flow model|--model m|--rtol|0|a number in (0, 0.01]
 flow model|--model m|--seed|-1|an integer in [0, 2^64 - 1]
+ep-sim||--zipf|-1|a number >= 0
+ep-sim||--experts|0|an integer in [1, 65536]
+ep-sim||--top-k|0|an integer in [1, 65536]
+ep-sim||--layers|0|an integer in [1, 4096]
+ep-sim||--burst|-0.5|a number >= 0
+ep-sim||--tokens|0|an integer in [1, 16777216]
+ep-sim||--batches|0|an integer in [1, 1048576]
+ep-sim||--plan-batches|0|an integer in [1, 1048576]
+ep-sim||--ranks|0|an integer in [1, 4096]
+ep-sim||--slots-per-rank|0|an integer in [1, 65536]
+ep-sim||--seed|-1|an integer in [0, 2^64 - 1]
+ep-sim||--fit-runs|0|an integer in [1, 65536]
 TABLE
 bad_flag_values "$WORK/flags.table"
 expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
@@ -572,7 +584,8 @@ if command -v mpirun >/dev/null 2>&1 && ldd "$CONCORD" 2>/dev/null | grep -q lib
     env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
       mpirun -np $np --oversubscribe --mca btl self,vader \
       "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
-      --json --expert-parallel --ep-stats "$WORK/ep$np.jsonl" "${SLOW[@]}" >"$WORK/ep$np.json" 2>"$WORK/ep$np.err" </dev/null
+      --json --expert-parallel --ep-stats "$WORK/ep$np.jsonl" --routing-trace "$WORK/ep$np.trace" "${SLOW[@]}" \
+      >"$WORK/ep$np.json" 2>"$WORK/ep$np.err" </dev/null
     rows_ok=$(python3 -c "
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
@@ -586,6 +599,19 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
       fail "generate --expert-parallel at $np ranks: rows_ok=$rows_ok $(cat "$WORK/ep$np.err")"
     fi
   done
+  # The simulator's cost model fitted to the 2-rank run, the 3-rank run (a rank 3x slower) predicted
+  # from it; the ep-stats of one run with the trace of another prompt is refused.
+  if "$CONCORD" ep-sim --calibrate --run "$WORK/ep2.jsonl" "$WORK/ep2.trace" --run "$WORK/ep3.jsonl" "$WORK/ep3.trace" \
+      --cost-out "$WORK/cost.json" >"$WORK/cal.out" 2>"$WORK/err" && grep -q "cost model fitted on 1 run" "$WORK/cal.out" \
+      && grep -q "ep3.jsonl | no | p50 / p99 of a layer" "$WORK/cal.out" && grep -q '"row_s"' "$WORK/cost.json"; then
+    pass "ep-sim --calibrate fits the cost model to one real run and predicts another"
+  else
+    fail "ep-sim --calibrate: $(cat "$WORK/err" "$WORK/cal.out")"
+  fi
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt "In the beginning God created the heaven" --max-tokens 16 \
+    --routing-trace "$WORK/other.trace" >/dev/null 2>&1
+  expect_error "ep-sim --calibrate: a trace of another run" "are not of the same run" \
+    "$CONCORD" ep-sim --calibrate --run "$WORK/ep2.jsonl" "$WORK/other.trace"
   # EPLB's placement from the router statistics of another prompt: replicated experts' rows are
   # split among their holders, and the bits stay the one-process ones.
   "$CONCORD" generate --model "$MOE_GGUF" --prompt "In the beginning God created the heaven" --max-tokens 16 \
@@ -609,6 +635,36 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
 else
   echo "skip: --expert-parallel (no mpirun)"
 fi
+# The simulator (issue 23): a routing trace of the tiny MoE replayed at 2 and 4 ranks under every
+# placement; a Zipf router at 8 and 16 ranks; the lower bound printed under them.
+if "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 24 \
+     --routing-trace "$WORK/t.trace" >/dev/null 2>"$WORK/err" \
+   && "$CONCORD" ep-sim --trace "$WORK/t.trace" --ranks 2,4 --tokens 16 --batches 30 --plan-batches 10 \
+     --json "$WORK/sim.jsonl" >"$WORK/sim.out" 2>>"$WORK/err" \
+   && grep -q "| 4 | 2 | eplb+balanced |" "$WORK/sim.out" && grep -q "(lower bound)" "$WORK/sim.out" \
+   && grep -q "| 2 | 3 | optimal |" "$WORK/sim.out" && [[ $(wc -l <"$WORK/sim.jsonl") -ge 10 ]] \
+   && "$CONCORD" ep-sim --trace "$WORK/t.trace" --trace "$WORK/t.trace" --batching passes --ranks 2 \
+     --policies eplb,speed+balanced --slow-rank 1:2 >"$WORK/sim2.out" 2>>"$WORK/err" \
+   && grep -q "| 2 | 3 | speed+balanced |" "$WORK/sim2.out" \
+   && "$CONCORD" ep-sim --zipf 1.2 --experts 32 --top-k 4 --layers 2 --tokens 256 --batches 20 --ranks 8,16 \
+     --policies contiguous,eplb,eplb+balanced >"$WORK/sim3.out" 2>>"$WORK/err" \
+   && grep -q "| 16 | 3 | eplb+balanced |" "$WORK/sim3.out"; then
+  pass "generate --routing-trace; ep-sim replays it and a Zipf router at several rank counts"
+else
+  fail "ep-sim: $(cat "$WORK/err" "$WORK/sim.out" "$WORK/sim3.out" 2>/dev/null)"
+fi
+expect_error "ep-sim needs a router" "give --trace FILE (concord generate --routing-trace) or --zipf SKEW" \
+  "$CONCORD" ep-sim
+printf '{"routing_trace": 1, "num_experts": 4, "num_experts_per_tok": 2}\n{"application": 0, "pass_rows": [2], "selected": [0, 1, 2]}\n' \
+  >"$WORK/bad.trace"
+expect_error "ep-sim: a corrupt trace names its file and line" "$WORK/bad.trace: line 2: application 0: 1 passes' 2 tokens but 3 picks" \
+  "$CONCORD" ep-sim --trace "$WORK/bad.trace"
+expect_error "ep-sim: unknown policy" "unknown policy 'fastest' in --policies" \
+  "$CONCORD" ep-sim --zipf 1 --policies eplb,fastest
+expect_error "ep-sim --calibrate needs runs" "--calibrate needs --run EP_STATS TRACE" \
+  "$CONCORD" ep-sim --calibrate
+expect_error "--routing-trace needs a router" "--routing-trace: $WORK/run is a" \
+  "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --routing-trace "$WORK/none.trace"
 expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb, speed)" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement random
 expect_error "--placement eplb needs loads" "--placement eplb and speed take their loads from --placement-loads" \

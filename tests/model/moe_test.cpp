@@ -238,6 +238,38 @@ TEST(Moe, RouterStatsCountEveryPickOfEveryForward) {
   EXPECT_EQ(m.router_stats().rows, 0);
 }
 
+// The routing trace (concord ep-sim's input): each pass's tokens and every token's picks, in the
+// forward's order, the same picks the forward reports.
+TEST(Moe, TheRoutingTraceRecordsEveryTokensPicksPassByPass) {
+  const ModelConfig c = moe_config(false, 8, 2);
+  Model m(c);
+  randomize(m, 6);
+  const int64_t B = 2, T = 5;
+  const auto tokens = tokens_of(B * T, 7, c.vocab_size);
+  std::vector<float> logits(static_cast<size_t>(B * T * c.vocab_size));
+  m.forward(tokens, B, T, logits);
+  EXPECT_TRUE(m.router_trace().selected.empty());  // off by default
+  m.set_router_trace(true);
+  m.forward(tokens, B, T, logits);
+  std::vector<std::vector<int32_t>> first;
+  for (int64_t app = 0; app < 2; ++app) first.push_back(m.moe_selected(app));
+  KvCache cache(c, 1);
+  const int slot = cache.allocate();
+  std::vector<float> row(static_cast<size_t>(c.vocab_size));
+  const CachedInput three{slot, std::span(tokens).first(3), LogitRows::last};
+  m.forward_cached(cache, std::span(&three, 1), row);
+  const Model::RouterTrace& t = m.router_trace();
+  ASSERT_EQ(t.selected.size(), 2u);
+  for (size_t app = 0; app < 2; ++app) {
+    EXPECT_EQ(t.pass_rows[app], (std::vector<int64_t>{B * T, 3})) << app;
+    ASSERT_EQ(t.selected[app].size(), static_cast<size_t>(2 * (B * T + 3)));
+    EXPECT_TRUE(std::equal(first[app].begin(), first[app].end(), t.selected[app].begin())) << app;
+    for (size_t i = 0; i < t.selected[app].size(); i += 2) EXPECT_LT(t.selected[app][i], t.selected[app][i + 1]);
+  }
+  m.set_router_trace(false);
+  EXPECT_TRUE(m.router_trace().pass_rows[0].empty());
+}
+
 // Eight experts, one per token, three tokens: at least five experts see no token; their
 // gradients are zero (not stale), and the chosen ones' are not.
 TEST(Moe, AnExpertNoTokenChoseGetsAZeroGradient) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "concord/cli/commands.h"
@@ -27,6 +28,7 @@
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
 #include "concord/serve/engine.h"
+#include "concord/serve/ep_sim.h"
 #include "concord/serve/eplb.h"
 #include "concord/serve/prefix_cache.h"
 #include "concord/serve/speculative.h"
@@ -55,42 +57,67 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
   std::vector<int64_t> apps;
   for (int64_t a = 0; a < static_cast<int64_t>(ep.layers.size()); ++a)
     if (ep.layers[static_cast<size_t>(a)].passes > 0) apps.push_back(a);
+  // Per application: compute, exchange, rows, layer rows, passes, slow factor, then each pass's
+  // compute and exchange (every rank ran the same passes, so the layout is the same everywhere).
+  constexpr size_t kFields = 6;
   std::vector<double> mine;
+  std::vector<size_t> offset;
   for (int64_t a : apps) {
     const model::ExpertParallel::Layer& l = ep.layers[static_cast<size_t>(a)];
+    offset.push_back(mine.size());
     mine.insert(mine.end(), {l.compute_s, l.exchange_s, static_cast<double>(l.rows), static_cast<double>(l.layer_rows),
-                             static_cast<double>(l.passes)});
+                             static_cast<double>(l.passes), ep.slow_factor});
+    mine.insert(mine.end(), l.pass_compute_s.begin(), l.pass_compute_s.end());
+    mine.insert(mine.end(), l.pass_exchange_s.begin(), l.pass_exchange_s.end());
   }
   const std::vector<double> all = rl::mpi_gather_doubles(mine);
   if (ep.rank != 0) return;
   const size_t per_rank = mine.size();
+  auto at = [&](int q, size_t i) { return all.data() + static_cast<size_t>(q) * per_rank + offset[i]; };
   std::string lines;
-  double wait_total = 0, busy_total = 0, worst_imbalance = 0, slowest_layer = 0;
+  double wait_total = 0, busy_total = 0, worst_imbalance = 0;
+  std::vector<double> layer_times;  // per pass and MoE layer: the mean over ranks of compute + wait
   for (size_t i = 0; i < apps.size(); ++i) {
-    double max_rows = 0, sum_rows = 0, layer_time = 0;
+    double max_rows = 0, sum_rows = 0;
+    const auto passes = static_cast<size_t>(at(0, i)[4]);
+    std::vector<double> pass_time(passes, 0.0);
     for (int q = 0; q < ep.ranks; ++q) {
-      const double* v = all.data() + static_cast<size_t>(q) * per_rank + i * 5;
-      const int64_t e_lo = ep.first_expert(c.num_experts, q), e_hi = ep.first_expert(c.num_experts, q + 1);
-      lines += fmt::format("{{\"application\": {}, \"rank\": {}, \"experts\": [{}, {}], \"passes\": {}, \"rows\": {}, "
-                           "\"layer_rows\": {}, \"compute_s\": {:.6f}, \"wait_s\": {:.6f}}}\n",
-                           apps[i], q, e_lo, e_hi, static_cast<int64_t>(v[4]), static_cast<int64_t>(v[2]),
-                           static_cast<int64_t>(v[3]), v[0], v[1]);
+      const double* v = at(q, i);
+      const double* pc = v + kFields;
+      const double* pw = pc + passes;
+      // The experts on the rank's slots (the contiguous range, or the placement's).
+      std::vector<int64_t> slots;
+      if (ep.rank_experts.empty()) {
+        for (int64_t e = ep.first_expert(c.num_experts, q); e < ep.first_expert(c.num_experts, q + 1); ++e) slots.push_back(e);
+      } else {
+        slots = ep.rank_experts[static_cast<size_t>(apps[i])][static_cast<size_t>(q)];
+      }
+      std::string pcs, pws;
+      for (size_t k = 0; k < passes; ++k) {
+        pcs += fmt::format("{}{:.7f}", k ? ", " : "", pc[k]);
+        pws += fmt::format("{}{:.7f}", k ? ", " : "", pw[k]);
+        pass_time[k] += (pc[k] + pw[k]) / ep.ranks;
+      }
+      lines += fmt::format("{{\"application\": {}, \"rank\": {}, \"slots\": [{}], \"passes\": {}, \"rows\": {}, "
+                           "\"layer_rows\": {}, \"compute_s\": {:.6f}, \"wait_s\": {:.6f}, \"slow_factor\": {}, "
+                           "\"pass_compute_s\": [{}], \"pass_wait_s\": [{}]}}\n",
+                           apps[i], q, fmt::join(slots, ", "), static_cast<int64_t>(v[4]), static_cast<int64_t>(v[2]),
+                           static_cast<int64_t>(v[3]), v[0], v[1], v[5], pcs, pws);
       max_rows = std::max(max_rows, v[2]);
       sum_rows += v[2];
-      layer_time = std::max(layer_time, v[0] + v[1]);
       wait_total += v[1];
       busy_total += v[0] + v[1];
     }
+    layer_times.insert(layer_times.end(), pass_time.begin(), pass_time.end());
     const double mean_rows = sum_rows / ep.ranks;
     if (mean_rows > 0) worst_imbalance = std::max(worst_imbalance, max_rows / mean_rows);
-    slowest_layer = std::max(slowest_layer, layer_time);
   }
   if (!path.empty()) io::write_file_atomic(path, lines);
   std::string ranks_text;
   for (int q = 0; q < ep.ranks; ++q) {
     double compute = 0, wait = 0, rows = 0;
     for (size_t i = 0; i < apps.size(); ++i) {
-      const double* v = all.data() + static_cast<size_t>(q) * per_rank + i * 5;
+      const double* v = at(q, i);
       compute += v[0];
       wait += v[1];
       rows += v[2];
@@ -100,9 +127,11 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
   }
   std::fprintf(stderr, "%s\n",
                fmt::format("expert parallel: {} ranks, {} MoE layers; {:.1f}% of the MoE layers' time spent waiting at "
-                           "the exchange; load imbalance (max/mean rows of a layer) up to {:.2f}; {}{}",
-                           ep.ranks, apps.size(), busy_total > 0 ? 100.0 * wait_total / busy_total : 0.0, worst_imbalance,
-                           ranks_text, path.empty() ? "" : fmt::format("; per layer and rank: {}", path))
+                           "the exchange; layer time p50 {:.1f} us, p99 {:.1f} us; load imbalance (max/mean rows of a "
+                           "layer) up to {:.2f}; {}{}",
+                           ep.ranks, apps.size(), busy_total > 0 ? 100.0 * wait_total / busy_total : 0.0,
+                           1e6 * serve::epsim::quantile(layer_times, 0.5), 1e6 * serve::epsim::quantile(layer_times, 0.99),
+                           worst_imbalance, ranks_text, path.empty() ? "" : fmt::format("; per layer and rank: {}", path))
                    .c_str());
 }
 
@@ -133,7 +162,7 @@ size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block)
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, prompt, system, policy = "native", router_stats, prefix_cache_dir, activation_arena = "planned";
+    std::string model, prompt, system, policy = "native", router_stats, routing_trace, prefix_cache_dir, activation_arena = "planned";
     std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads;
     std::vector<double> rank_speeds;
     int64_t slots_per_rank = 0;
@@ -190,6 +219,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--router-stats", a->router_stats,
                   "an MoE model (Qwen3-MoE): write the tokens routed to each expert of each MoE layer, "
                   "prompt and generated tokens together, to this JSON file");
+  cmd->add_option("--routing-trace", a->routing_trace,
+                  "an MoE model: write every token's top-k experts per MoE layer and the passes' sizes, as JSON "
+                  "lines, to this file (the trace `concord ep-sim` replays; docs/moe.md)");
   add_integer_flag(cmd, "--depth", a->depth, between(1, 4096),
                    "a depth-recurrent model: core iterations per token (default: its mean_recurrence)");
   add_real_flag(cmd, "--exit-kl", a->exit_kl, non_negative(),
@@ -310,6 +342,12 @@ void add_generate_command(CLI::App& app) {
         throw InputError(fmt::format("[generate] --router-stats: {} is a {}, which has no router (Qwen3-MoE "
                                      "models do)", a->model, loaded.model.config().architecture));
       loaded.model.set_router_stats(true);
+    }
+    if (!a->routing_trace.empty()) {
+      if (!loaded.model.config().moe())
+        throw InputError(fmt::format("[generate] --routing-trace: {} is a {}, which has no router (Qwen3-MoE "
+                                     "models do)", a->model, loaded.model.config().architecture));
+      loaded.model.set_router_trace(true);
     }
     const bool recurrent = loaded.model.config().recurrent();
     if (!recurrent && (a->depth || a->exit_kl || a->max_depth || a->kv_core_slots))
@@ -578,6 +616,17 @@ void add_generate_command(CLI::App& app) {
                                {"tokens_per_expert", stats.counts[application]}});
       }
       io::write_file_atomic(a->router_stats, j.dump(1) + "\n");
+    }
+    if (!a->routing_trace.empty() && (!ep || ep->rank == 0)) {
+      const model::Model::RouterTrace& rt = loaded.model.router_trace();
+      const model::ModelConfig& c = loaded.model.config();
+      serve::epsim::Trace trace;
+      trace.experts = c.num_experts;
+      trace.top_k = c.num_experts_per_tok;
+      for (size_t application = 0; application < rt.selected.size(); ++application)
+        if (!rt.pass_rows[application].empty())
+          trace.layers.push_back({static_cast<int64_t>(application), rt.selected[application], rt.pass_rows[application]});
+      serve::epsim::write_trace(a->routing_trace, trace, a->model);
     }
     if (ep) {
       report_expert_parallel(*ep, loaded.model.config(), a->ep_stats);

@@ -90,6 +90,11 @@ class MoeBlock final : public LayerBlock {
       for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] += r.begin[static_cast<size_t>(e) + 1] - r.begin[static_cast<size_t>(e)];
       if (p.application == first_moe_application(c)) m.router_rows += T;
     }
+    if (m.router_trace_on) {  // Model::router_trace
+      const auto app = static_cast<size_t>(p.application);
+      m.router_trace.selected.at(app).insert(m.router_trace.selected[app].end(), r.selected.begin(), r.selected.end());
+      m.router_trace.pass_rows.at(app).push_back(T);
+    }
     r.token.assign(static_cast<size_t>(r.R), 0);
     r.row_of.assign(static_cast<size_t>(r.R), 0);
     for (int64_t t = 0; t < T; ++t)
@@ -184,8 +189,11 @@ class MoeBlock final : public LayerBlock {
       const auto t_exchange = std::chrono::steady_clock::now();
       ep->exchange(r.y, pieces, C);
       ExpertParallel::Layer& l = ep->layers.at(static_cast<size_t>(p.application));
-      l.exchange_s += seconds_since(t_exchange);
+      const double exchange = seconds_since(t_exchange);
+      l.exchange_s += exchange;
       l.compute_s += compute;
+      l.pass_compute_s.push_back(compute);
+      l.pass_exchange_s.push_back(exchange);
       l.rows += computed;
       l.layer_rows += r.R;
       ++l.passes;

@@ -528,13 +528,14 @@ size_t Model::Impl::recompute_for_backward(int64_t app) {
   // block: the forward again from the kept input, keeping everything until the rewind.
   const Application& ap = plan[static_cast<size_t>(app)];
   const BlockPass pass{static_cast<int>(app), ap.repeat, T, positions.data(), &arena, {}};
-  const bool stats = router_stats_on;
-  router_stats_on = false;  // counted once, in the forward
+  const bool stats = router_stats_on, trace = router_trace_on;
+  router_stats_on = router_trace_on = false;  // counted once, in the forward
   row_positions = positions.data();
   const AttentionFn keep_probs = [&](const BlockPass&, LayerActivations& x) { full_attention(x, true); };
   blocks[static_cast<size_t>(ap.block)]->forward(*this, pass, a, keep_probs);
   row_positions = nullptr;
   router_stats_on = stats;
+  router_trace_on = trace;
   return mark;
 }
 
@@ -600,6 +601,14 @@ void Model::set_router_stats(bool on) {
 }
 
 Model::RouterStats Model::router_stats() const { return {impl_->router_counts, impl_->router_rows}; }
+
+void Model::set_router_trace(bool on) {
+  impl_->router_trace_on = on;
+  impl_->router_trace.selected.assign(static_cast<size_t>(impl_->applications()), {});
+  impl_->router_trace.pass_rows.assign(static_cast<size_t>(impl_->applications()), {});
+}
+
+const Model::RouterTrace& Model::router_trace() const { return impl_->router_trace; }
 
 void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   if (ep) {

@@ -149,6 +149,7 @@ struct ExpertParallel {
   struct Layer {
     double compute_s = 0, exchange_s = 0;
     int64_t rows = 0, layer_rows = 0, passes = 0;
+    std::vector<double> pass_compute_s, pass_exchange_s;  // the same, pass by pass
   };
   std::vector<Layer> layers;
   int64_t first_expert(int64_t num_experts, int r) const { return num_experts * r / ranks; }
@@ -274,6 +275,16 @@ class Model {
   };
   void set_router_stats(bool on);
   RouterStats router_stats() const;
+  // Routing trace: while on, every forward (training and KV-cache) appends, per application of an
+  // MoE block, each token's top-k experts (ascending per token, tokens in pass order) and the
+  // tokens of the pass — the per-token record `concord ep-sim` replays (serve/ep_sim.h). Off by
+  // default; turning it on (or off) empties it.
+  struct RouterTrace {
+    std::vector<std::vector<int32_t>> selected;   // per application: (tokens · k); empty if dense
+    std::vector<std::vector<int64_t>> pass_rows;  // per application: the tokens of each pass
+  };
+  void set_router_trace(bool on);
+  const RouterTrace& router_trace() const;
   // Expert parallelism (ExpertParallel above); nullptr: every expert here (the default).
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
   const ExpertParallel* expert_parallel() const;

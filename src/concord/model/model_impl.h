@@ -128,6 +128,8 @@ struct Model::Impl {
   bool router_stats_on = false;
   std::vector<std::vector<int64_t>> router_counts;  // per application (Model::RouterStats)
   int64_t router_rows = 0;
+  bool router_trace_on = false;
+  Model::RouterTrace router_trace;  // Model::set_router_trace
   std::vector<Model::Recompute> recompute;  // per application; empty: keep everywhere
   Model::Recompute recompute_of(int64_t app) const {
     return recompute.empty() ? Model::Recompute::keep : recompute[static_cast<size_t>(app)];
