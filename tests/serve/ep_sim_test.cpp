@@ -345,3 +345,42 @@ TEST(EpSim, SimulateSummarisesEveryLayerOfEveryBatch) {
 
 }  // namespace
 }  // namespace concord::serve::epsim
+
+namespace concord::serve::epsim {
+namespace {
+
+// The tail search: never worse than its start on the planning batches (it only keeps improvements),
+// a valid placement (every expert held, equal slots), seeded, and better than EPLB on skewed bursty
+// batches it was not planned on.
+TEST(EpSim, TheTailSearchKeepsAValidPlacementAndLowersTheTail) {
+  Zipf z;
+  z.experts = 32;
+  z.top_k = 4;
+  z.layers = 1;
+  z.tokens = 512;
+  z.skew = 1.0;
+  const std::vector<Batch> plan = zipf_batches(z, 40, 1), run = zipf_batches(z, 200, 2);
+  std::vector<std::vector<int64_t>> plan_counts;
+  for (const Batch& b : plan) plan_counts.push_back(b.counts[0]);
+  const auto loads = layer_loads(plan);
+  const CostModel c = default_gpu_cost();
+  const eplb::Placement start = eplb::eplb(loads[0], 8, 5);
+  const eplb::Placement a = tail_search(start, plan_counts, {}, c, Router::balanced, 300, 7);
+  const eplb::Placement b = tail_search(start, plan_counts, {}, c, Router::balanced, 300, 7);
+  EXPECT_EQ(a.slot_expert, b.slot_expert);
+  eplb::check(a, 32);
+  EXPECT_LE(tail_objective(a, plan_counts, {}, c, Router::balanced), tail_objective(start, plan_counts, {}, c, Router::balanced));
+  const Summary s_eplb = simulate(run, std::vector<eplb::Placement>{start}, {}, c, Router::even);
+  const Summary s_search = simulate(run, std::vector<eplb::Placement>{a}, {}, c, Router::balanced);
+  EXPECT_LT(s_search.p99, s_eplb.p99);
+  EXPECT_GE(s_search.p99, bound(run, {}, 8, c).p99);
+  // A slow rank: the search starts anywhere and still keeps every expert placed.
+  const std::vector<double> speed = {1, 1, 1, 0.5, 1, 1, 1, 1};
+  const eplb::Placement slow = tail_search(start, plan_counts, speed, c, Router::balanced, 200, 3);
+  eplb::check(slow, 32);
+  EXPECT_LT(tail_objective(slow, plan_counts, speed, c, Router::balanced),
+            tail_objective(start, plan_counts, speed, c, Router::balanced));
+}
+
+}  // namespace
+}  // namespace concord::serve::epsim

@@ -31,7 +31,7 @@ namespace eplb = serve::eplb;
 struct Args {
   std::vector<std::string> traces, runs;
   std::optional<double> zipf;
-  int64_t experts = 256, top_k = 8, layers = 8, batches = 200, plan_batches = 50, fit_runs = 1;
+  int64_t experts = 256, top_k = 8, layers = 8, batches = 200, plan_batches = 50, fit_runs = 1, search_tries = 400;
   std::optional<int64_t> tokens, slots_per_rank;
   double burst = 0.5;
   std::string batching = "random", slow_rank, policies, cost, cost_out, json, exchange;
@@ -190,6 +190,9 @@ void simulate(const Args& a) {
                          a.batching == "passes" ? "" : fmt::format(" of {} tokens", a.tokens.value_or(256)));
   }
   const std::vector<std::vector<double>> loads = epsim::layer_loads(plan);
+  std::vector<std::vector<std::vector<int64_t>>> plan_counts(loads.size());  // per layer, per batch
+  for (const epsim::Batch& b : plan)
+    for (size_t l = 0; l < b.counts.size(); ++l) plan_counts[l].push_back(b.counts[l]);
   epsim::CostModel cost = a.cost.empty() ? epsim::default_gpu_cost() : read_cost(a.cost);
   if (!a.exchange.empty()) {
     if (a.exchange != "alltoall" && a.exchange != "allgather")
@@ -198,7 +201,8 @@ void simulate(const Args& a) {
   }
   std::vector<std::string> policies;
   {
-    const std::string p = a.policies.empty() ? "contiguous,eplb,eplb+balanced,speed,speed+balanced,optimal" : a.policies;
+    const std::string p =
+        a.policies.empty() ? "contiguous,eplb,eplb+balanced,speed,speed+balanced,search+balanced,optimal" : a.policies;
     size_t start = 0;
     while (start <= p.size()) {
       const size_t comma = std::min(p.find(',', start), p.size());
@@ -207,9 +211,9 @@ void simulate(const Args& a) {
     }
     for (const std::string& name : policies)
       if (name != "contiguous" && name != "eplb" && name != "eplb+balanced" && name != "speed" && name != "speed+balanced" &&
-          name != "optimal" && name != "optimal+balanced")
-        throw InputError(fmt::format("[ep-sim] unknown policy '{}' in --policies (contiguous, eplb, eplb+balanced, speed, "
-                                     "speed+balanced, optimal, optimal+balanced)",
+          name != "optimal" && name != "optimal+balanced" && name != "search" && name != "search+balanced")
+        throw InputError(fmt::format("[ep-sim] unknown policy '{}' in --policies (contiguous, eplb, speed, search, "
+                                     "optimal, each optionally +balanced)",
                                      name));
   }
   std::printf("%s\n", fmt::format("{}; planned from {} other batches; cost: pass {:.1f} us, piece {:.1f} us, row {:.3f} us, "
@@ -242,7 +246,8 @@ void simulate(const Args& a) {
       const std::string placer = balanced ? name.substr(0, name.size() - 9) : name;
       std::vector<eplb::Placement> placements;
       std::string skipped;
-      for (const std::vector<double>& w : loads) {
+      for (size_t layer = 0; layer < loads.size(); ++layer) {
+        const std::vector<double>& w = loads[layer];
         if (placer == "contiguous") {
           if (experts % R != 0) {
             skipped = "the experts do not divide among the ranks";
@@ -251,10 +256,15 @@ void simulate(const Args& a) {
           placements.push_back(eplb::contiguous(experts, R));
         } else if (placer == "eplb") {
           placements.push_back(eplb::eplb(w, R, s));
+        } else if (placer == "search") {
+          const eplb::Placement start = uneven ? eplb::speed_aware(w, speed, s) : eplb::eplb(w, R, s);
+          placements.push_back(epsim::tail_search(start, plan_counts[layer], speed, cost,
+                                                  balanced ? epsim::Router::balanced : epsim::Router::even,
+                                                  a.search_tries, a.seed + layer));
         } else if (placer == "speed") {
-          // O(S·E·R·S): beyond ~1e10 steps per layer it is not worth the wait.
+          // O(S·E·R·S): beyond ~3e9 steps per layer (minutes) it is not worth the wait.
           const double work = static_cast<double>(R * s) * static_cast<double>(experts) * R * static_cast<double>(R * s);
-          if (work > 2e10) {
+          if (work > 3e9) {
             skipped = "too large for the greedy";
             break;
           }
@@ -321,10 +331,14 @@ void add_ep_sim_command(CLI::App& app) {
                    "expert slots per rank (default: the experts' share E/R rounded up, plus a quarter of it, at least 1)");
   cmd->add_option("--slow-rank", a->slow_rank, "RANK:FACTOR: that rank computes FACTOR times slower");
   cmd->add_option("--policies", a->policies,
-                  "comma-separated: contiguous, eplb, speed, optimal, each optionally +balanced (default: all)");
+                  "comma-separated: contiguous, eplb, speed, search (a local search from EPLB's or the speed-aware "
+                  "placement that lowers the planning batches' slowest quarter), optimal, each optionally +balanced "
+                  "(default: every one, search only +balanced)");
   cmd->add_option("--cost", a->cost, "a cost model JSON (from --calibrate --cost-out; default: a GPU-like one)");
   cmd->add_option("--exchange", a->exchange,
                   "alltoall (dispatch + combine) or allgather (concord's MPI ranks); default: the cost model's");
+  add_integer_flag(cmd, "--search-tries", a->search_tries, between(0, 1 << 24),
+                   "policy search: moves tried per layer (default 400)");
   add_seed_flag(cmd, "--seed", a->seed, "the batches' seed (default 1)");
   cmd->add_option("--json", a->json, "write one JSON line per ranks and policy (calibration: the fit and every layer)");
   cmd->add_flag("--calibrate", a->calibrate, "fit the cost model to --run pairs instead of simulating");

@@ -41,29 +41,45 @@ std::vector<std::vector<int64_t>> slots_of(const eplb::Placement& p) {
   return out;
 }
 
-RankWork work_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std::span<const int64_t> counts,
-                       std::span<const double> speed, const CostModel& cost, Router router) {
-  const auto R = static_cast<int64_t>(rank_slots.size());
-  const auto E = static_cast<int64_t>(counts.size());
-  auto sp = [&](int64_t r) { return speed.empty() ? 1.0 : speed[static_cast<size_t>(r)]; };
-  // Holders of each expert: ranks ascending, a rank's slots in order (block_moe.cpp's order).
-  std::vector<std::vector<int64_t>> holders(static_cast<size_t>(E));
-  for (int64_t r = 0; r < R; ++r)
+// Each expert's holders: in order (ranks ascending, a rank's slots in order: block_moe.cpp's
+// split order, a rank twice when it holds two replicas) and as distinct ranks.
+struct Holders {
+  int64_t ranks = 0;
+  std::vector<std::vector<int64_t>> in_order, distinct;
+};
+
+Holders holders_of(const std::vector<std::vector<int64_t>>& rank_slots, int64_t experts) {
+  Holders h;
+  h.ranks = static_cast<int64_t>(rank_slots.size());
+  h.in_order.resize(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < h.ranks; ++r)
     for (int64_t e : rank_slots[static_cast<size_t>(r)]) {
-      if (e < 0 || e >= E) throw InputError(fmt::format("[ep-sim] a slot holds expert {}, the layer has {}", e, E));
-      holders[static_cast<size_t>(e)].push_back(r);
+      if (e < 0 || e >= experts) throw InputError(fmt::format("[ep-sim] a slot holds expert {}, the layer has {}", e, experts));
+      h.in_order[static_cast<size_t>(e)].push_back(r);
     }
+  h.distinct = h.in_order;
+  for (auto& d : h.distinct) d.erase(std::unique(d.begin(), d.end()), d.end());  // already ascending
+  return h;
+}
+
+RankWork work_of(const Holders& hs, std::span<const int64_t> counts, std::span<const double> speed, const CostModel& cost,
+                 Router router) {
+  const int64_t R = hs.ranks;
+  const auto E = static_cast<int64_t>(counts.size());
+  if (E != static_cast<int64_t>(hs.in_order.size()))
+    throw InputError(fmt::format("[ep-sim] counts of {} experts for a placement of {}", E, hs.in_order.size()));
+  auto sp = [&](int64_t r) { return speed.empty() ? 1.0 : speed[static_cast<size_t>(r)]; };
   RankWork w;
   w.rows.assign(static_cast<size_t>(R), 0.0);
   w.pieces.assign(static_cast<size_t>(R), 0.0);
   for (int64_t e = 0; e < E; ++e)
-    if (counts[static_cast<size_t>(e)] > 0 && holders[static_cast<size_t>(e)].empty())
+    if (counts[static_cast<size_t>(e)] > 0 && hs.in_order[static_cast<size_t>(e)].empty())
       throw InputError(fmt::format("[ep-sim] expert {} has tokens and no slot", e));
   // Even: the i-th holder takes rows [n·i/c, n·(i+1)/c) (block_moe.cpp's split).
   std::vector<std::vector<std::pair<int64_t, double>>> share(static_cast<size_t>(E));  // (rank, rows)
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = counts[static_cast<size_t>(e)];
-    const auto& h = holders[static_cast<size_t>(e)];
+    const auto& h = hs.in_order[static_cast<size_t>(e)];
     const auto c = static_cast<int64_t>(h.size());
     for (int64_t i = 0; i < c; ++i) {
       const int64_t rows = n * (i + 1) / c - n * i / c;
@@ -77,31 +93,31 @@ RankWork work_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std:
     // under all-to-all, whose largest adds to the layer). Levelling one expert's holders never
     // raises the largest of their times, so no sweep makes the layer slower.
     const double xr = cost.alltoall ? 2.0 * static_cast<double>(R - 1) / static_cast<double>(R) * cost.exchange_row_s : 0.0;
-    auto row_cost = [&](int64_t r) { return cost.row_s / sp(r) + xr; };
+    auto row_cost = [&](int64_t r) { return std::max(cost.row_s / sp(r) + xr, 1e-15); };
     std::vector<double> t(static_cast<size_t>(R));
     for (int64_t r = 0; r < R; ++r) t[static_cast<size_t>(r)] = cost.pass_s / sp(r);
     for (int64_t e = 0; e < E; ++e)
       for (const auto& [r, rows] : share[static_cast<size_t>(e)])
         t[static_cast<size_t>(r)] += cost.piece_s / sp(r) + row_cost(r) * rows;
-    std::vector<int64_t> order(static_cast<size_t>(E));
-    std::iota(order.begin(), order.end(), 0);
+    std::vector<int64_t> order;
+    for (int64_t e = 0; e < E; ++e)
+      if (counts[static_cast<size_t>(e)] > 0 && hs.distinct[static_cast<size_t>(e)].size() > 1) order.push_back(e);
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t a, int64_t b) { return counts[static_cast<size_t>(a)] > counts[static_cast<size_t>(b)]; });
+    std::vector<double> base;
+    std::vector<size_t> by;
     for (int sweep = 0; sweep < 4; ++sweep)
       for (int64_t e : order) {
         const auto n = static_cast<double>(counts[static_cast<size_t>(e)]);
-        std::vector<int64_t> h = holders[static_cast<size_t>(e)];
-        std::sort(h.begin(), h.end());
-        h.erase(std::unique(h.begin(), h.end()), h.end());
-        if (n == 0 || h.size() < 2) continue;
+        const std::vector<int64_t>& h = hs.distinct[static_cast<size_t>(e)];
         auto& sh = share[static_cast<size_t>(e)];
         for (const auto& [r, rows] : sh) t[static_cast<size_t>(r)] -= cost.piece_s / sp(r) + row_cost(r) * rows;
         sh.clear();
         // Each holder's time if it takes a piece; rows add row_cost each. Find the level λ: Σ over
         // the holders below it of (λ - base) / row_cost = n.
-        std::vector<double> base(h.size());
+        base.resize(h.size());
+        by.resize(h.size());
         for (size_t i = 0; i < h.size(); ++i) base[i] = t[static_cast<size_t>(h[i])] + cost.piece_s / sp(h[i]);
-        std::vector<size_t> by(h.size());
         std::iota(by.begin(), by.end(), size_t{0});
         std::sort(by.begin(), by.end(), [&](size_t x, size_t y) { return base[x] < base[y]; });
         double rate = 0, filled = 0;
@@ -109,13 +125,13 @@ RankWork work_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std:
         for (; used < by.size(); ++used) {
           const size_t i = by[used];
           if (used > 0 && base[i] * rate - filled >= n) break;
-          rate += 1.0 / std::max(row_cost(h[i]), 1e-15);
-          filled += base[i] / std::max(row_cost(h[i]), 1e-15);
+          rate += 1.0 / row_cost(h[i]);
+          filled += base[i] / row_cost(h[i]);
         }
         const double level = (n + filled) / rate;
         for (size_t u = 0; u < used; ++u) {
           const size_t i = by[u];
-          const double rows = (level - base[i]) / std::max(row_cost(h[i]), 1e-15);
+          const double rows = (level - base[i]) / row_cost(h[i]);
           if (rows <= 0) continue;
           sh.push_back({h[i], rows});
           t[static_cast<size_t>(h[i])] += cost.piece_s / sp(h[i]) + row_cost(h[i]) * rows;
@@ -128,6 +144,11 @@ RankWork work_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std:
       w.pieces[static_cast<size_t>(r)] += 1;
     }
   return w;
+}
+
+RankWork work_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std::span<const int64_t> counts,
+                       std::span<const double> speed, const CostModel& cost, Router router) {
+  return work_of(holders_of(rank_slots, static_cast<int64_t>(counts.size())), counts, speed, cost, router);
 }
 
 // Non-negative least squares by enumeration of the active set (a handful of terms): the smallest
@@ -497,15 +518,16 @@ Summary simulate(std::span<const Batch> batches, std::span<const eplb::Placement
                  const CostModel& cost, Router router) {
   Summary s;
   double waited = 0, busy = 0, imbalance = 0;
-  std::vector<std::vector<std::vector<int64_t>>> slots;
-  for (const eplb::Placement& p : placements) slots.push_back(slots_of(p));
+  std::vector<Holders> holders;
+  for (const eplb::Placement& p : placements)
+    holders.push_back(holders_of(slots_of(p), static_cast<int64_t>(p.replicas.size())));
   for (const Batch& b : batches) {
     if (b.counts.size() != placements.size())
       throw InputError(fmt::format("[ep-sim] a batch of {} layers, {} placements", b.counts.size(), placements.size()));
     for (size_t l = 0; l < b.counts.size(); ++l) {
       if (!speed.empty() && static_cast<int64_t>(speed.size()) != placements[l].ranks)
         throw InputError(fmt::format("[ep-sim] {} rank speeds for {} ranks", speed.size(), placements[l].ranks));
-      const LayerTime t = layer_time(work_of_slots(slots[l], b.counts[l], speed, cost, router), speed, cost);
+      const LayerTime t = layer_time(work_of(holders[l], b.counts[l], speed, cost, router), speed, cost);
       const double slowest = t.layer_s - t.exchange_s;
       for (double c : t.compute_s) waited += slowest - c;
       busy += t.layer_s * static_cast<double>(t.compute_s.size());
@@ -544,6 +566,91 @@ Summary bound(std::span<const Batch> batches, std::span<const double> speed, int
   s.p99 = quantile(s.layer_s, 0.99);
   s.mean = std::accumulate(s.layer_s.begin(), s.layer_s.end(), 0.0) / static_cast<double>(s.layer_s.size());
   return s;
+}
+
+namespace {
+
+// The layer times of a placement over the planning counts, and each one's slowest rank.
+struct Evaluated {
+  std::vector<double> time;
+  std::vector<int64_t> slowest;
+  double objective = 0;  // mean of the slowest quarter
+};
+
+Evaluated evaluate(const eplb::Placement& p, std::span<const std::vector<int64_t>> plan, std::span<const double> speed,
+                   const CostModel& cost, Router router) {
+  const Holders h = holders_of(slots_of(p), static_cast<int64_t>(p.replicas.size()));
+  Evaluated ev;
+  for (const std::vector<int64_t>& counts : plan) {
+    const LayerTime t = layer_time(work_of(h, counts, speed, cost, router), speed, cost);
+    ev.time.push_back(t.layer_s);
+    ev.slowest.push_back(std::max_element(t.compute_s.begin(), t.compute_s.end()) - t.compute_s.begin());
+  }
+  std::vector<double> sorted = ev.time;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  const size_t worst = std::max<size_t>(1, sorted.size() / 4);
+  ev.objective = std::accumulate(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(worst), 0.0) /
+                 static_cast<double>(worst);
+  return ev;
+}
+
+// replicas and replica_rank from slot_expert.
+void renumber(eplb::Placement& p) {
+  std::fill(p.replicas.begin(), p.replicas.end(), 0);
+  for (size_t slot = 0; slot < p.slot_expert.size(); ++slot)
+    p.replica_rank[slot] = p.replicas[static_cast<size_t>(p.slot_expert[slot])]++;
+}
+
+}  // namespace
+
+double tail_objective(const eplb::Placement& p, std::span<const std::vector<int64_t>> plan_counts,
+                      std::span<const double> speed, const CostModel& cost, Router router) {
+  return evaluate(p, plan_counts, speed, cost, router).objective;
+}
+
+eplb::Placement tail_search(const eplb::Placement& start, std::span<const std::vector<int64_t>> plan_counts,
+                            std::span<const double> speed, const CostModel& cost, Router router, int64_t tries,
+                            uint64_t seed) {
+  if (plan_counts.empty()) throw InputError("[ep-sim] the tail search needs planning batches");
+  eplb::Placement p = start;
+  const int64_t R = p.ranks, s = p.slots_per_rank;
+  if (R < 2) return p;
+  Rng rng{seed};
+  Evaluated cur = evaluate(p, plan_counts, speed, cost, router);
+  std::vector<size_t> by_time(cur.time.size());
+  for (int64_t t = 0; t < tries; ++t) {
+    // A bottleneck: the slowest rank of one of the worst quarter of the batches.
+    std::iota(by_time.begin(), by_time.end(), size_t{0});
+    std::sort(by_time.begin(), by_time.end(), [&](size_t a, size_t b) { return cur.time[a] > cur.time[b]; });
+    const size_t worst = std::max<size_t>(1, by_time.size() / 4);
+    const int64_t hot = cur.slowest[by_time[static_cast<size_t>(rng.below(static_cast<int64_t>(worst)))]];
+    int64_t other = rng.below(R - 1);
+    if (other >= hot) ++other;
+    const auto i = static_cast<size_t>(hot * s + rng.below(s));
+    const int64_t e_hot = p.slot_expert[i];
+    eplb::Placement q = p;
+    if (rng.below(2) == 0) {  // swap a slot of the hot rank with one of another rank
+      const auto j = static_cast<size_t>(other * s + rng.below(s));
+      if (q.slot_expert[j] == e_hot) continue;
+      std::swap(q.slot_expert[i], q.slot_expert[j]);
+    } else {  // another rank's spare replica becomes a replica of the hot rank's expert
+      std::vector<size_t> spare;
+      for (int64_t k = 0; k < s; ++k) {
+        const auto j = static_cast<size_t>(other * s + k);
+        const int64_t e = q.slot_expert[j];
+        if (e != e_hot && q.replicas[static_cast<size_t>(e)] > 1) spare.push_back(j);
+      }
+      if (spare.empty()) continue;
+      q.slot_expert[spare[static_cast<size_t>(rng.below(static_cast<int64_t>(spare.size())))]] = e_hot;
+    }
+    renumber(q);
+    Evaluated next = evaluate(q, plan_counts, speed, cost, router);
+    if (next.objective < cur.objective * (1 - 1e-9)) {
+      p = std::move(q);
+      cur = std::move(next);
+    }
+  }
+  return p;
 }
 
 std::vector<std::vector<double>> layer_loads(std::span<const Batch> batches) {

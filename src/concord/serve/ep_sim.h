@@ -116,6 +116,21 @@ Summary bound(std::span<const Batch> batches, std::span<const double> speed, int
 Summary simulate(std::span<const Batch> batches, std::span<const eplb::Placement> placements,
                  std::span<const double> speed, const CostModel& cost, Router router);
 
+// concord's placement for a layer: a local search from `start` (EPLB's, or the speed-aware one)
+// that lowers the tail of the layer time over the planning batches' counts of this layer, under
+// the router that will run it: objective the mean of the slowest quarter of those layer times.
+// Each try takes a rank that is the slowest in one of the worst batches and either swaps one of
+// its slots with a slot of another rank, or turns another rank's spare replica (of an expert with
+// more than one) into a replica of one of its experts; kept only when the objective falls. Seeded:
+// the same placement for the same arguments. The placement is planned from batches other than
+// those it is measured on (concord ep-sim's planning window), so the gain is not fitted noise.
+eplb::Placement tail_search(const eplb::Placement& start, std::span<const std::vector<int64_t>> plan_counts,
+                            std::span<const double> speed, const CostModel& cost, Router router, int64_t tries,
+                            uint64_t seed);
+// The objective tail_search lowers (the mean of the slowest quarter of the layer times).
+double tail_objective(const eplb::Placement& p, std::span<const std::vector<int64_t>> plan_counts,
+                      std::span<const double> speed, const CostModel& cost, Router router);
+
 // The loads of each layer summed over batches (the planning statistics).
 std::vector<std::vector<double>> layer_loads(std::span<const Batch> batches);
 
