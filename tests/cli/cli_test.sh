@@ -179,6 +179,7 @@ ep-sim||--ranks|0|an integer in [1, 4096]
 ep-sim||--slots-per-rank|0|an integer in [1, 65536]
 ep-sim||--seed|-1|an integer in [0, 2^64 - 1]
 ep-sim||--fit-runs|0|an integer in [1, 65536]
+ep-sim||--search-tries|-1|an integer in [0, 16777216]
 TABLE
 bad_flag_values "$WORK/flags.table"
 expect_error "a list flag checks every element" "contract measure --position-edges: '-3' is not an integer in [1, 2^31 - 1]" \
