@@ -603,7 +603,8 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
   # The simulator's cost model fitted to the 2-rank run, the 3-rank run (a rank 3x slower) predicted
   # from it; the ep-stats of one run with the trace of another prompt is refused.
   if "$CONCORD" ep-sim --calibrate --run "$WORK/ep2.jsonl" "$WORK/ep2.trace" --run "$WORK/ep3.jsonl" "$WORK/ep3.trace" \
-      --cost-out "$WORK/cost.json" >"$WORK/cal.out" 2>"$WORK/err" && grep -q "cost model fitted on 1 run" "$WORK/cal.out" \
+      --cost-out "$WORK/cost.json" --html "$WORK/cal.html" >"$WORK/cal.out" 2>"$WORK/err" \
+      && grep -q "cost model fitted on 1 run" "$WORK/cal.out" && grep -q "<svg" "$WORK/cal.html" \
       && grep -q "ep3.jsonl | no | p50 / p99 of a layer" "$WORK/cal.out" && grep -q '"row_s"' "$WORK/cost.json"; then
     pass "ep-sim --calibrate fits the cost model to one real run and predicts another"
   else
@@ -641,8 +642,9 @@ fi
 if "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 24 \
      --routing-trace "$WORK/t.trace" >/dev/null 2>"$WORK/err" \
    && "$CONCORD" ep-sim --trace "$WORK/t.trace" --ranks 2,4 --tokens 16 --batches 30 --plan-batches 10 \
-     --json "$WORK/sim.jsonl" >"$WORK/sim.out" 2>>"$WORK/err" \
+     --json "$WORK/sim.jsonl" --html "$WORK/sim.html" >"$WORK/sim.out" 2>>"$WORK/err" \
    && grep -q "| 4 | 2 | eplb+balanced |" "$WORK/sim.out" && grep -q "(lower bound)" "$WORK/sim.out" \
+   && grep -q "<svg" "$WORK/sim.html" && grep -q "<td>search+balanced</td>" "$WORK/sim.html" \
    && grep -q "| 2 | 3 | optimal |" "$WORK/sim.out" && [[ $(wc -l <"$WORK/sim.jsonl") -ge 10 ]] \
    && "$CONCORD" ep-sim --trace "$WORK/t.trace" --trace "$WORK/t.trace" --batching passes --ranks 2 \
      --policies eplb,speed+balanced --slow-rank 1:2 >"$WORK/sim2.out" 2>>"$WORK/err" \

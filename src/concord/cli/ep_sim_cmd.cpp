@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "concord/audit/svg.h"
 #include "concord/cli/commands.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
@@ -34,7 +35,7 @@ struct Args {
   int64_t experts = 256, top_k = 8, layers = 8, batches = 200, plan_batches = 50, fit_runs = 1, search_tries = 400;
   std::optional<int64_t> tokens, slots_per_rank;
   double burst = 0.5;
-  std::string batching = "random", slow_rank, policies, cost, cost_out, json, exchange;
+  std::string batching = "random", slow_rank, policies, cost, cost_out, json, exchange, html;
   std::vector<int32_t> ranks = {8, 64, 256};
   uint64_t seed = 1;
   bool calibrate = false;
@@ -47,6 +48,45 @@ ordered_json cost_json(const epsim::CostModel& c) {
           {"exchange_pass_s", c.exchange_pass_s},
           {"exchange_row_s", c.exchange_row_s},
           {"exchange", c.alltoall ? "alltoall" : "allgather"}};
+}
+
+// A table printed as Markdown on stdout as it grows, and kept for the --html report.
+struct Table {
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  explicit Table(std::vector<std::string> h) : header(std::move(h)) {
+    std::string line = "|", rule = "|";
+    for (const std::string& x : header) {
+      line += " " + x + " |";
+      rule += "---|";
+    }
+    std::printf("%s\n%s\n", line.c_str(), rule.c_str());
+  }
+  void row(std::vector<std::string> cells) {
+    cells.resize(header.size());
+    std::string line = "|";
+    for (const std::string& x : cells) line += " " + x + " |";
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    rows.push_back(std::move(cells));
+  }
+  std::string html() const {
+    std::string out = "<table><tr>";
+    for (const std::string& x : header) out += "<th>" + audit::html_escape(x) + "</th>";
+    out += "</tr>\n";
+    for (const auto& r : rows) {
+      out += "<tr>";
+      for (const std::string& x : r) out += "<td>" + audit::html_escape(x) + "</td>";
+      out += "</tr>\n";
+    }
+    return out + "</table>\n";
+  }
+};
+
+void write_html(const std::string& path, const std::string& title, const std::string& intro, const std::string& body) {
+  io::write_file_atomic(path, fmt::format("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{0}</title><style>{1}"
+                                          "</style></head><body>\n<h1>{0}</h1>\n<p>{2}</p>\n{3}</body></html>\n",
+                                          audit::html_escape(title), audit::report_style(), audit::html_escape(intro), body));
 }
 
 epsim::CostModel read_cost(const std::string& path) {
@@ -85,7 +125,8 @@ void calibrate(const Args& a) {
                                   a.fit_runs, 1e6 * cost.pass_s, 1e6 * cost.piece_s, 1e6 * cost.row_s,
                                   1e6 * cost.exchange_pass_s, 1e6 * cost.exchange_row_s)
                           .c_str());
-  std::printf("| run | fit on it | MoE layer | measured ms | predicted ms | error |\n|---|---|---|---|---|---|\n");
+  Table table({"run", "fit on it", "MoE layer", "measured ms", "predicted ms", "error"});
+  std::string plots;
   std::vector<double> in_errors, out_errors;
   ordered_json lines = ordered_json::array();
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -99,22 +140,34 @@ void calibrate(const Args& a) {
       (fitted ? in_errors : out_errors).push_back(std::abs(err));
       measured += p.measured_s;
       predicted += p.predicted_s;
-      std::printf("%s\n", fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:+.1f}% |", runs[i].name, fitted ? "yes" : "no",
-                                      p.application, 1e3 * p.measured_s, 1e3 * p.predicted_s, 100 * err)
-                              .c_str());
+      table.row({runs[i].name, fitted ? "yes" : "no", std::to_string(p.application), fmt::format("{:.2f}", 1e3 * p.measured_s),
+                 fmt::format("{:.2f}", 1e3 * p.predicted_s), fmt::format("{:+.1f}%", 100 * err)});
       lines.push_back({{"run", runs[i].name}, {"fitted", fitted}, {"application", p.application},
                        {"measured_s", p.measured_s}, {"predicted_s", p.predicted_s}});
     }
-    std::printf("%s\n", fmt::format("| {} | {} | all | {:.2f} | {:.2f} | {:+.1f}% |", runs[i].name, fitted ? "yes" : "no",
-                                    1e3 * measured, 1e3 * predicted, measured > 0 ? 100 * (predicted / measured - 1) : 0.0)
-                            .c_str());
+    table.row({runs[i].name, fitted ? "yes" : "no", "all", fmt::format("{:.2f}", 1e3 * measured),
+               fmt::format("{:.2f}", 1e3 * predicted), fmt::format("{:+.1f}%", measured > 0 ? 100 * (predicted / measured - 1) : 0.0)});
     if (!mp.empty()) {
       const double m50 = epsim::quantile(mp, 0.5), m99 = epsim::quantile(mp, 0.99);
       const double p50 = epsim::quantile(pp, 0.5), p99 = epsim::quantile(pp, 0.99);
-      std::printf("%s\n", fmt::format("| {} | {} | p50 / p99 of a layer, us | {:.1f} / {:.1f} | {:.1f} / {:.1f} | {:+.1f}% / {:+.1f}% |",
-                                      runs[i].name, fitted ? "yes" : "no", 1e6 * m50, 1e6 * m99, 1e6 * p50, 1e6 * p99,
-                                      100 * (p50 / m50 - 1), 100 * (p99 / m99 - 1))
-                              .c_str());
+      table.row({runs[i].name, fitted ? "yes" : "no", "p50 / p99 of a layer, us", fmt::format("{:.1f} / {:.1f}", 1e6 * m50, 1e6 * m99),
+                 fmt::format("{:.1f} / {:.1f}", 1e6 * p50, 1e6 * p99),
+                 fmt::format("{:+.1f}% / {:+.1f}%", 100 * (p50 / m50 - 1), 100 * (p99 / m99 - 1))});
+      std::vector<audit::Series> series(2);
+      series[0].name = "measured";
+      series[1].name = "predicted";
+      for (size_t k = 0; k < mp.size(); ++k) {
+        series[0].x.push_back(static_cast<double>(k));
+        series[0].y.push_back(1e6 * mp[k]);
+        series[1].x.push_back(static_cast<double>(k));
+        series[1].y.push_back(1e6 * pp[k]);
+      }
+      plots += "<figure>" +
+               audit::svg_line_plot(series, {.title = runs[i].name + (fitted ? " (fitted on)" : " (predicted)"),
+                                             .x_label = "pass of each MoE layer, layer after layer",
+                                             .y_label = "layer time, us",
+                                             .log_y = true}) +
+               "</figure>\n";
       lines.push_back({{"run", runs[i].name}, {"fitted", fitted}, {"measured_p50_s", m50}, {"measured_p99_s", m99},
                        {"predicted_p50_s", p50}, {"predicted_p99_s", p99}});
     }
@@ -128,6 +181,12 @@ void calibrate(const Args& a) {
                                   summary(in_errors), summary(out_errors))
                           .c_str());
   if (!a.cost_out.empty()) io::write_file_atomic(a.cost_out, cost_json(cost).dump(1) + "\n");
+  if (!a.html.empty())
+    write_html(a.html, "concord ep-sim: the cost model against real expert-parallel runs",
+               fmt::format("Fitted on the first {} run(s); the others predicted. Measured layer time: the slowest rank's "
+                           "compute plus the least wait (the exchange after the last rank arrived).",
+                           a.fit_runs),
+               table.html() + plots);
   if (!a.json.empty()) io::write_file_atomic(a.json, ordered_json{{"cost", cost_json(cost)}, {"layers", lines}}.dump(1) + "\n");
 }
 
@@ -222,9 +281,8 @@ void simulate(const Args& a) {
                                   cost.alltoall ? "all-to-all" : "all-gather", 1e6 * cost.exchange_pass_s,
                                   1e6 * cost.exchange_row_s)
                           .c_str());
-  std::printf("| ranks | slots/rank | policy | p50 ms | p99 ms | mean ms | waiting | imbalance | p99 vs EPLB |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
-  std::string lines;
+  Table table({"ranks", "slots/rank", "policy", "p50 ms", "p99 ms", "mean ms", "waiting", "imbalance", "p99 vs EPLB"});
+  std::string lines, charts;
   for (int32_t R : a.ranks) {
     const std::vector<double> speed = speeds_of(a.slow_rank, R);
     const bool uneven = std::any_of(speed.begin(), speed.end(), [](double s) { return s != 1.0; });
@@ -234,11 +292,14 @@ void simulate(const Args& a) {
       throw InputError(fmt::format("[ep-sim] --slots-per-rank {}: {} ranks hold {} slots, fewer than the {} experts", s, R, R * s,
                                    experts));
     double eplb_p99 = 0;
+    std::vector<std::string> names;
+    std::vector<double> p99s;
+    auto ms = [](double sec) { return fmt::format("{:.3f}", 1e3 * sec); };
     {
       const epsim::Summary b = epsim::bound(run, speed, R, cost);
-      std::printf("%s\n", fmt::format("| {} | {} | (lower bound) | {:.3f} | {:.3f} | {:.3f} | | | |", R, s, 1e3 * b.p50,
-                                      1e3 * b.p99, 1e3 * b.mean)
-                              .c_str());
+      table.row({std::to_string(R), std::to_string(s), "(lower bound)", ms(b.p50), ms(b.p99), ms(b.mean)});
+      names.push_back("bound");
+      p99s.push_back(1e3 * b.p99);
       lines += ordered_json{{"ranks", R}, {"policy", "bound"}, {"p50_s", b.p50}, {"p99_s", b.p99}, {"mean_s", b.mean}}.dump() + "\n";
     }
     for (const std::string& name : policies) {
@@ -278,24 +339,36 @@ void simulate(const Args& a) {
         }
       }
       if (!skipped.empty()) {
-        std::printf("%s\n", fmt::format("| {} | {} | {} | ({}) | | | | | |", R, s, name, skipped).c_str());
+        table.row({std::to_string(R), std::to_string(s), name, "(" + skipped + ")"});
         continue;
       }
       const epsim::Summary sum =
           epsim::simulate(run, placements, speed, cost, balanced ? epsim::Router::balanced : epsim::Router::even);
       if (name == "eplb") eplb_p99 = sum.p99;
       const std::string vs = eplb_p99 > 0 ? fmt::format("{:+.1f}%", 100 * (sum.p99 / eplb_p99 - 1)) : std::string("-");
-      std::printf("%s\n", fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {:.3f} | {:.1f}% | {:.2f} | {} |", R, s, name,
-                                      1e3 * sum.p50, 1e3 * sum.p99, 1e3 * sum.mean, 100 * sum.wait_share, sum.imbalance, vs)
-                              .c_str());
-      std::fflush(stdout);
+      table.row({std::to_string(R), std::to_string(s), name, ms(sum.p50), ms(sum.p99), ms(sum.mean),
+                 fmt::format("{:.1f}%", 100 * sum.wait_share), fmt::format("{:.2f}", sum.imbalance), vs});
+      names.push_back(name);
+      p99s.push_back(1e3 * sum.p99);
       ordered_json j{{"ranks", R},         {"slots_per_rank", s},       {"policy", name},
                      {"p50_s", sum.p50},   {"p99_s", sum.p99},          {"mean_s", sum.mean},
                      {"wait_share", sum.wait_share}, {"imbalance", sum.imbalance}, {"layers", sum.layer_s.size()}};
       lines += j.dump() + "\n";
     }
+    charts += "<figure>" +
+              audit::svg_bar_chart(names, p99s, {.title = fmt::format("{} ranks, {} slots each: p99 layer time", R, s),
+                                                 .x_label = "placement (+balanced: per-batch re-routing among replicas)",
+                                                 .y_label = "ms"}) +
+              "</figure>\n";
   }
   if (!a.json.empty()) io::write_file_atomic(a.json, lines);
+  if (!a.html.empty())
+    write_html(a.html, "concord ep-sim: expert-parallel MoE layers at scale",
+               fmt::format("{}; placements planned from {} other batches; a layer waits for its slowest rank, then "
+                           "exchanges. Waiting: the share of rank time spent waiting for the slowest rank; imbalance: the "
+                           "busiest rank's rows over the mean.",
+                           source, plan.size()),
+               table.html() + charts);
 }
 
 }  // namespace
@@ -341,6 +414,9 @@ void add_ep_sim_command(CLI::App& app) {
                    "policy search: moves tried per layer (default 400)");
   add_seed_flag(cmd, "--seed", a->seed, "the batches' seed (default 1)");
   cmd->add_option("--json", a->json, "write one JSON line per ranks and policy (calibration: the fit and every layer)");
+  cmd->add_option("--html", a->html,
+                  "write an HTML report: the table and a bar chart of p99 per placement (calibration: the table and "
+                  "each run's measured and predicted layer times, pass by pass)");
   cmd->add_flag("--calibrate", a->calibrate, "fit the cost model to --run pairs instead of simulating");
   cmd->add_option("--run", a->runs,
                   "with --calibrate: EP_STATS TRACE of one real run (mpirun ... concord generate --expert-parallel "
