@@ -120,6 +120,7 @@ generate|--model m --prompt p|--exit-kl|-1|a number >= 0
 generate|--model m --prompt p|--max-depth|0|an integer in [1, 4096]
 generate|--model m --prompt p|--kv-core-slots|5000|an integer in [1, 4096]
 generate|--model m --prompt p|--slots-per-rank|-1|an integer in [0, 1048576]
+generate|--model m --prompt p|--replan-every|-1|an integer in [0, 1048576]
 generate|--model m --prompt p|--rank-speeds|0|a number > 0
 generate|--model m --prompt p|--draft-tokens|0|an integer in [1, 64]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
@@ -626,6 +627,21 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
   cmp -s "$WORK/ep1.json" "$WORK/ep_eplb.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_eplb.err" \
     && pass "generate --expert-parallel --placement eplb: replicas split the rows, the one-process bits" \
     || fail "--placement eplb: $(cat "$WORK/ep_eplb.err")"
+  # Experts placed again every 4 passes from the tokens routed since, the newly held ones moved
+  # between the ranks over MPI and content-checked; each rank holds only its experts' weights.
+  "$CONCORD" generate --model "$MOE_GGUF" --policy fp32 --prompt "And God said, let there be light" --max-tokens 16 \
+    --seed 5 --json >"$WORK/ep1_fp32.json" 2>/dev/null
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+    mpirun -np 2 --oversubscribe --mca btl self,vader \
+    "$CONCORD" generate --model "$MOE_GGUF" --policy fp32 --prompt "And God said, let there be light" --max-tokens 16 \
+    --seed 5 --json --expert-parallel --placement eplb --placement-loads "$WORK/loads.json" --slots-per-rank 3 \
+    --replan-every 4 >"$WORK/ep_moved.json" 2>"$WORK/ep_moved.err" </dev/null
+  if [[ -s "$WORK/ep1_fp32.json" ]] && cmp -s "$WORK/ep1_fp32.json" "$WORK/ep_moved.json" \
+      && grep -q "placed again 3 times" "$WORK/ep_moved.err" && grep -q "expert weights held per rank" "$WORK/ep_moved.err"; then
+    pass "generate --expert-parallel --replan-every: experts moved between passes, content-checked, the one-process bits"
+  else
+    fail "--replan-every: $(cat "$WORK/ep_moved.err")"
+  fi
   env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
     mpirun -np 2 --oversubscribe --mca btl self,vader \
     "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
@@ -670,6 +686,8 @@ expect_error "--routing-trace needs a router" "--routing-trace: $WORK/run is a" 
   "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --routing-trace "$WORK/none.trace"
 expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb, speed)" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement random
+expect_error "--replan-every needs a placement policy" "--replan-every places the experts again with --placement eplb or speed" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --replan-every 4
 expect_error "--placement eplb needs loads" "--placement eplb and speed take their loads from --placement-loads" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement eplb
 expect_error "--expert-parallel needs experts" "--expert-parallel: $WORK/run is a" \

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <barrier>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -29,6 +32,7 @@
 #include "concord/serve/eplb.h"
 #include "concord/tensor/quant_gemm.h"
 #include "concord/numerics/check.h"
+#include <xxhash.h>
 #include "model_to_reference.h"
 #include "test_inputs.h"
 #include "reference_fp64.h"
@@ -325,6 +329,26 @@ TEST(Moe, TheCachedForwardEqualsTheTrainingForward) {
   }
 }
 
+// The exchange of ranks that are threads: each rank's rows copied into a shared buffer (missing
+// rows NaN) between barriers, then every row copied back.
+template <class Barrier>
+std::function<void(float*, const std::vector<ExpertParallel::RowRanges>&, int64_t)> thread_exchange(int r,
+                                                                                                   std::vector<float>& shared,
+                                                                                                   Barrier& sync) {
+  return [&shared, &sync, r](float* y, const std::vector<ExpertParallel::RowRanges>& pieces, int64_t C) {
+    int64_t end = 0;
+    for (const auto& ranges : pieces)
+      for (const auto& [first, last] : ranges) end = std::max(end, last);
+    if (r == 0) shared.assign(static_cast<size_t>(end * C), std::nanf(""));
+    sync.arrive_and_wait();
+    for (const auto& [first, last] : pieces[static_cast<size_t>(r)])
+      std::copy(y + first * C, y + last * C, shared.begin() + first * C);
+    sync.arrive_and_wait();
+    std::copy(shared.begin(), shared.end(), y);
+    sync.arrive_and_wait();
+  };
+}
+
 // Expert parallelism without MPI: R threads, each a rank with its own twin of the model and its
 // share of the experts, the exchange a shared buffer between two barriers. Every rank's logits (a
 // batched forward and a cached decode) are the single model's bit for bit, for every R up to E,
@@ -352,18 +376,7 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
           auto ep = std::make_shared<ExpertParallel>();
           ep->rank = r;
           ep->ranks = ranks;
-          ep->exchange = [&, r](float* y, const std::vector<ExpertParallel::RowRanges>& pieces, int64_t C) {
-            int64_t end = 0;
-            for (const auto& ranges : pieces)
-              for (const auto& [first, last] : ranges) end = std::max(end, last);
-            if (r == 0) shared.assign(static_cast<size_t>(end * C), std::nanf(""));
-            sync.arrive_and_wait();
-            for (const auto& [first, last] : pieces[static_cast<size_t>(r)])
-              std::copy(y + first * C, y + last * C, shared.begin() + first * C);
-            sync.arrive_and_wait();
-            std::copy(shared.begin(), shared.end(), y);
-            sync.arrive_and_wait();
-          };
+          ep->exchange = thread_exchange(r, shared, sync);
           if (replicas) {  // EPLB's placement of made-up loads over 2 slots a rank: hot experts replicated
             const std::vector<double> load = {900, 40, 300, 70, 10};
             const serve_placement::Placement pl = serve_placement::eplb(load, ranks, 2);
@@ -402,6 +415,180 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
       EXPECT_EQ(total, (B * T + T) * c.num_experts_per_tok * c.num_hidden_layers) << preset << " " << ranks;
     }
   }
+}
+
+// A barrier whose waiters give up (throw) once a rank has failed: a rank that stops at a failed
+// content check must not leave the others waiting at the exchange forever.
+class AbortableBarrier {
+ public:
+  explicit AbortableBarrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock lock(mu_);
+    const int64_t gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return gen_ != gen || aborted_; });
+    }
+    if (aborted_) throw InputError("another rank failed");
+  }
+  void abort() {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  int64_t gen_ = 0;
+  bool aborted_ = false;
+};
+
+// Experts moved between passes: ranks hold only their experts' weights, and every 2 passes a new
+// placement (the contiguous split rotated by one expert per re-placement, so experts must move)
+// brings each newly held expert from its lowest holder; the logits of a token-by-token decode
+// stay the single model's bit for bit, experts move, a released expert's memory is gone, and a
+// corrupted transfer is caught by the content check.
+TEST(Moe, ExpertsMovedBetweenPassesKeepTheSingleModelsBits) {
+  const ModelConfig c = moe_config(true, 6, 2);
+  Model m(c, PrecisionPolicy::preset("fp32"));
+  randomize(m, 23);
+  const int64_t T = 9, V = c.vocab_size, E = c.num_experts;
+  const auto tokens = tokens_of(T, 5, V);
+  std::vector<float> want;
+  {
+    Model single = m.twin();
+    KvCache cache(c, 1);
+    const int slot = cache.allocate();
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> row(static_cast<size_t>(V));
+      const CachedInput one{slot, std::span(tokens).subspan(static_cast<size_t>(t), 1), LogitRows::last};
+      single.forward_cached(cache, std::span(&one, 1), row);
+      want.insert(want.end(), row.begin(), row.end());
+    }
+  }
+  std::vector<std::vector<uint64_t>> hashes(static_cast<size_t>(c.applications()));
+  for (int64_t app = 0; app < c.applications(); ++app)
+    if (c.is_moe_layer(c.block_of(app)))
+      for (int64_t e = 0; e < E; ++e) {
+        const std::vector<uint8_t> b = m.expert_bytes(c.block_of(app), e);
+        hashes[static_cast<size_t>(app)].push_back(XXH3_64bits(b.data(), b.size()));
+      }
+  const int64_t all_bytes = m.expert_bytes_held();
+  auto rotated = [&](int ranks, int64_t shift) {  // per application, per rank: its experts
+    std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(c.applications()));
+    for (int64_t app = 0; app < c.applications(); ++app) {
+      if (!c.is_moe_layer(c.block_of(app))) continue;
+      out[static_cast<size_t>(app)].resize(static_cast<size_t>(ranks));
+      for (int q = 0; q < ranks; ++q)
+        for (int64_t i = E * q / ranks; i < E * (q + 1) / ranks; ++i)
+          out[static_cast<size_t>(app)][static_cast<size_t>(q)].push_back((i + shift) % E);
+    }
+    return out;
+  };
+  for (const bool corrupt : {false, true})
+    for (int ranks : {2, 3}) {
+      if (corrupt && ranks == 3) continue;
+      std::vector<float> shared;
+      AbortableBarrier sync(ranks);
+      std::mutex box_mu;
+      std::condition_variable box_cv;
+      bool failed = false;
+      std::map<std::pair<int, int>, std::deque<std::vector<uint8_t>>> box;
+      std::vector<std::vector<float>> decoded(static_cast<size_t>(ranks));
+      std::vector<int64_t> moved(static_cast<size_t>(ranks)), replans(static_cast<size_t>(ranks)), held(static_cast<size_t>(ranks));
+      std::vector<std::string> errors(static_cast<size_t>(ranks));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+          Model mine = m.twin();
+          auto ep = std::make_shared<ExpertParallel>();
+          ep->rank = r;
+          ep->ranks = ranks;
+          ep->exchange = thread_exchange(r, shared, sync);
+          ep->send_recv = [&](int src, int dst, std::vector<uint8_t>& bytes) {
+            std::unique_lock lock(box_mu);
+            if (r == src) {
+              box[{src, dst}].push_back(bytes);
+              box_cv.notify_all();
+              return;
+            }
+            box_cv.wait(lock, [&] { return !box[{src, dst}].empty() || failed; });
+            if (box[{src, dst}].empty()) throw InputError("another rank failed");
+            bytes = std::move(box[{src, dst}].front());
+            box[{src, dst}].pop_front();
+          };
+          ep->rank_experts = rotated(ranks, 0);
+          ep->expert_hash = hashes;
+          ep->replan_every = 2;
+          int64_t shift = 0;
+          ep->plan = [&, ranks, shift](const std::vector<std::vector<int64_t>>& window) mutable {
+            int64_t routed = 0;
+            for (const auto& w : window) routed += std::accumulate(w.begin(), w.end(), int64_t{0});
+            EXPECT_EQ(routed, 2 * c.num_experts_per_tok * c.num_hidden_layers);  // 2 one-token passes
+            return rotated(ranks, ++shift);
+          };
+          ep->corrupt_next_move = corrupt && r == 1;
+          for (int64_t app = 0; app < c.applications(); ++app)
+            if (c.is_moe_layer(c.block_of(app)))
+              for (int64_t e = 0; e < E; ++e) {
+                const auto& own = ep->rank_experts[static_cast<size_t>(app)][static_cast<size_t>(r)];
+                if (std::find(own.begin(), own.end(), e) == own.end()) mine.release_expert(c.block_of(app), e);
+              }
+          held[static_cast<size_t>(r)] = mine.expert_bytes_held();
+          mine.set_expert_parallel(ep);
+          try {
+            KvCache cache(c, 1);
+            const int slot = cache.allocate();
+            for (int64_t t = 0; t < T; ++t) {
+              std::vector<float> row(static_cast<size_t>(V));
+              const CachedInput one{slot, std::span(tokens).subspan(static_cast<size_t>(t), 1), LogitRows::last};
+              mine.forward_cached(cache, std::span(&one, 1), row);
+              decoded[static_cast<size_t>(r)].insert(decoded[static_cast<size_t>(r)].end(), row.begin(), row.end());
+            }
+          } catch (const InputError& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+            sync.abort();
+            {
+              std::lock_guard lock(box_mu);
+              failed = true;
+            }
+            box_cv.notify_all();
+          }
+          moved[static_cast<size_t>(r)] = mine.expert_parallel()->moved_in;
+          replans[static_cast<size_t>(r)] = mine.expert_parallel()->replans;
+        });
+      for (std::thread& t : threads) t.join();
+      if (corrupt) {
+        EXPECT_NE(errors[1].find("content check failed"), std::string::npos) << errors[1];
+        continue;
+      }
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_EQ(errors[static_cast<size_t>(r)], "") << ranks << " ranks, rank " << r;
+        if (!errors[static_cast<size_t>(r)].empty()) continue;
+        EXPECT_TRUE(same_bits(decoded[static_cast<size_t>(r)], want)) << ranks << " ranks, rank " << r;
+        EXPECT_EQ(replans[static_cast<size_t>(r)], (T - 1) / 2) << ranks << " ranks, rank " << r;
+        EXPECT_GT(moved[static_cast<size_t>(r)], 0) << ranks << " ranks, rank " << r;
+        EXPECT_LT(held[static_cast<size_t>(r)], all_bytes);
+      }
+    }
+  // A released expert is gone: reading it, or computing with it, is refused.
+  Model part = m.twin();
+  part.release_expert(c.block_of(0), 1);
+  EXPECT_FALSE(part.holds_expert(c.block_of(0), 1));
+  EXPECT_THROW(part.expert_bytes(c.block_of(0), 1), InputError);
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  EXPECT_THROW(part.forward(tokens, 1, T, logits), InputError);
+  EXPECT_THROW(part.set_expert_bytes(c.block_of(0), 1, std::vector<uint8_t>(3)), InputError);
+  part.set_expert_bytes(c.block_of(0), 1, m.expert_bytes(c.block_of(0), 1));
+  part.forward(tokens, 1, T, logits);
+}
+
+TEST(Moe, ExpertParallelRefusesTooManyRanks) {
   Model four(moe_config(true), PrecisionPolicy::preset("fp32"));
   auto too_many = std::make_shared<ExpertParallel>();
   too_many->ranks = 5;

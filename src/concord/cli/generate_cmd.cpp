@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "concord/cli/commands.h"
 #include "concord/cli/draft.h"
@@ -51,9 +52,45 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
   }
   return out;
 }
+// Ranks hold only their experts' weights: every expert's content hash taken as loaded (the
+// weight-sync check of an expert moved later), then the experts not on this rank's slots released.
+// A model serving its file's stored blocks keeps every expert (they are moved as fp32 values), and
+// then may not re-place (`replan`: InputError).
+void hold_own_experts(model::Model& m, model::ExpertParallel& ep, bool replan) {
+  const model::ModelConfig& c = m.config();
+  ep.expert_hash.assign(static_cast<size_t>(c.applications()), {});
+  try {
+    for (int64_t app = 0; app < c.applications(); ++app)
+      if (c.is_moe_layer(c.block_of(app)))
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          const std::vector<uint8_t> b = m.expert_bytes(c.block_of(app), e);
+          ep.expert_hash[static_cast<size_t>(app)].push_back(XXH3_64bits(b.data(), b.size()));
+        }
+  } catch (const InputError& e) {
+    if (replan) throw InputError(fmt::format("[generate] --replan-every: {}", e.what()));
+    ep.expert_hash.clear();
+    return;
+  }
+  if (c.applications() != c.num_hidden_layers) return;  // a block run twice: its experts serve both
+  for (int64_t app = 0; app < c.applications(); ++app) {
+    if (!c.is_moe_layer(c.block_of(app))) continue;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      bool mine = false;
+      if (ep.rank_experts.empty()) {
+        mine = e >= ep.first_expert(c.num_experts, ep.rank) && e < ep.first_expert(c.num_experts, ep.rank + 1);
+      } else {
+        const auto& own = ep.rank_experts[static_cast<size_t>(app)][static_cast<size_t>(ep.rank)];
+        mine = std::find(own.begin(), own.end(), e) != own.end();
+      }
+      if (!mine && m.holds_expert(c.block_of(app), e)) m.release_expert(c.block_of(app), e);
+    }
+  }
+}
+
 // Expert parallelism's measurements (model::ExpertParallel), gathered at rank 0: one JSON line per
 // MoE layer and rank to `path` (when given) and a summary on stderr. Collective: every rank calls it.
-void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelConfig& c, const std::string& path) {
+void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelConfig& c, const std::string& path,
+                            int64_t held_bytes, int64_t total_bytes) {
   std::vector<int64_t> apps;
   for (int64_t a = 0; a < static_cast<int64_t>(ep.layers.size()); ++a)
     if (ep.layers[static_cast<size_t>(a)].passes > 0) apps.push_back(a);
@@ -70,8 +107,27 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
     mine.insert(mine.end(), l.pass_compute_s.begin(), l.pass_compute_s.end());
     mine.insert(mine.end(), l.pass_exchange_s.begin(), l.pass_exchange_s.end());
   }
+  const std::vector<double> moves = rl::mpi_gather_doubles(std::vector<double>{
+      static_cast<double>(ep.replans), static_cast<double>(ep.moved_in), static_cast<double>(ep.moved_bytes), ep.move_s,
+      static_cast<double>(held_bytes)});
   const std::vector<double> all = rl::mpi_gather_doubles(mine);
   if (ep.rank != 0) return;
+  std::string held_text;
+  {
+    double moved = 0, bytes = 0, seconds = 0;
+    std::string per_rank;
+    for (int q = 0; q < ep.ranks; ++q) {
+      const double* v = moves.data() + static_cast<size_t>(q) * 5;
+      moved += v[1];
+      bytes += v[2];
+      seconds = std::max(seconds, v[3]);
+      per_rank += fmt::format("{}{:.0f}", q ? ", " : "", v[4] / 1024.0);
+    }
+    held_text = fmt::format("; expert weights held per rank: {} KiB of {:.0f}", per_rank, static_cast<double>(total_bytes) / 1024.0);
+    if (ep.replan_every > 0)
+      held_text += fmt::format("; placed again {:.0f} times, {:.0f} experts moved ({:.0f} KiB, each content-checked, {:.1f} ms)",
+                               moves[0], moved, bytes / 1024.0, 1e3 * seconds);
+  }
   const size_t per_rank = mine.size();
   auto at = [&](int q, size_t i) { return all.data() + static_cast<size_t>(q) * per_rank + offset[i]; };
   std::string lines;
@@ -131,7 +187,7 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
                            "layer) up to {:.2f}; {}{}",
                            ep.ranks, apps.size(), busy_total > 0 ? 100.0 * wait_total / busy_total : 0.0,
                            1e6 * serve::epsim::quantile(layer_times, 0.5), 1e6 * serve::epsim::quantile(layer_times, 0.99),
-                           worst_imbalance, ranks_text, path.empty() ? "" : fmt::format("; per layer and rank: {}", path))
+                           worst_imbalance, ranks_text + held_text, path.empty() ? "" : fmt::format("; per layer and rank: {}", path))
                    .c_str());
 }
 
@@ -165,7 +221,7 @@ void add_generate_command(CLI::App& app) {
     std::string model, prompt, system, policy = "native", router_stats, routing_trace, prefix_cache_dir, activation_arena = "planned";
     std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads;
     std::vector<double> rank_speeds;
-    int64_t slots_per_rank = 0;
+    int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
     bool expert_parallel = false;
     DraftArgs draft;
@@ -270,6 +326,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--placement-loads", a->placement_loads,
                   "with --placement eplb or speed: the tokens per expert of each MoE layer, as `concord generate "
                   "--router-stats` writes them");
+  add_integer_flag(cmd, "--replan-every", a->replan_every, between(0, 1 << 20),
+                   "with --placement eplb or speed: every N passes, place the experts again from the tokens routed "
+                   "since the last placement and move the experts a rank newly holds from another rank over MPI, "
+                   "content-checked (default 0: the placement stays; docs/moe.md)");
   add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
                    "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
   add_draft_flags(cmd, a->draft, true);
@@ -278,6 +338,8 @@ void add_generate_command(CLI::App& app) {
       throw InputError("[generate] --slow-rank, --ep-stats and --placement need --expert-parallel");
     if (a->placement != "contiguous" && a->placement != "eplb" && a->placement != "speed")
       throw InputError(fmt::format("[generate] unknown --placement '{}' (contiguous, eplb, speed)", a->placement));
+    if (a->replan_every > 0 && a->placement == "contiguous")
+      throw InputError("[generate] --replan-every places the experts again with --placement eplb or speed");
     if ((a->placement != "contiguous") != !a->placement_loads.empty())
       throw InputError("[generate] --placement eplb and speed take their loads from --placement-loads (and only they do)");
     if (!a->rank_speeds.empty() && a->placement != "speed")
@@ -363,6 +425,7 @@ void add_generate_command(CLI::App& app) {
       }
     }
     std::shared_ptr<model::ExpertParallel> ep;
+    int64_t expert_bytes_all = 0;  // every expert's weights, before a rank releases the others'
     if (a->expert_parallel) {
       if (!loaded.model.config().moe())
         throw InputError(fmt::format("[generate] --expert-parallel: {} is a {}, which has no experts", a->model,
@@ -423,21 +486,41 @@ void add_generate_command(CLI::App& app) {
           throw InputError(fmt::format("{}: expected {{\"layers\": [{{\"application\", \"tokens_per_expert\"}}]}} as "
                                        "--router-stats writes ({})", a->placement_loads, e.what()));
         }
-        ep->rank_experts.assign(static_cast<size_t>(mc.applications()), {});
-        for (int64_t application = 0; application < mc.applications(); ++application) {
-          if (!mc.is_moe_layer(mc.block_of(application))) continue;
-          const auto it = loads.find(application);
-          if (it == loads.end() || static_cast<int64_t>(it->second.size()) != mc.num_experts)
-            throw InputError(fmt::format("{}: no loads of {} experts for MoE application {}", a->placement_loads,
-                                         mc.num_experts, application));
-          const serve::eplb::Placement pl = a->placement == "eplb" ? serve::eplb::eplb(it->second, ep->ranks, slots)
-                                                                  : serve::eplb::speed_aware(it->second, speeds, slots);
-          auto& ranks = ep->rank_experts[static_cast<size_t>(application)];
-          ranks.resize(static_cast<size_t>(ep->ranks));
-          for (int64_t slot = 0; slot < ep->ranks * slots; ++slot)
-            ranks[static_cast<size_t>(slot / slots)].push_back(pl.slot_expert[static_cast<size_t>(slot)]);
+        // Each MoE application's placement from its loads: per rank, the experts on its slots.
+        auto place = [&mc, ranks = ep->ranks, slots, speeds, policy = a->placement](
+                         const std::map<int64_t, std::vector<double>>& by_app, const std::string& source) {
+          std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(mc.applications()));
+          for (int64_t application = 0; application < mc.applications(); ++application) {
+            if (!mc.is_moe_layer(mc.block_of(application))) continue;
+            const auto it = by_app.find(application);
+            if (it == by_app.end() || static_cast<int64_t>(it->second.size()) != mc.num_experts)
+              throw InputError(fmt::format("{}: no loads of {} experts for MoE application {}", source, mc.num_experts,
+                                           application));
+            const serve::eplb::Placement pl = policy == "eplb" ? serve::eplb::eplb(it->second, ranks, slots)
+                                                               : serve::eplb::speed_aware(it->second, speeds, slots);
+            auto& per_rank = out[static_cast<size_t>(application)];
+            per_rank.resize(static_cast<size_t>(ranks));
+            for (int64_t slot = 0; slot < ranks * slots; ++slot)
+              per_rank[static_cast<size_t>(slot / slots)].push_back(pl.slot_expert[static_cast<size_t>(slot)]);
+          }
+          return out;
+        };
+        ep->rank_experts = place(loads, a->placement_loads);
+        if (a->replan_every > 0) {
+          if (mc.applications() != mc.num_hidden_layers)
+            throw InputError("[generate] --replan-every: a model whose blocks run more than once moves experts per block, "
+                             "not per application");
+          ep->replan_every = a->replan_every;
+          ep->plan = [place](const std::vector<std::vector<int64_t>>& window) {
+            std::map<int64_t, std::vector<double>> by_app;
+            for (size_t i = 0; i < window.size(); ++i)
+              if (!window[i].empty()) by_app[static_cast<int64_t>(i)] = std::vector<double>(window[i].begin(), window[i].end());
+            return place(by_app, "the tokens routed since the last placement");
+          };
         }
       }
+      expert_bytes_all = loaded.model.expert_bytes_held();
+      hold_own_experts(loaded.model, *ep, a->replan_every > 0);
       loaded.model.set_expert_parallel(ep);
       if (ep->rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
         throw InputError("[generate] --expert-parallel: cannot quiet a rank's stdout");
@@ -629,7 +712,7 @@ void add_generate_command(CLI::App& app) {
       serve::epsim::write_trace(a->routing_trace, trace, a->model);
     }
     if (ep) {
-      report_expert_parallel(*ep, loaded.model.config(), a->ep_stats);
+      report_expert_parallel(*ep, loaded.model.config(), a->ep_stats, loaded.model.expert_bytes_held(), expert_bytes_all);
       if (ep->rank != 0) return;  // rank 0 reports the run
     }
     const serve::EngineStats& s = engine.stats();

@@ -24,6 +24,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "concord/model/block_layer.h"
 #include "concord/numerics/check.h"
@@ -52,6 +53,76 @@ namespace {
 
 using tensor::Trans;
 
+// ExpertParallel's re-placement between passes (model.h): the next placement from the window's
+// loads, each newly held expert sent by its lowest current holder and content-checked against its
+// hash as loaded, the experts no longer held released. Every rank runs it at the same pass.
+void replan_experts(Model::Impl& m, ExpertParallel& ep) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelConfig& c = m.config;
+  const std::vector<std::vector<std::vector<int64_t>>> next = ep.plan(ep.window);
+  if (next.size() != ep.rank_experts.size())
+    throw InputError(fmt::format("[expert parallel] a re-placement of {} applications, the model has {}", next.size(),
+                                 ep.rank_experts.size()));
+  struct Move {
+    int64_t app, expert;
+    int src, dst;
+  };
+  std::vector<Move> moves;
+  auto holds = [](const std::vector<int64_t>& slots, int64_t e) { return std::find(slots.begin(), slots.end(), e) != slots.end(); };
+  for (size_t app = 0; app < next.size(); ++app) {
+    if (next[app].empty()) continue;
+    const auto& cur = ep.rank_experts[app];
+    if (static_cast<int>(next[app].size()) != ep.ranks || static_cast<int>(cur.size()) != ep.ranks)
+      throw InputError(fmt::format("[expert parallel] application {}: a placement for {} ranks, {} run", app, next[app].size(),
+                                   ep.ranks));
+    for (int q = 0; q < ep.ranks; ++q) {
+      std::vector<int64_t> want = next[app][static_cast<size_t>(q)];
+      std::sort(want.begin(), want.end());
+      want.erase(std::unique(want.begin(), want.end()), want.end());
+      for (int64_t e : want) {
+        if (holds(cur[static_cast<size_t>(q)], e)) continue;
+        int src = 0;
+        while (src < ep.ranks && !holds(cur[static_cast<size_t>(src)], e)) ++src;
+        if (src == ep.ranks)
+          throw InputError(fmt::format("[expert parallel] expert {} of application {} is held by no rank", e, app));
+        moves.push_back({static_cast<int64_t>(app), e, src, q});
+      }
+    }
+  }
+  for (const Move& mv : moves) {
+    if (ep.rank != mv.src && ep.rank != mv.dst) continue;
+    const int64_t block = c.block_of(mv.app);
+    std::vector<uint8_t> bytes;
+    if (ep.rank == mv.src) bytes = m.expert_bytes(block, mv.expert);
+    ep.send_recv(mv.src, mv.dst, bytes);
+    if (ep.rank != mv.dst) continue;
+    if (ep.corrupt_next_move && !bytes.empty()) {
+      bytes[bytes.size() / 2] ^= 1;
+      ep.corrupt_next_move = false;
+    }
+    const uint64_t got = XXH3_64bits(bytes.data(), bytes.size());
+    const uint64_t want = ep.expert_hash.at(static_cast<size_t>(mv.app)).at(static_cast<size_t>(mv.expert));
+    if (got != want)
+      throw InputError(fmt::format("[expert parallel] expert {} of MoE layer {} received from rank {}: content hash {:016x}, "
+                                   "the loaded weights' is {:016x} (weight-sync content check failed)",
+                                   mv.expert, block, mv.src, got, want));
+    m.set_expert_bytes(block, mv.expert, bytes);
+    ++ep.moved_in;
+    ep.moved_bytes += static_cast<int64_t>(bytes.size());
+  }
+  for (size_t app = 0; app < next.size(); ++app) {
+    if (next[app].empty()) continue;
+    for (int64_t e : ep.rank_experts[app][static_cast<size_t>(ep.rank)])
+      if (!holds(next[app][static_cast<size_t>(ep.rank)], e) && m.holds_expert_values(c.block_of(static_cast<int64_t>(app)), e))
+        m.release_expert(c.block_of(static_cast<int64_t>(app)), e);
+  }
+  ep.rank_experts = next;
+  for (auto& w : ep.window) std::fill(w.begin(), w.end(), 0);
+  ep.passes_since_plan = 0;
+  ++ep.replans;
+  ep.move_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 class MoeBlock final : public LayerBlock {
  public:
   explicit MoeBlock(int layer) : LayerBlock(layer) {}
@@ -66,6 +137,14 @@ class MoeBlock final : public LayerBlock {
     tensor::Arena& work = *p.work;
     a.moe = std::make_shared<MoeActivations>();
     MoeActivations& r = *a.moe;
+    if (ExpertParallel* rp = m.ep.get(); rp && rp->replan_every > 0) {  // ExpertParallel: re-placement
+      if (rp->window.size() != static_cast<size_t>(c.applications()))
+        rp->window.assign(static_cast<size_t>(c.applications()), std::vector<int64_t>(static_cast<size_t>(E), 0));
+      if (p.application == first_moe_application(c)) {
+        if (rp->passes_since_plan >= rp->replan_every) replan_experts(m, *rp);
+        ++rp->passes_since_plan;
+      }
+    }
     r.E = E;
     r.k = k;
     r.R = T * k;
@@ -89,6 +168,10 @@ class MoeBlock final : public LayerBlock {
       counts.resize(static_cast<size_t>(E), 0);
       for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] += r.begin[static_cast<size_t>(e) + 1] - r.begin[static_cast<size_t>(e)];
       if (p.application == first_moe_application(c)) m.router_rows += T;
+    }
+    if (ExpertParallel* rp = m.ep.get(); rp && rp->replan_every > 0) {
+      std::vector<int64_t>& w = rp->window[static_cast<size_t>(p.application)];
+      for (int64_t e = 0; e < E; ++e) w[static_cast<size_t>(e)] += r.begin[static_cast<size_t>(e) + 1] - r.begin[static_cast<size_t>(e)];
     }
     if (m.router_trace_on) {  // Model::router_trace
       const auto app = static_cast<size_t>(p.application);

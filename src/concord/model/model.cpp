@@ -2,6 +2,7 @@
 #include "concord/model/model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -143,6 +144,10 @@ static const LayerPrecision& precision_of(const Model::Impl& m, int param) {
 const PreparedWeight& Model::Impl::weight(int param) {
   PreparedWeight& w = prepared[param];
   if (w.valid) return w;
+  if (values[param].empty() && specs[param].numel() > 0)  // Model::release_expert
+    throw InputError(fmt::format("[model] '{}' is not held here (an expert released under expert parallelism): the "
+                                 "placement computes an expert this rank does not hold",
+                                 specs[param].name));
   const LayerPrecision& prec = precision_of(*this, param);
   const int64_t N = specs[param].shape[0], K = specs[param].shape[1];
   const float* W = values[param].data();
@@ -609,6 +614,84 @@ void Model::set_router_trace(bool on) {
 }
 
 const Model::RouterTrace& Model::router_trace() const { return impl_->router_trace; }
+
+std::array<int, 3> Model::Impl::expert_params(int64_t block, int64_t expert) const {
+  if (block < 0 || block >= static_cast<int64_t>(layers.size()) || !config.is_moe_layer(block))
+    throw InputError(fmt::format("[model] block {} is not an MoE block of this model", block));
+  const LayerParams& lp = layers[static_cast<size_t>(block)];
+  if (expert < 0 || expert >= static_cast<int64_t>(lp.expert_gate.size()))
+    throw InputError(fmt::format("[model] expert {} outside 0..{}", expert, lp.expert_gate.size() - 1));
+  const auto e = static_cast<size_t>(expert);
+  const std::array<int, 3> ids = {lp.expert_gate[e], lp.expert_up[e], lp.expert_down[e]};
+  for (int id : ids)
+    if (stored[static_cast<size_t>(id)])
+      throw InputError(fmt::format("[model] expert weights are moved as fp32 values, and '{}' is served as stored {} "
+                                   "blocks: load the model with a precision policy (--policy fp32, bf16, ...)",
+                                   specs[static_cast<size_t>(id)].name,
+                                   tensor::block_quant_name(stored[static_cast<size_t>(id)]->type())));
+  return ids;
+}
+
+std::vector<uint8_t> Model::Impl::expert_bytes(int64_t block, int64_t expert) const {
+  std::vector<uint8_t> out;
+  for (int id : expert_params(block, expert)) {
+    const std::vector<float>& v = values[static_cast<size_t>(id)];
+    if (v.empty())
+      throw InputError(fmt::format("[model] expert {} of block {} is not held here (released)", expert, block));
+    const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+    out.insert(out.end(), b, b + v.size() * sizeof(float));
+  }
+  return out;
+}
+
+void Model::Impl::set_expert_bytes(int64_t block, int64_t expert, std::span<const uint8_t> bytes) {
+  const std::array<int, 3> ids = expert_params(block, expert);
+  size_t want = 0;
+  for (int id : ids) want += static_cast<size_t>(specs[static_cast<size_t>(id)].numel()) * sizeof(float);
+  if (bytes.size() != want)
+    throw InputError(fmt::format("[model] expert {} of block {}: {} bytes given, its weights are {}", expert, block,
+                                 bytes.size(), want));
+  size_t at = 0;
+  for (int id : ids) {
+    std::vector<float>& v = values[static_cast<size_t>(id)];
+    v.resize(static_cast<size_t>(specs[static_cast<size_t>(id)].numel()));
+    std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(float));
+    at += v.size() * sizeof(float);
+    prepared[static_cast<size_t>(id)] = PreparedWeight{};  // rebuilt on the next use
+  }
+}
+
+void Model::Impl::release_expert(int64_t block, int64_t expert) {
+  for (int id : expert_params(block, expert)) {
+    std::vector<float>().swap(values[static_cast<size_t>(id)]);
+    prepared[static_cast<size_t>(id)] = PreparedWeight{};
+  }
+}
+
+std::vector<uint8_t> Model::expert_bytes(int64_t block, int64_t expert) const { return impl_->expert_bytes(block, expert); }
+void Model::set_expert_bytes(int64_t block, int64_t expert, std::span<const uint8_t> bytes) {
+  impl_->set_expert_bytes(block, expert, bytes);
+}
+void Model::release_expert(int64_t block, int64_t expert) { impl_->release_expert(block, expert); }
+
+bool Model::Impl::holds_expert_values(int64_t block, int64_t expert) const {
+  for (int id : expert_params(block, expert))
+    if (values[static_cast<size_t>(id)].empty()) return false;
+  return true;
+}
+
+bool Model::holds_expert(int64_t block, int64_t expert) const { return impl_->holds_expert_values(block, expert); }
+
+int64_t Model::expert_bytes_held() const {
+  int64_t n = 0;
+  for (const LayerParams& lp : impl_->layers)
+    for (const std::vector<int>* ids : {&lp.expert_gate, &lp.expert_up, &lp.expert_down})
+      for (int id : *ids)
+        n += impl_->stored[static_cast<size_t>(id)]
+                 ? static_cast<int64_t>(impl_->stored[static_cast<size_t>(id)]->bytes())
+                 : static_cast<int64_t>(impl_->values[static_cast<size_t>(id)].size() * sizeof(float));
+  return n;
+}
 
 void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   if (ep) {

@@ -153,6 +153,25 @@ struct ExpertParallel {
   };
   std::vector<Layer> layers;
   int64_t first_expert(int64_t num_experts, int r) const { return num_experts * r / ranks; }
+
+  // Re-placement between passes (concord generate --replan-every; needs rank_experts and a model
+  // whose experts are fp32 values, one application per block): every `replan_every` passes,
+  // before the first MoE layer of a pass, `plan` turns the tokens routed to each expert since the
+  // last plan (`window`, per application) into the next rank_experts. An expert a rank newly holds
+  // is sent by its lowest current holder through `send_recv` (collective: every rank walks the
+  // same moves in the same order; the sender's bytes in, the receiver's out) and checked against
+  // `expert_hash` (XXH3-64 of each expert's bytes as loaded, per application: the weight-sync
+  // content check) before it is used; an expert no longer held is released.
+  int64_t replan_every = 0;
+  std::function<std::vector<std::vector<std::vector<int64_t>>>(const std::vector<std::vector<int64_t>>& window)> plan;
+  std::function<void(int src, int dst, std::vector<uint8_t>& bytes)> send_recv;
+  std::vector<std::vector<uint64_t>> expert_hash;
+  bool corrupt_next_move = false;  // a test hook: one byte of the next received expert flipped
+  std::vector<std::vector<int64_t>> window;
+  int64_t passes_since_plan = 0;
+  // Measured: plans made, experts received by this rank and their bytes, seconds moving them.
+  int64_t replans = 0, moved_in = 0, moved_bytes = 0;
+  double move_s = 0;
 };
 
 class Model {
@@ -285,6 +304,15 @@ class Model {
   };
   void set_router_trace(bool on);
   const RouterTrace& router_trace() const;
+  // One expert of an MoE block as bytes (its gate, up and down fp32 values, in that order), put
+  // back (the derived copies rebuilt on the next use), released (its values freed: a pass that
+  // reaches it throws), and whether it is held; the bytes of expert weights held. A model serving
+  // stored blocks refuses the first three (InputError).
+  std::vector<uint8_t> expert_bytes(int64_t block, int64_t expert) const;
+  void set_expert_bytes(int64_t block, int64_t expert, std::span<const uint8_t> bytes);
+  void release_expert(int64_t block, int64_t expert);
+  bool holds_expert(int64_t block, int64_t expert) const;
+  int64_t expert_bytes_held() const;
   // Expert parallelism (ExpertParallel above); nullptr: every expert here (the default).
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
   const ExpertParallel* expert_parallel() const;

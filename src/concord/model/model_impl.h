@@ -172,6 +172,13 @@ struct Model::Impl {
   // table).
   void embed_tokens(float* x, const int32_t* tokens, int64_t T);
   const PreparedWeight& weight(int param);
+  // The gate, up and down parameters of an expert (InputError: not an MoE block or expert, or
+  // served as stored blocks).
+  std::array<int, 3> expert_params(int64_t block, int64_t expert) const;
+  std::vector<uint8_t> expert_bytes(int64_t block, int64_t expert) const;  // Model::expert_bytes
+  void set_expert_bytes(int64_t block, int64_t expert, std::span<const uint8_t> bytes);
+  void release_expert(int64_t block, int64_t expert);
+  bool holds_expert_values(int64_t block, int64_t expert) const;  // Model::holds_expert
   // The dgrad copy of a weight (built on first use after each change of the values).
   const tensor::PreparedOperand& dgrad_weight(int param);
   const float* embedding_table();

@@ -206,6 +206,34 @@ std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
   auto ep = std::make_shared<model::ExpertParallel>();
   MPI_Comm_rank(MPI_COMM_WORLD, &ep->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ep->ranks);
+  // A moved expert's bytes: the size, then the bytes, point to point (every rank walks the moves
+  // in the same order, so each send meets its receive).
+  ep->send_recv = [rank = ep->rank](int src, int dst, std::vector<uint8_t>& bytes) {
+    constexpr int kTag = 23;
+    if (rank == src) {
+      const auto n = static_cast<uint64_t>(bytes.size());
+      if (n > INT_MAX) {
+        g_failed = true;
+        throw InputError(fmt::format("[ep] an expert of {} bytes exceeds MPI's int counts", n));
+      }
+      if (MPI_Send(&n, 1, MPI_UINT64_T, dst, kTag, MPI_COMM_WORLD) != MPI_SUCCESS ||
+          MPI_Send(bytes.data(), static_cast<int>(n), MPI_BYTE, dst, kTag, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        g_failed = true;
+        throw InputError(fmt::format("[ep] rank {}: sending an expert to rank {} failed", rank, dst));
+      }
+      return;
+    }
+    uint64_t n = 0;
+    if (MPI_Recv(&n, 1, MPI_UINT64_T, src, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS || n > INT_MAX) {
+      g_failed = true;
+      throw InputError(fmt::format("[ep] rank {}: receiving an expert from rank {} failed", rank, src));
+    }
+    bytes.resize(static_cast<size_t>(n));
+    if (MPI_Recv(bytes.data(), static_cast<int>(n), MPI_BYTE, src, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      g_failed = true;
+      throw InputError(fmt::format("[ep] rank {}: receiving an expert from rank {} failed", rank, src));
+    }
+  };
   // Each rank's pieces packed in order, gathered with MPI_Allgatherv, unpacked into their rows.
   ep->exchange = [ranks = ep->ranks, rank = ep->rank](float* y, const std::vector<model::ExpertParallel::RowRanges>& pieces,
                                                      int64_t C) {
