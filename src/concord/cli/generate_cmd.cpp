@@ -52,6 +52,40 @@ nlohmann::ordered_json top_json(const std::vector<std::vector<serve::TopLogprob>
   }
   return out;
 }
+// A placement's rank lists reassigned to ranks (a permutation) so that each rank keeps as many of
+// the experts it holds now as it can: greedily, the (new list, rank) pair sharing the most experts
+// first (ties: the lower list, then the lower rank).
+std::vector<std::vector<int64_t>> keep_most(const std::vector<std::vector<int64_t>>& now,
+                                           std::vector<std::vector<int64_t>> next) {
+  const size_t R = next.size();
+  if (now.size() != R) return next;
+  std::vector<std::vector<size_t>> shared(R, std::vector<size_t>(R, 0));
+  for (size_t i = 0; i < R; ++i)
+    for (size_t q = 0; q < R; ++q) {
+      std::vector<int64_t> a = next[i], b = now[q], both;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      a.erase(std::unique(a.begin(), a.end()), a.end());
+      b.erase(std::unique(b.begin(), b.end()), b.end());
+      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+      shared[i][q] = both.size();
+    }
+  std::vector<std::vector<int64_t>> out(R);
+  std::vector<bool> list_used(R, false), rank_used(R, false);
+  for (size_t step = 0; step < R; ++step) {
+    size_t bi = R, bq = R;
+    for (size_t i = 0; i < R; ++i)
+      for (size_t q = 0; q < R; ++q)
+        if (!list_used[i] && !rank_used[q] && (bi == R || shared[i][q] > shared[bi][bq])) {
+          bi = i;
+          bq = q;
+        }
+    list_used[bi] = rank_used[bq] = true;
+    out[bq] = std::move(next[bi]);
+  }
+  return out;
+}
+
 // Ranks hold only their experts' weights: every expert's content hash taken as loaded (the
 // weight-sync check of an expert moved later), then the experts not on this rank's slots released.
 // A model serving its file's stored blocks keeps every expert (they are moved as fp32 values), and
@@ -511,11 +545,18 @@ void add_generate_command(CLI::App& app) {
             throw InputError("[generate] --replan-every: a model whose blocks run more than once moves experts per block, "
                              "not per application");
           ep->replan_every = a->replan_every;
-          ep->plan = [place](const std::vector<std::vector<int64_t>>& window) {
+          ep->plan = [place, current = ep.get(), movable = a->placement == "eplb"](
+                         const std::vector<std::vector<int64_t>>& window) {
             std::map<int64_t, std::vector<double>> by_app;
             for (size_t i = 0; i < window.size(); ++i)
               if (!window[i].empty()) by_app[static_cast<int64_t>(i)] = std::vector<double>(window[i].begin(), window[i].end());
-            return place(by_app, "the tokens routed since the last placement");
+            std::vector<std::vector<std::vector<int64_t>>> next = place(by_app, "the tokens routed since the last placement");
+            // EPLB's ranks are interchangeable (equal speeds): each new rank's slots go to the rank
+            // that already holds most of them, so fewer experts move.
+            if (movable)
+              for (size_t i = 0; i < next.size(); ++i)
+                if (!next[i].empty()) next[i] = keep_most(current->rank_experts[i], std::move(next[i]));
+            return next;
           };
         }
       }
