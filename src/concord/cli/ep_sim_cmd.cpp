@@ -318,7 +318,10 @@ void simulate(const Args& a) {
         } else if (placer == "eplb") {
           placements.push_back(eplb::eplb(w, R, s));
         } else if (placer == "search") {
-          const eplb::Placement start = uneven ? eplb::speed_aware(w, speed, s) : eplb::eplb(w, R, s);
+          // From the speed-aware placement when a rank is slow, unless its greedy is too large
+          // (the speed policy's bound below); else from EPLB's.
+          const double greedy = static_cast<double>(R * s) * static_cast<double>(experts) * R * static_cast<double>(R * s);
+          const eplb::Placement start = uneven && greedy <= 3e9 ? eplb::speed_aware(w, speed, s) : eplb::eplb(w, R, s);
           placements.push_back(epsim::tail_search(start, plan_counts[layer], speed, cost,
                                                   balanced ? epsim::Router::balanced : epsim::Router::even,
                                                   a.search_tries, a.seed + layer));
