@@ -9,8 +9,9 @@
 // - the batch's routing: tokens per expert, from a recorded trace (`concord generate
 //   --routing-trace`: each token's top-k experts per MoE layer, replayed pass by pass or resampled
 //   into batches) or a synthetic Zipf-skewed, bursty router;
-// - the placement (serve/eplb.h: contiguous, EPLB, speed-aware, the exact optimum) made from the
-//   loads of a separate planning window, as a serving system plans from past statistics;
+// - the placement (serve/eplb.h: contiguous, EPLB, speed-aware, the exact optimum; and
+//   tail_search below) made from a separate planning window of batches, as a serving system plans
+//   from past statistics;
 // - the router among an expert's replicas: `even` (the i-th holder takes rows [n·i/c, n·(i+1)/c),
 //   what concord's ranks run) or `balanced` (per batch, each expert's rows poured onto its holders
 //   to level their times — the per-batch re-routing SGLang adds to EPLB);
@@ -147,12 +148,6 @@ struct MeasuredRun {
   Trace trace;
 };
 std::vector<RankRecord> read_ep_stats(const std::string& path);
-// The placement of one application in a run (its ranks' slots; equal slot counts padded with no
-// expert are not needed: the even router only needs each expert's holders in rank order).
-struct RunPlacement {
-  int64_t ranks = 0;
-  std::vector<std::vector<int64_t>> rank_slots;
-};
 // Least squares (non-negative: the best of the fits over subsets of the terms) of the compute and
 // exchange terms, with each pass's pieces and rows recomputed from the trace: per pass and rank
 // (compute / slow factor on 1, pieces, rows; the exchange of the rank that waited least on 1 and
