@@ -22,6 +22,7 @@ Writes every output under --out and a summary.md of them.
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,30 @@ def run(cmd, env=None, out=None):
     return r
 
 
+def real_table(c, mpirun, model, out, loads):
+    """The real runs' layer time and waiting, one run per configuration (docs/moe.md)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    prompt = bible("Gen1:1-Gen1:10", 400)
+    rows = ["| placement | rank 1 | layer p50 µs | layer p99 µs | waiting | imbalance |", "|---|---|---:|---:|---:|---:|"]
+    for name, extra in (("contiguous", []), ("EPLB", ["--placement", "eplb", "--placement-loads", loads]),
+                        ("contiguous", ["--slow-rank", "1:3"]),
+                        ("EPLB", ["--placement", "eplb", "--placement-loads", loads, "--slow-rank", "1:3"]),
+                        ("speed-aware", ["--placement", "speed", "--placement-loads", loads, "--slow-rank", "1:3"])):
+        r = run([mpirun, "-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "-x", "OMP_NUM_THREADS", c,
+                 "generate", "--model", model, "--prompt", prompt, "--max-tokens", "40", "--temp", "0",
+                 "--prefill-chunk", "16", "--expert-parallel"] + extra, env=env)
+        line = next((l for l in r.stderr.splitlines() if l.startswith("expert parallel")), "")
+        m = re.search(r"([\d.]+)% of the MoE layers' time spent waiting.*p50 ([\d.]+) us, p99 ([\d.]+) us.*up to ([\d.]+)", line)
+        if not m:
+            sys.exit(f"ep_sim_study: no expert-parallel summary in: {line}")
+        slow = "3x slower" if "--slow-rank" in extra else "1x"
+        rows.append(f"| {name} | {slow} | {m.group(2)} | {m.group(3)} | {m.group(1)}% | {m.group(4)} |")
+    text = "\n".join(rows) + "\n"
+    with open(os.path.join(out, "real.md"), "w") as f:
+        f.write(text)
+    return text
+
+
 def trained(concord, config, run_dir):
     if not os.path.isdir(os.path.join(run_dir, "final")):
         run([concord, "train", "--config", config, "--out", run_dir])
@@ -62,12 +87,23 @@ def main():
     ap.add_argument("--out", default="runs/ep-sim-study")
     ap.add_argument("--tries", default="2000", help="the tail search's moves per layer")
     ap.add_argument("--real-only", action="store_true", help="only the real runs and the calibration")
+    ap.add_argument("--table-only", action="store_true", help="only the table of real runs by placement")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     c, out = a.concord, a.out
     m64 = trained(c, "configs/tiny-moe-64.json", "runs/tiny-moe-64")
     m8 = trained(c, "configs/tiny-moe.json", "runs/tiny-moe")
 
+    if a.table_only:
+        mpirun = shutil.which("mpirun")
+        if not mpirun:
+            sys.exit("ep_sim_study: --table-only needs mpirun")
+        machine.wait_quiet("ep_sim_study")
+        loads = os.path.join(out, "loads.json")
+        run([c, "generate", "--model", m64, "--prompt", bible("Exo1:1-Exo1:10", 400), "--max-tokens", "100", "--temp",
+             "0", "--router-stats", loads])
+        print(real_table(c, mpirun, m64, out, loads))
+        return
     traces = {m64: [], m8: []}
     for model, tag in ((m64, "e64"), (m8, "e8")):
         for i, ref in enumerate(PASSAGES):
@@ -104,6 +140,7 @@ def main():
                    "--json", os.path.join(out, "calibration.json"), "--html", os.path.join(out, "calibration.html")],
                   out=os.path.join(out, "calibration.md"))
         summary += ["\n## Calibration (fitted on the first run of each configuration, the repeats predicted)\n\n", cal.stdout]
+        summary += ["\n## Real runs by placement\n\n", real_table(c, mpirun, m64, out, loads)]
         cost = ["--cost", os.path.join(out, "cost.json"), "--exchange", "alltoall"]
     else:
         summary.append("- no mpirun: real runs and calibration skipped\n")
