@@ -678,6 +678,8 @@ printf '{"routing_trace": 1, "num_experts": 4, "num_experts_per_tok": 2}\n{"appl
   >"$WORK/bad.trace"
 expect_error "ep-sim: a corrupt trace names its file and line" "$WORK/bad.trace: line 2: application 0: 1 passes' 2 tokens but 3 picks" \
   "$CONCORD" ep-sim --trace "$WORK/bad.trace"
+expect_error "ep-sim: a --slow-rank outside the ranks" "[ep-sim] --slow-rank 9:2: the rank must lie in [0, 8)" \
+  "$CONCORD" ep-sim --zipf 1 --ranks 16,8 --slow-rank 9:2
 expect_error "ep-sim: unknown policy" "unknown policy 'fastest' in --policies" \
   "$CONCORD" ep-sim --zipf 1 --policies eplb,fastest
 expect_error "ep-sim --calibrate needs runs" "--calibrate needs --run EP_STATS TRACE" \

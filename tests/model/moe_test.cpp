@@ -381,11 +381,7 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
             const std::vector<double> load = {900, 40, 300, 70, 10};
             const serve_placement::Placement pl = serve_placement::eplb(load, ranks, 2);
             ep->rank_experts.assign(static_cast<size_t>(c.applications()), {});
-            for (auto& per_app : ep->rank_experts) {
-              per_app.resize(static_cast<size_t>(ranks));
-              for (int64_t slot = 0; slot < ranks * 2; ++slot)
-                per_app[static_cast<size_t>(slot / 2)].push_back(pl.slot_expert[static_cast<size_t>(slot)]);
-            }
+            for (auto& per_app : ep->rank_experts) per_app = serve_placement::rank_slots(pl);
           }
           mine.set_expert_parallel(ep);
           got[static_cast<size_t>(r)].resize(want.size());

@@ -194,23 +194,8 @@ void calibrate(const Args& a) {
 std::vector<double> speeds_of(const std::string& slow_rank, int64_t ranks) {
   std::vector<double> speed(static_cast<size_t>(ranks), 1.0);
   if (slow_rank.empty()) return speed;
-  const size_t colon = slow_rank.find(':');
-  int64_t r = -1;
-  double f = 0;
-  try {
-    size_t used = 0;
-    if (colon == std::string::npos) throw std::invalid_argument("colon");
-    r = std::stoll(slow_rank.substr(0, colon), &used);
-    if (used != colon) throw std::invalid_argument("rank");
-    const std::string fs = slow_rank.substr(colon + 1);
-    f = std::stod(fs, &used);
-    if (used != fs.size()) throw std::invalid_argument("factor");
-  } catch (const std::exception&) {
-    throw InputError(fmt::format("[ep-sim] --slow-rank '{}': expected RANK:FACTOR, e.g. 3:2.5", slow_rank));
-  }
-  if (r < 0 || r >= ranks || !(f >= 1.0))
-    throw InputError(fmt::format("[ep-sim] --slow-rank {}: the rank must lie in [0, {}) and the factor be >= 1", slow_rank, ranks));
-  speed[static_cast<size_t>(r)] = 1.0 / f;
+  const SlowRank slow = parse_slow_rank("ep-sim", slow_rank, ranks);
+  speed[static_cast<size_t>(slow.rank)] = 1.0 / slow.factor;
   return speed;
 }
 
@@ -275,6 +260,19 @@ void simulate(const Args& a) {
                                      "optimal, each optionally +balanced)",
                                      name));
   }
+  // Slots a rank: the experts' share plus a quarter of it (at least 1), or --slots-per-rank.
+  auto slots_for = [&](int64_t R) {
+    const int64_t share = (experts + R - 1) / R;
+    const int64_t s = a.slots_per_rank.value_or(share + std::max<int64_t>(1, share / 4));
+    if (R * s < experts)
+      throw InputError(fmt::format("[ep-sim] --slots-per-rank {}: {} ranks hold {} slots, fewer than the {} experts", s, R,
+                                   R * s, experts));
+    return s;
+  };
+  for (int32_t R : a.ranks) {  // every rank count's arguments checked before anything is printed
+    speeds_of(a.slow_rank, R);
+    slots_for(R);
+  }
   std::printf("%s\n", fmt::format("{}; planned from {} other batches; cost: pass {:.1f} us, piece {:.1f} us, row {:.3f} us, "
                                   "{} {:.1f} us + {:.4f} us a row",
                                   source, plan.size(), 1e6 * cost.pass_s, 1e6 * cost.piece_s, 1e6 * cost.row_s,
@@ -286,11 +284,7 @@ void simulate(const Args& a) {
   for (int32_t R : a.ranks) {
     const std::vector<double> speed = speeds_of(a.slow_rank, R);
     const bool uneven = std::any_of(speed.begin(), speed.end(), [](double s) { return s != 1.0; });
-    const int64_t share = (experts + R - 1) / R;
-    const int64_t s = a.slots_per_rank.value_or(share + std::max<int64_t>(1, share / 4));
-    if (R * s < experts)
-      throw InputError(fmt::format("[ep-sim] --slots-per-rank {}: {} ranks hold {} slots, fewer than the {} experts", s, R, R * s,
-                                   experts));
+    const int64_t s = slots_for(R);
     double eplb_p99 = 0;
     std::vector<std::string> names;
     std::vector<double> p99s;

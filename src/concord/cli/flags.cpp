@@ -5,10 +5,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include <fmt/format.h>
 
 #include "concord/io/utf8.h"
+#include "concord/numerics/check.h"
 
 namespace concord::cli {
 
@@ -145,6 +148,26 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   if (used == 0 || scale < 0 || !(value > 0) || value * scale > 9e18 || value * scale < 1)
     throw CLI::ValidationError(flag, fmt::format("'{}' is not a size (bytes, or a number with KiB, MiB or GiB)", text));
   return static_cast<int64_t>(value * scale);
+}
+
+SlowRank parse_slow_rank(const std::string& layer, const std::string& text, int64_t ranks) {
+  SlowRank out;
+  const size_t colon = text.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    size_t used = 0;
+    out.rank = std::stoll(text.substr(0, colon), &used);
+    if (used != colon) throw std::invalid_argument("rank");
+    const std::string f = text.substr(colon + 1);
+    out.factor = std::stod(f, &used);
+    if (used != f.size()) throw std::invalid_argument("factor");
+  } catch (const std::exception&) {
+    throw InputError(fmt::format("[{}] --slow-rank '{}': expected RANK:FACTOR, e.g. 1:2.5", layer, text));
+  }
+  if (out.rank < 0 || out.rank >= ranks || !(out.factor >= 1.0))
+    throw InputError(fmt::format("[{}] --slow-rank {}: the rank must lie in [0, {}) and the factor be >= 1", layer, text,
+                                 ranks));
+  return out;
 }
 
 }  // namespace concord::cli

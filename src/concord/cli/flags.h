@@ -126,6 +126,14 @@ inline CLI::Option* add_size_flag(CLI::App* cmd, const std::string& name, std::o
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
                                    IntegerDomain domain, const std::string& help);
 
+// --slow-rank RANK:FACTOR (expert parallelism: that rank computes FACTOR times slower): RANK in
+// [0, ranks), FACTOR >= 1. InputError "[layer] --slow-rank ..." otherwise.
+struct SlowRank {
+  int64_t rank = -1;
+  double factor = 1.0;
+};
+SlowRank parse_slow_rank(const std::string& layer, const std::string& text, int64_t ranks);
+
 // A comma-separated list of reals (doubles), each in `domain`.
 CLI::Option* add_real_list_flag(CLI::App* cmd, const std::string& name, std::vector<double>& out, RealDomain domain,
                                 const std::string& help);

@@ -59,15 +59,22 @@ std::vector<std::vector<int64_t>> keep_most(const std::vector<std::vector<int64_
                                            std::vector<std::vector<int64_t>> next) {
   const size_t R = next.size();
   if (now.size() != R) return next;
+  auto as_set = [](std::vector<int64_t> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  };
+  std::vector<std::vector<int64_t>> next_set(R), now_set(R);
+  for (size_t i = 0; i < R; ++i) {
+    next_set[i] = as_set(next[i]);
+    now_set[i] = as_set(now[i]);
+  }
   std::vector<std::vector<size_t>> shared(R, std::vector<size_t>(R, 0));
   for (size_t i = 0; i < R; ++i)
     for (size_t q = 0; q < R; ++q) {
-      std::vector<int64_t> a = next[i], b = now[q], both;
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
-      a.erase(std::unique(a.begin(), a.end()), a.end());
-      b.erase(std::unique(b.begin(), b.end()), b.end());
-      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+      std::vector<int64_t> both;
+      std::set_intersection(next_set[i].begin(), next_set[i].end(), now_set[q].begin(), now_set[q].end(),
+                            std::back_inserter(both));
       shared[i][q] = both.size();
     }
   std::vector<std::vector<int64_t>> out(R);
@@ -86,23 +93,30 @@ std::vector<std::vector<int64_t>> keep_most(const std::vector<std::vector<int64_
   return out;
 }
 
-// Ranks hold only their experts' weights: every expert's content hash taken as loaded (the
-// weight-sync check of an expert moved later), then the experts not on this rank's slots released.
-// A model serving its file's stored blocks keeps every expert (they are moved as fp32 values), and
-// then may not re-place (`replan`: InputError).
+// Ranks hold only their experts' weights: with `replan`, every expert's content hash taken first,
+// as loaded (the weight-sync check of an expert moved later); then the experts not on this rank's
+// slots released. A model serving its file's stored blocks keeps every expert (they move as fp32
+// values), and then may not re-place (`replan`: InputError).
 void hold_own_experts(model::Model& m, model::ExpertParallel& ep, bool replan) {
   const model::ModelConfig& c = m.config();
-  ep.expert_hash.assign(static_cast<size_t>(c.applications()), {});
   try {
-    for (int64_t app = 0; app < c.applications(); ++app)
-      if (c.is_moe_layer(c.block_of(app)))
-        for (int64_t e = 0; e < c.num_experts; ++e) {
-          const std::vector<uint8_t> b = m.expert_bytes(c.block_of(app), e);
-          ep.expert_hash[static_cast<size_t>(app)].push_back(XXH3_64bits(b.data(), b.size()));
+    if (replan) {
+      ep.expert_hash.assign(static_cast<size_t>(c.applications()), {});
+      for (int64_t app = 0; app < c.applications(); ++app)
+        if (c.is_moe_layer(c.block_of(app)))
+          for (int64_t e = 0; e < c.num_experts; ++e) {
+            const std::vector<uint8_t> b = m.expert_bytes(c.block_of(app), e);
+            ep.expert_hash[static_cast<size_t>(app)].push_back(XXH3_64bits(b.data(), b.size()));
+          }
+    } else {
+      for (int64_t app = 0; app < c.applications(); ++app)
+        if (c.is_moe_layer(c.block_of(app))) {
+          m.holds_expert(c.block_of(app), 0);  // InputError when the experts are stored blocks
+          break;
         }
+    }
   } catch (const InputError& e) {
     if (replan) throw InputError(fmt::format("[generate] --replan-every: {}", e.what()));
-    ep.expert_hash.clear();
     return;
   }
   if (c.applications() != c.num_hidden_layers) return;  // a block run twice: its experts serve both
@@ -465,25 +479,10 @@ void add_generate_command(CLI::App& app) {
         throw InputError(fmt::format("[generate] --expert-parallel: {} is a {}, which has no experts", a->model,
                                      loaded.model.config().architecture));
       ep = rl::make_mpi_expert_parallel();
-      int slow = -1;  // --slow-rank's rank and factor
-      double factor = 1.0;
+      SlowRank slow;  // --slow-rank's rank and factor
       if (!a->slow_rank.empty()) {
-        const size_t colon = a->slow_rank.find(':');
-        try {
-          if (colon == std::string::npos) throw std::invalid_argument("no colon");
-          size_t used = 0;
-          slow = std::stoi(a->slow_rank.substr(0, colon), &used);
-          if (used != colon) throw std::invalid_argument("rank");
-          const std::string f = a->slow_rank.substr(colon + 1);
-          factor = std::stod(f, &used);
-          if (used != f.size()) throw std::invalid_argument("factor");
-        } catch (const std::exception&) {
-          throw InputError(fmt::format("[generate] --slow-rank '{}': expected RANK:FACTOR, e.g. 1:2.5", a->slow_rank));
-        }
-        if (slow < 0 || slow >= ep->ranks || !(factor >= 1.0))
-          throw InputError(fmt::format("[generate] --slow-rank {}: the rank must lie in [0, {}) and the factor be >= 1",
-                                       a->slow_rank, ep->ranks));
-        if (slow == ep->rank) ep->slow_factor = factor;
+        slow = parse_slow_rank("generate", a->slow_rank, ep->ranks);
+        if (slow.rank == ep->rank) ep->slow_factor = slow.factor;
       }
       if (a->placement != "contiguous") {
         const model::ModelConfig& mc = loaded.model.config();
@@ -498,8 +497,8 @@ void add_generate_command(CLI::App& app) {
             throw InputError(fmt::format("[generate] --rank-speeds has {} speeds for {} ranks", a->rank_speeds.size(),
                                          ep->ranks));
           speeds = a->rank_speeds;
-        } else if (slow >= 0) {
-          speeds[static_cast<size_t>(slow)] = 1.0 / factor;
+        } else if (slow.rank >= 0) {
+          speeds[static_cast<size_t>(slow.rank)] = 1.0 / slow.factor;
         }
         nlohmann::json stats;
         std::ifstream in(a->placement_loads, std::ios::binary);
@@ -532,10 +531,7 @@ void add_generate_command(CLI::App& app) {
                                            application));
             const serve::eplb::Placement pl = policy == "eplb" ? serve::eplb::eplb(it->second, ranks, slots)
                                                                : serve::eplb::speed_aware(it->second, speeds, slots);
-            auto& per_rank = out[static_cast<size_t>(application)];
-            per_rank.resize(static_cast<size_t>(ranks));
-            for (int64_t slot = 0; slot < ranks * slots; ++slot)
-              per_rank[static_cast<size_t>(slot / slots)].push_back(pl.slot_expert[static_cast<size_t>(slot)]);
+            out[static_cast<size_t>(application)] = serve::eplb::rank_slots(pl);
           }
           return out;
         };

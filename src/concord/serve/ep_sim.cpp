@@ -33,13 +33,6 @@ struct Rng {
   }
 };
 
-// Each rank's slots as lists of experts (from a Placement: rank r's slots [r·s, (r+1)·s)).
-std::vector<std::vector<int64_t>> slots_of(const eplb::Placement& p) {
-  std::vector<std::vector<int64_t>> out(static_cast<size_t>(p.ranks));
-  for (int64_t slot = 0; slot < p.ranks * p.slots_per_rank; ++slot)
-    out[static_cast<size_t>(slot / p.slots_per_rank)].push_back(p.slot_expert[static_cast<size_t>(slot)]);
-  return out;
-}
 
 // Each expert's holders: in order (ranks ascending, a rank's slots in order: block_moe.cpp's
 // split order, a rank twice when it holds two replicas) and as distinct ranks.
@@ -211,24 +204,11 @@ std::vector<double> nnls(const std::vector<std::vector<double>>& x, const std::v
   return best;
 }
 
-// The passes of a trace as per-layer counts, one pass at a time (fn(pass, counts per layer)).
-template <class Fn>
-void each_pass(const Trace& t, Fn fn) {
-  if (t.layers.empty()) return;
-  const size_t passes = t.layers[0].pass_rows.size();
-  std::vector<int64_t> offset(t.layers.size(), 0);
-  for (size_t p = 0; p < passes; ++p) {
-    Batch b;
-    for (size_t l = 0; l < t.layers.size(); ++l) {
-      std::vector<int64_t> c(static_cast<size_t>(t.experts), 0);
-      const int64_t rows = t.layers[l].pass_rows[p];
-      for (int64_t i = offset[l] * t.top_k; i < (offset[l] + rows) * t.top_k; ++i)
-        ++c[static_cast<size_t>(t.layers[l].selected[static_cast<size_t>(i)])];
-      offset[l] += rows;
-      b.counts.push_back(std::move(c));
-    }
-    fn(p, b);
-  }
+// The tokens routed to each expert by the trace layer's tokens [first, first + n).
+std::vector<int64_t> counts_of(const Trace& t, const TraceLayer& l, int64_t first, int64_t n) {
+  std::vector<int64_t> c(static_cast<size_t>(t.experts), 0);
+  for (int64_t i = first * t.top_k; i < (first + n) * t.top_k; ++i) ++c[static_cast<size_t>(l.selected[static_cast<size_t>(i)])];
+  return c;
 }
 
 // One run's placement of an application, from its ep-stats records.
@@ -286,11 +266,8 @@ Features features_of(const MeasuredRun& run, int64_t application, const CostMode
   f.rank.assign(slots.size(), {0, 0, 0});
   int64_t offset = 0;
   for (int64_t rows : tl.pass_rows) {
-    std::vector<int64_t> c(static_cast<size_t>(run.trace.experts), 0);
-    for (int64_t i = offset * run.trace.top_k; i < (offset + rows) * run.trace.top_k; ++i)
-      ++c[static_cast<size_t>(tl.selected[static_cast<size_t>(i)])];
+    RankWork w = work_of_slots(slots, counts_of(run.trace, tl, offset, rows), {}, cost, Router::even);
     offset += rows;
-    RankWork w = work_of_slots(slots, c, {}, cost, Router::even);
     for (size_t r = 0; r < slots.size(); ++r) {
       f.rank[r][0] += 1;
       f.rank[r][1] += w.pieces[r];
@@ -404,7 +381,14 @@ Trace concat(std::span<const Trace> traces) {
 
 std::vector<Batch> passes_of(const Trace& trace) {
   std::vector<Batch> out;
-  each_pass(trace, [&](size_t, const Batch& b) { out.push_back(b); });
+  int64_t offset = 0;
+  for (size_t p = 0; !trace.layers.empty() && p < trace.layers[0].pass_rows.size(); ++p) {
+    const int64_t rows = trace.layers[0].pass_rows[p];  // every layer's passes are the same (read_trace)
+    Batch b;
+    for (const TraceLayer& l : trace.layers) b.counts.push_back(counts_of(trace, l, offset, rows));
+    offset += rows;
+    out.push_back(std::move(b));
+  }
   return out;
 }
 
@@ -493,7 +477,7 @@ CostModel default_gpu_cost() {
 
 RankWork rank_work(const eplb::Placement& p, std::span<const int64_t> counts, std::span<const double> speed,
                    const CostModel& cost, Router router) {
-  return work_of_slots(slots_of(p), counts, speed, cost, router);
+  return work_of_slots(eplb::rank_slots(p), counts, speed, cost, router);
 }
 
 LayerTime layer_time(const RankWork& w, std::span<const double> speed, const CostModel& cost) {
@@ -520,7 +504,7 @@ Summary simulate(std::span<const Batch> batches, std::span<const eplb::Placement
   double waited = 0, busy = 0, imbalance = 0;
   std::vector<Holders> holders;
   for (const eplb::Placement& p : placements)
-    holders.push_back(holders_of(slots_of(p), static_cast<int64_t>(p.replicas.size())));
+    holders.push_back(holders_of(eplb::rank_slots(p), static_cast<int64_t>(p.replicas.size())));
   for (const Batch& b : batches) {
     if (b.counts.size() != placements.size())
       throw InputError(fmt::format("[ep-sim] a batch of {} layers, {} placements", b.counts.size(), placements.size()));
@@ -579,7 +563,7 @@ struct Evaluated {
 
 Evaluated evaluate(const eplb::Placement& p, std::span<const std::vector<int64_t>> plan, std::span<const double> speed,
                    const CostModel& cost, Router router) {
-  const Holders h = holders_of(slots_of(p), static_cast<int64_t>(p.replicas.size()));
+  const Holders h = holders_of(eplb::rank_slots(p), static_cast<int64_t>(p.replicas.size()));
   Evaluated ev;
   for (const std::vector<int64_t>& counts : plan) {
     const LayerTime t = layer_time(work_of(h, counts, speed, cost, router), speed, cost);

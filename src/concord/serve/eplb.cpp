@@ -125,6 +125,13 @@ Placement place(int64_t ranks, int64_t slots_per_rank, int64_t experts,
 
 }  // namespace
 
+std::vector<std::vector<int64_t>> rank_slots(const Placement& p) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(p.ranks));
+  for (int64_t slot = 0; slot < p.ranks * p.slots_per_rank; ++slot)
+    out[static_cast<size_t>(slot / p.slots_per_rank)].push_back(p.slot_expert[static_cast<size_t>(slot)]);
+  return out;
+}
+
 std::vector<double> rank_loads(const Placement& p, std::span<const double> load) {
   std::vector<double> out(static_cast<size_t>(p.ranks), 0.0);
   for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {

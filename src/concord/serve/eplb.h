@@ -33,6 +33,9 @@ struct Placement {
   std::vector<int64_t> replica_rank; // (ranks · slots_per_rank): which replica of its expert (0..c_e-1)
 };
 
+// Each rank's slots: the experts on rank r's slots [r·s, (r+1)·s), in slot order.
+std::vector<std::vector<int64_t>> rank_slots(const Placement& p);
+
 // The loads of a placement: rank r's sum of w_e / c_e over its slots.
 std::vector<double> rank_loads(const Placement& p, std::span<const double> load);
 double max_rank_load(const Placement& p, std::span<const double> load);
