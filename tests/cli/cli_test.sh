@@ -123,6 +123,10 @@ generate|--model m --prompt p|--slots-per-rank|-1|an integer in [0, 1048576]
 generate|--model m --prompt p|--replan-every|-1|an integer in [0, 1048576]
 generate|--model m --prompt p|--rank-speeds|0|a number > 0
 generate|--model m --prompt p|--draft-tokens|0|an integer in [1, 64]
+generate|--model m --prompt p|--memory-cap|12XB|a size (bytes, or a number with KiB, MiB or GiB)
+generate|--model m --prompt p|--memory-cap|0%|a percentage in (0, 100]
+generate|--model m --prompt p|--memory-cap|101%|a percentage in (0, 100]
+generate|--model m --prompt p|--pin-share|1.5|a number in [0, 1]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
 contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]
@@ -696,6 +700,40 @@ expect_error "--expert-parallel needs experts" "--expert-parallel: $WORK/run is 
   "$CONCORD" generate --model "$WORK/run" --prompt hi --expert-parallel
 expect_error "--slow-rank needs --expert-parallel" "--slow-rank, --ep-stats and --placement need --expert-parallel" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --slow-rank 1:2
+# Experts under a memory cap (issue 25): the tiny MoE as Q4_0 blocks gives the uncapped tokens and
+# log-probs bit for bit at caps of 30% and 60% of its 8 experts' bytes (with and without prefetch,
+# with a pinned hot set from its router statistics), and says what it held.
+"$CONCORD" export --model "$MOE_GGUF" --to gguf --dtype q4_0 --out "$WORK/moe_q4.gguf" >/dev/null 2>&1
+"$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+  --json --router-stats "$WORK/moe_q4_stats.json" >"$WORK/cap0.json" 2>/dev/null
+for extra in "30%" "30% --no-prefetch" "60% --pin-loads $WORK/moe_q4_stats.json --pin-share 0.4"; do
+  # shellcheck disable=SC2086
+  if "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+       --json --memory-cap $extra >"$WORK/cap.json" 2>"$WORK/cap.err" \
+     && python3 -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+m = b["memory_cap"]
+ok = a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"] and m["high_water_bytes"] <= m["cap_bytes"]
+ok = ok and m["decode"]["uses"] > 0 and m["decode"]["loads"] > 0 and (m["pinned"] > 0) == ("pin" in sys.argv[3])
+sys.exit(0 if ok else 1)' "$WORK/cap0.json" "$WORK/cap.json" "$extra" && grep -q "^memory cap: " "$WORK/cap.err"; then
+    pass "generate --memory-cap $extra: the uncapped bits, the cap never exceeded"
+  else
+    fail "generate --memory-cap $extra: $(cat "$WORK/cap.err")"
+  fi
+done
+expect_error "--memory-cap below one expert" "cannot hold one expert" \
+  "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --memory-cap 64
+expect_error "--memory-cap on f32 experts" "a memory cap pages experts stored as Q4_0, Q4_1 or Q8_0 blocks" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --memory-cap 50%
+expect_error "--memory-cap on a dense model" "has none" \
+  "$CONCORD" generate --model "$WORK/run_q4_0.gguf" --prompt hi --memory-cap 50%
+expect_error "--memory-cap under another policy" "--memory-cap pages a GGUF's quantized experts as stored" \
+  "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --memory-cap 50% --policy fp32
+expect_error "--no-prefetch needs --memory-cap" "--pin-loads, --pin-share and --no-prefetch are for --memory-cap" \
+  "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --no-prefetch
+expect_error "--pin-share needs --pin-loads" "--pin-share needs --pin-loads" \
+  "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --memory-cap 50% --pin-share 0.2
 a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"
 b="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 --policy mxfp8 2>/dev/null)"
 c="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"

@@ -150,6 +150,26 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   return static_cast<int64_t>(value * scale);
 }
 
+MemoryCap parse_memory_cap(const std::string& flag, const std::string& text) {
+  MemoryCap cap;
+  if (!text.empty() && text.back() == '%') {
+    const std::string number = text.substr(0, text.size() - 1);
+    size_t used = 0;
+    double pct = 0;
+    try {
+      pct = std::stod(number, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != number.size() || !(pct > 0 && pct <= 100))
+      throw CLI::ValidationError(flag, fmt::format("'{}' is not a percentage in (0, 100]", text));
+    cap.share = pct / 100.0;
+    return cap;
+  }
+  cap.bytes = parse_size(flag, text);
+  return cap;
+}
+
 SlowRank parse_slow_rank(const std::string& layer, const std::string& text, int64_t ranks) {
   SlowRank out;
   const size_t colon = text.find(':');

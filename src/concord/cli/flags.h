@@ -122,6 +122,21 @@ inline CLI::Option* add_size_flag(CLI::App* cmd, const std::string& name, std::o
       ->type_name("SIZE");
 }
 
+// A memory cap: a size (parse_size) or a percentage of a whole ("25%": share 0.25, in (0, 100]%).
+struct MemoryCap {
+  int64_t bytes = 0;  // > 0: a size
+  double share = 0;   // else: a share of the whole
+};
+MemoryCap parse_memory_cap(const std::string& flag, const std::string& text);
+inline CLI::Option* add_memory_cap_flag(CLI::App* cmd, const std::string& name, std::optional<MemoryCap>& out,
+                                        const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&out, name](const std::string& text) { out = parse_memory_cap(name, text); },
+          help + " [bytes, a number with KiB, MiB or GiB, or a percentage such as 25%]")
+      ->type_name("SIZE|PCT%");
+}
+
 // A comma-separated list of integers, each in `domain` (replaces the default when given).
 CLI::Option* add_integer_list_flag(CLI::App* cmd, const std::string& name, std::vector<int32_t>& out,
                                    IntegerDomain domain, const std::string& help);

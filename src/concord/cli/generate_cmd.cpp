@@ -25,6 +25,7 @@
 #include "concord/cli/draft.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
+#include "concord/model/expert_pager.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
@@ -137,6 +138,59 @@ void hold_own_experts(model::Model& m, model::ExpertParallel& ep, bool replan) {
 
 // Expert parallelism's measurements (model::ExpertParallel), gathered at rank 0: one JSON line per
 // MoE layer and rank to `path` (when given) and a summary on stderr. Collective: every rank calls it.
+// The tokens per expert of each MoE application in a `--router-stats` file: application -> counts.
+std::map<int64_t, std::vector<double>> read_router_loads(const std::string& path, const char* flag) {
+  nlohmann::json stats;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open ({})", path, flag));
+  try {
+    stats = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: not router statistics JSON ({})", path, e.what()));
+  }
+  std::map<int64_t, std::vector<double>> loads;
+  try {
+    for (const auto& layer : stats.at("layers")) {
+      std::vector<double> w;
+      for (const auto& v : layer.at("tokens_per_expert")) w.push_back(v.get<double>());
+      loads[layer.at("application").get<int64_t>()] = std::move(w);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: expected {{\"layers\": [{{\"application\", \"tokens_per_expert\"}}]}} as "
+                                 "--router-stats writes ({})", path, e.what()));
+  }
+  return loads;
+}
+
+// The pager's counters over a phase (after - before), as one line and as JSON.
+model::ExpertPagingStats paging_delta(const model::ExpertPagingStats& after, const model::ExpertPagingStats& before) {
+  model::ExpertPagingStats d = after;
+  d.uses -= before.uses;
+  d.hits -= before.hits;
+  d.waits -= before.waits;
+  d.loads -= before.loads;
+  d.loaded_bytes -= before.loaded_bytes;
+  d.prefetched -= before.prefetched;
+  d.prefetch_used -= before.prefetch_used;
+  d.evictions -= before.evictions;
+  d.load_s -= before.load_s;
+  d.stall_s -= before.stall_s;
+  return d;
+}
+std::string paging_line(const model::ExpertPagingStats& s) {
+  return fmt::format("{} expert uses, {:.1f}% resident, {} waited for the prefetcher; {} read ({:.2f} MiB, {:.3f} s), {} by "
+                     "the prefetcher ({} used), {} evicted; stalled {:.3f} s",
+                     s.uses, s.uses ? 100.0 * static_cast<double>(s.hits) / static_cast<double>(s.uses) : 0.0, s.waits, s.loads,
+                     static_cast<double>(s.loaded_bytes) / (1024.0 * 1024.0), s.load_s, s.prefetched, s.prefetch_used,
+                     s.evictions, s.stall_s);
+}
+nlohmann::ordered_json paging_json(const model::ExpertPagingStats& s) {
+  return {{"uses", s.uses},           {"hits", s.hits},       {"waits", s.waits},
+          {"loads", s.loads},         {"loaded_bytes", s.loaded_bytes}, {"prefetched", s.prefetched},
+          {"prefetch_used", s.prefetch_used}, {"evictions", s.evictions}, {"load_s", s.load_s},
+          {"stall_s", s.stall_s}};
+}
+
 void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelConfig& c, const std::string& path,
                             int64_t held_bytes, int64_t total_bytes) {
   std::vector<int64_t> apps;
@@ -272,6 +326,10 @@ void add_generate_command(CLI::App& app) {
     int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
     bool expert_parallel = false;
+    std::optional<MemoryCap> memory_cap;
+    std::string pin_loads;
+    double pin_share = 0.5;
+    bool no_prefetch = false;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
@@ -380,8 +438,26 @@ void add_generate_command(CLI::App& app) {
                    "content-checked (default 0: the placement stays; docs/moe.md)");
   add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
                    "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
+  add_memory_cap_flag(cmd, "--memory-cap", a->memory_cap,
+                      "a GGUF MoE with Q4_0/Q4_1/Q8_0 experts: hold at most this many bytes of expert blocks (a "
+                      "percentage: of all of them), reading each expert from the file when a layer routes to it; the "
+                      "same tokens bit for bit (docs/serve.md, experts under a memory cap)");
+  cmd->add_option("--pin-loads", a->pin_loads,
+                  "with --memory-cap: pin the experts with the most tokens in this `--router-stats` file (never evicted)");
+  add_real_flag(cmd, "--pin-share", a->pin_share, real_in(0, 1, false, false),
+                "with --pin-loads: the share of the cap the pinned experts may take (default 0.5)");
+  cmd->add_flag("--no-prefetch", a->no_prefetch,
+                "with --memory-cap: read experts only when a layer needs them (no prefetch thread)");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
+    if (!a->memory_cap && (!a->pin_loads.empty() || a->no_prefetch || a->pin_share != 0.5))
+      throw InputError("[generate] --pin-loads, --pin-share and --no-prefetch are for --memory-cap");
+    if (a->pin_share != 0.5 && a->pin_loads.empty()) throw InputError("[generate] --pin-share needs --pin-loads");
+    if (a->memory_cap && a->expert_parallel)
+      throw InputError("[generate] --memory-cap with --expert-parallel: choose one (a rank already holds only its experts)");
+    if (a->memory_cap && a->policy != "native")
+      throw InputError(fmt::format("[generate] --memory-cap pages a GGUF's quantized experts as stored (--policy native), "
+                                   "not under --policy {}", a->policy));
     if ((!a->slow_rank.empty() || !a->ep_stats.empty() || a->placement != "contiguous") && !a->expert_parallel)
       throw InputError("[generate] --slow-rank, --ep-stats and --placement need --expert-parallel");
     if (a->placement != "contiguous" && a->placement != "eplb" && a->placement != "speed")
@@ -415,7 +491,16 @@ void add_generate_command(CLI::App& app) {
     // Load and prepare every weight up front (not inside the first request's prefill), timed
     // apart from the request.
     const auto load_start = Clock::now();
-    model::LoadedModel loaded = model::load_model(a->model, a->policy);
+    model::LoadedModel loaded = [&] {
+      if (!a->memory_cap) return model::load_model(a->model, a->policy);
+      model::ExpertPaging paging;
+      paging.cap_bytes = a->memory_cap->bytes;
+      paging.cap_share = a->memory_cap->share;
+      paging.prefetch = !a->no_prefetch;
+      paging.pin_share = a->pin_share;
+      if (!a->pin_loads.empty()) paging.pin_loads = read_router_loads(a->pin_loads, "--pin-loads");
+      return model::load_model_paged(a->model, paging);
+    }();
     {
       const bool tty = ::isatty(::fileno(stderr)) != 0;
       bool drawn = false;
@@ -500,25 +585,7 @@ void add_generate_command(CLI::App& app) {
         } else if (slow.rank >= 0) {
           speeds[static_cast<size_t>(slow.rank)] = 1.0 / slow.factor;
         }
-        nlohmann::json stats;
-        std::ifstream in(a->placement_loads, std::ios::binary);
-        if (!in) throw InputError(fmt::format("{}: cannot open (--placement-loads)", a->placement_loads));
-        try {
-          stats = nlohmann::json::parse(in);
-        } catch (const nlohmann::json::exception& e) {
-          throw InputError(fmt::format("{}: not router statistics JSON ({})", a->placement_loads, e.what()));
-        }
-        std::map<int64_t, std::vector<double>> loads;
-        try {
-          for (const auto& layer : stats.at("layers")) {
-            std::vector<double> w;
-            for (const auto& v : layer.at("tokens_per_expert")) w.push_back(v.get<double>());
-            loads[layer.at("application").get<int64_t>()] = std::move(w);
-          }
-        } catch (const nlohmann::json::exception& e) {
-          throw InputError(fmt::format("{}: expected {{\"layers\": [{{\"application\", \"tokens_per_expert\"}}]}} as "
-                                       "--router-stats writes ({})", a->placement_loads, e.what()));
-        }
+        const std::map<int64_t, std::vector<double>> loads = read_router_loads(a->placement_loads, "--placement-loads");
         // Each MoE application's placement from its loads: per rank, the experts on its slots.
         auto place = [&mc, ranks = ep->ranks, slots, speeds, policy = a->placement](
                          const std::map<int64_t, std::vector<double>>& by_app, const std::string& source) {
@@ -684,9 +751,15 @@ void add_generate_command(CLI::App& app) {
     };
     double first_token_seconds = -1;
     const auto request_start = Clock::now();
+    model::ExpertPager* pager = loaded.model.expert_pager();
+    model::ExpertPagingStats paging_start, paging_prefill;  // the pager's counters before and after the prefill
+    if (pager) paging_start = paging_prefill = pager->stats();
     engine.set_token_callback([&](const serve::TokenEvent& event) {
       const int32_t token = event.token;
-      if (first_token_seconds < 0) first_token_seconds = seconds_since(request_start);
+      if (first_token_seconds < 0) {
+        first_token_seconds = seconds_since(request_start);
+        if (pager) paging_prefill = pager->stats();
+      }
       if (tokenizer.is_special(token)) return;  // stop tokens and other control tokens
       if (stop && stop->stopped()) return;
       emit(out.push(tokenizer.token_bytes(token)));
@@ -712,6 +785,18 @@ void add_generate_command(CLI::App& app) {
       if (a->echo) {
         j["prompt_logprobs"] = done.prompt_logprobs;
         if (a->top_logprobs) j["prompt_top_logprobs"] = top_json(done.prompt_top_logprobs);
+      }
+      if (pager) {
+        pager->drain();
+        const model::ExpertPagingStats end = pager->stats();
+        j["memory_cap"] = {{"cap_bytes", end.cap},
+                           {"expert_bytes", end.expert_bytes},
+                           {"high_water_bytes", end.high_water},
+                           {"pinned", end.pinned},
+                           {"pinned_bytes", end.pinned_bytes},
+                           {"prefetch", pager->prefetch()},
+                           {"prefill", paging_json(paging_delta(paging_prefill, paging_start))},
+                           {"decode", paging_json(paging_delta(end, paging_prefill))}};
       }
       const std::string line = j.dump();
       std::fwrite(line.data(), 1, line.size(), stdout);
@@ -770,6 +855,23 @@ void add_generate_command(CLI::App& app) {
                                  ? fmt::format(", prefix cache: {} prompt tokens resumed", s.prefix_reused_tokens)
                                  : std::string())
                      .c_str());
+    if (pager) {
+      pager->drain();
+      const model::ExpertPagingStats end = pager->stats();
+      auto mib = [](int64_t b) {
+        return b < (1 << 20) ? fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0)
+                             : fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+      };
+      std::fprintf(stderr, "%s\n",
+                   fmt::format("memory cap: {} of {} of expert blocks ({:.0f}%), held at most {}; {} experts pinned ({}); "
+                               "prefetch {}",
+                               mib(end.cap), mib(end.expert_bytes),
+                               100.0 * static_cast<double>(end.cap) / static_cast<double>(end.expert_bytes),
+                               mib(end.high_water), end.pinned, mib(end.pinned_bytes), pager->prefetch() ? "on" : "off")
+                       .c_str());
+      std::fprintf(stderr, "%s\n", ("  prefill: " + paging_line(paging_delta(paging_prefill, paging_start))).c_str());
+      std::fprintf(stderr, "%s\n", ("  decode:  " + paging_line(paging_delta(end, paging_prefill))).c_str());
+    }
     if (!a->draft.spec.empty()) {
       const serve::SpeculationStats& sp = s.speculation;
       std::string by_position;

@@ -18,6 +18,8 @@
 // p ⊙ (dp − <dp, p>), then the router GEMM's dgrad and wgrad in fp32. An expert no token chose gets
 // a zero gradient. Every sum runs in a fixed order, so results do not depend on the thread count.
 #include <algorithm>
+#include <array>
+#include <utility>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -27,6 +29,7 @@
 #include <xxhash.h>
 
 #include "concord/model/block_layer.h"
+#include "concord/model/expert_pager.h"
 #include "concord/numerics/check.h"
 #include "concord/tensor/gemm.h"
 
@@ -122,6 +125,63 @@ void replan_experts(Model::Impl& m, ExpertParallel& ep) {
   ++ep.replans;
   ep.move_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// The experts block `block`'s router picks for the rows xn (T, C) — the next MoE layer's router
+// applied to this layer's input, a prediction of what it will pick (the residual stream changes
+// little between layers) — most picked first, ties to the lower expert. For the prefetcher only:
+// nothing computed from it reaches an output.
+std::vector<int64_t> predicted_experts(Model::Impl& m, const float* xn, int64_t T, int64_t block) {
+  const ModelConfig& c = m.config;
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, C = c.hidden_size;
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  tensor::gemm(Trans::no, Trans::yes, T, E, C, xn, C,
+               m.values[static_cast<size_t>(m.layers[static_cast<size_t>(block)].router)].data(), C, logits.data(), E);
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  std::vector<int64_t> ids(static_cast<size_t>(E));
+  auto score = [](float v) { return std::isnan(v) ? -INFINITY : v; };
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits.data() + t * E;
+    std::iota(ids.begin(), ids.end(), int64_t{0});
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int64_t x, int64_t y) {
+      return score(l[x]) != score(l[y]) ? score(l[x]) > score(l[y]) : x < y;
+    });
+    for (int64_t j = 0; j < k; ++j) ++count[static_cast<size_t>(ids[static_cast<size_t>(j)])];
+  }
+  std::vector<int64_t> picked;
+  for (int64_t e = 0; e < E; ++e)
+    if (count[static_cast<size_t>(e)] > 0) picked.push_back(e);
+  std::stable_sort(picked.begin(), picked.end(),
+                   [&](int64_t x, int64_t y) { return count[static_cast<size_t>(x)] > count[static_cast<size_t>(y)]; });
+  return picked;
+}
+
+// One expert's blocks for the duration of its GEMMs: acquired from the pager (expert_pager.h) and
+// put in place of the model's unloaded placeholders, then put back and released. No pager: nothing.
+class PagedIn {
+ public:
+  PagedIn(Model::Impl& m, ExpertPager* pager, int64_t block, int64_t expert, std::array<int, 3> params)
+      : m_(m), pager_(pager), block_(block), expert_(expert), params_(params) {
+    if (!pager_) return;
+    const ExpertPager::Weights w = pager_->acquire(block_, expert_);
+    for (size_t j = 0; j < 3; ++j) {
+      saved_[j] = std::exchange(m_.stored[static_cast<size_t>(params_[j])], w[j]);
+    }
+  }
+  ~PagedIn() {
+    if (!pager_) return;
+    for (size_t j = 0; j < 3; ++j) m_.stored[static_cast<size_t>(params_[j])] = std::move(saved_[j]);
+    pager_->release(block_, expert_);
+  }
+  PagedIn(const PagedIn&) = delete;
+  PagedIn& operator=(const PagedIn&) = delete;
+
+ private:
+  Model::Impl& m_;
+  ExpertPager* pager_;
+  int64_t block_, expert_;
+  std::array<int, 3> params_;
+  std::array<std::shared_ptr<const tensor::QuantWeight>, 3> saved_;
+};
 
 class MoeBlock final : public LayerBlock {
  public:
@@ -243,6 +303,28 @@ class MoeBlock final : public LayerBlock {
         if (r.begin[static_cast<size_t>(e) + 1] > r.begin[static_cast<size_t>(e)])
           mine.push_back({e, r.begin[static_cast<size_t>(e)], r.begin[static_cast<size_t>(e) + 1]});
     }
+    // Experts under a memory cap (expert_pager.h): the resident experts first while the
+    // prefetcher reads the rest, and the next MoE layer's predicted experts behind them. Each
+    // expert writes its own rows, so the order changes no bit.
+    ExpertPager* pager = m.pager.get();
+    if (pager) {
+      std::vector<int64_t> want;
+      for (const Piece& piece : mine) want.push_back(piece.expert);
+      int64_t next_block = -1;
+      std::vector<int64_t> next;
+      const auto next_app = static_cast<size_t>(p.application) + 1;
+      if (pager->prefetch() && next_app < m.plan.size() && c.is_moe_layer(m.plan[next_app].block)) {
+        next_block = m.plan[next_app].block;
+        next = predicted_experts(m, a.xn2, T, next_block);
+      }
+      const std::vector<int64_t> order = pager->expect(layer_, want, next_block, next);
+      std::vector<Piece> by_order;
+      for (int64_t e : order)
+        for (const Piece& piece : mine)
+          if (piece.expert == e) by_order.push_back(piece);
+      CONCORD_CHECK(by_order.size() == mine.size(), "the pager's order lost an expert");
+      mine = std::move(by_order);
+    }
     const auto t_experts = std::chrono::steady_clock::now();
     int64_t computed = 0;
     for (const Piece& piece : mine) {
@@ -252,6 +334,7 @@ class MoeBlock final : public LayerBlock {
       for (int64_t& s : splits) s = std::clamp<int64_t>(s - skip, 0, n);  // a replica's share: its own rows
       m.row_positions = gathered_pos.empty() ? nullptr : gathered_pos.data() + b;
       const size_t ei = static_cast<size_t>(e);
+      PagedIn paged(m, pager, layer_, e, {lp.expert_gate[ei], lp.expert_up[ei], lp.expert_down[ei]});
       m.linear_forward_rows(mlp, lp.expert_gate[ei], r.x + b * C, n, r.gate + b * Fm, splits);
       m.linear_forward_rows(mlp, lp.expert_up[ei], r.x + b * C, n, r.up + b * Fm, splits);
       swiglu_forward(r.h + b * Fm, r.gate + b * Fm, r.up + b * Fm, n, Fm);

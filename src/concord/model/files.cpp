@@ -3,9 +3,12 @@
 #include "concord/model/files.h"
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <cstdio>
 #include <fstream>
 
+#include "concord/model/expert_pager.h"
 #include "concord/model/files_internal.h"
 #include "concord/tensor/quant_gemm.h"
 
@@ -133,6 +136,75 @@ LoadedModel load_model(const fs::path& path, PrecisionPolicy policy, WeightStora
               storage == WeightStorage::native ? files_detail::gguf_stored_weights(file, source.config)
                                                : StoredWeights{});
   files_detail::read_gguf_weights(file, model);
+  return LoadedModel{std::move(source), std::move(model)};
+}
+
+LoadedModel load_model_paged(const fs::path& path, const ExpertPaging& paging) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    fail(path, "a memory cap pages a GGUF's quantized experts, and this is a safetensors folder (export it with "
+               "`concord export --format gguf --dtype q4_0`)");
+  check_model_file(path);
+  auto file = std::make_shared<const io::GgufFile>(io::GgufFile::open(path));
+  ModelSource source = files_detail::inspect_gguf(*file);
+  const ModelConfig& c = source.config;
+  if (!c.moe())
+    fail(path, fmt::format("a memory cap pages experts, and this {} has none", c.architecture));
+  PrecisionPolicy policy = PrecisionPolicy::preset("fp32");
+  policy.name = "native";
+  Model model(c, std::move(policy), files_detail::gguf_stored_weights(*file, c, true));
+  files_detail::read_gguf_weights(*file, model);
+  const std::vector<ParamSpec>& specs = model.params();
+  std::vector<ExpertPager::Expert> experts;
+  int64_t total = 0;
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    if (!c.is_moe_layer(layer)) continue;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      ExpertPager::Expert x;
+      x.block = layer;
+      x.expert = e;
+      size_t j = 0;
+      for (ParamKind kind : {ParamKind::expert_gate, ParamKind::expert_up, ParamKind::expert_down}) {
+        const int id = require_param(specs, kind, static_cast<int>(layer), static_cast<int>(e));
+        const tensor::QuantWeight* w = model.stored_weight(specs[static_cast<size_t>(id)].name);
+        if (w == nullptr) fail(path, fmt::format("'{}' is not stored as blocks", specs[static_cast<size_t>(id)].name));
+        x.params[j++] = id;
+        x.bytes += static_cast<int64_t>(tensor::packed_quant_bytes(w->type(), w->rows(), w->cols()));
+      }
+      total += x.bytes;
+      experts.push_back(x);
+    }
+  }
+  if (paging.cap_bytes <= 0 && !(paging.cap_share > 0 && paging.cap_share <= 1))
+    throw InputError(fmt::format("[memory cap] a cap of {} bytes or a share {} of the experts: give bytes > 0 or a share in (0, 1]",
+                                 paging.cap_bytes, paging.cap_share));
+  const int64_t cap = paging.cap_bytes > 0 ? paging.cap_bytes : static_cast<int64_t>(std::llround(paging.cap_share * static_cast<double>(total)));
+  // The loader reads from the mapped file (kept open by the closure), then drops the slab's pages.
+  auto loader = [file, c, specs](int param) {
+    return files_detail::gguf_stored_weight(*file, c, specs[static_cast<size_t>(param)], files_detail::ReleasePages::slab);
+  };
+  auto pager = std::make_shared<ExpertPager>(std::move(experts), c.num_experts, cap, loader, paging.prefetch);
+  if (!paging.pin_loads.empty()) {
+    struct Hot {
+      double load;
+      int64_t block, expert;
+    };
+    std::vector<Hot> hot;
+    for (int64_t app = 0; app < c.applications(); ++app) {
+      const int64_t block = c.block_of(app);
+      if (!c.is_moe_layer(block)) continue;
+      const auto it = paging.pin_loads.find(app);
+      if (it == paging.pin_loads.end() || static_cast<int64_t>(it->second.size()) != c.num_experts)
+        throw InputError(fmt::format("[memory cap] the pinning loads have no {} counts for MoE application {}", c.num_experts, app));
+      for (int64_t e = 0; e < c.num_experts; ++e) hot.push_back({it->second[static_cast<size_t>(e)], block, e});
+    }
+    std::stable_sort(hot.begin(), hot.end(), [](const Hot& x, const Hot& y) { return x.load > y.load; });
+    std::vector<std::pair<int64_t, int64_t>> order;
+    for (const Hot& h : hot)
+      if (h.load > 0) order.emplace_back(h.block, h.expert);
+    pager->pin(order, static_cast<int64_t>(paging.pin_share * static_cast<double>(cap)));
+  }
+  model.set_expert_pager(std::move(pager));
   return LoadedModel{std::move(source), std::move(model)};
 }
 

@@ -64,6 +64,22 @@ LoadedModel load_model(const std::filesystem::path& path,
 // (WeightStorage::fp32 under PrecisionPolicy::from_name_or_file).
 LoadedModel load_model(const std::filesystem::path& path, std::string_view policy_name_or_file);
 
+// Experts under a memory cap (model/expert_pager.h; docs/serve.md): a GGUF Qwen3-MoE whose experts
+// are Q4_0 / Q4_1 / Q8_0 blocks, loaded as load_model(path, "native") loads it except that its
+// experts stay in the (memory-mapped) file until a layer routes to them, and at most the cap of
+// their packed bytes is held. Outputs are the uncapped model's bit for bit.
+struct ExpertPaging {
+  int64_t cap_bytes = 0;  // > 0: the cap in bytes
+  double cap_share = 0;   // else: this share (0, 1] of every expert's packed bytes
+  bool prefetch = true;   // read the layer's missing and the next layer's predicted experts ahead
+  // The pinned hot set: tokens per expert of MoE applications (application -> counts, as
+  // `concord generate --router-stats` writes them); the experts with the most tokens, across
+  // layers, pinned while they fit in pin_share of the cap. Empty: nothing pinned.
+  std::map<int64_t, std::vector<double>> pin_loads;
+  double pin_share = 0.5;
+};
+LoadedModel load_model_paged(const std::filesystem::path& path, const ExpertPaging& paging);
+
 enum class ExportFormat { safetensors, gguf };
 struct ExportOptions {
   ExportFormat format = ExportFormat::safetensors;

@@ -12,6 +12,8 @@
 #include "concord/model/block.h"
 #include "concord/model/block_layer.h"
 #include "concord/model/model_impl.h"
+#include "concord/model/expert_pager.h"
+#include "concord/model/expert_pager.h"
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
 
@@ -354,6 +356,9 @@ Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
 
 Model Model::twin() const {
+  if (impl_->pager)
+    throw InputError("[model] a model whose experts are paged under a memory cap has no twin (one pager, one pass at a "
+                     "time): run it without --memory-cap, or without a second worker");
   StoredWeights stored;
   for (size_t i = 0; i < impl_->specs.size(); ++i)
     if (impl_->stored[i]) stored.emplace(impl_->specs[i].name, impl_->stored[i]);
@@ -683,6 +688,7 @@ bool Model::Impl::holds_expert_values(int64_t block, int64_t expert) const {
 bool Model::holds_expert(int64_t block, int64_t expert) const { return impl_->holds_expert_values(block, expert); }
 
 int64_t Model::expert_bytes_held() const {
+  if (impl_->pager) return impl_->pager->stats().held;
   int64_t n = 0;
   for (const LayerParams& lp : impl_->layers)
     for (const std::vector<int>* ids : {&lp.expert_gate, &lp.expert_up, &lp.expert_down})
@@ -695,6 +701,7 @@ int64_t Model::expert_bytes_held() const {
 
 void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   if (ep) {
+    if (impl_->pager) throw InputError("[model] expert parallelism with a memory cap on the experts: choose one");
     if (!impl_->config.moe())
       throw InputError(fmt::format("[model] expert parallelism: this {} has no experts", impl_->config.architecture));
     if (ep->ranks < 1 || ep->rank < 0 || ep->rank >= ep->ranks || !ep->exchange)
@@ -732,6 +739,36 @@ void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   impl_->ep = std::move(ep);
 }
 const ExpertParallel* Model::expert_parallel() const { return impl_->ep.get(); }
+
+void Model::set_expert_pager(std::shared_ptr<ExpertPager> pager) {
+  if (pager) {
+    if (impl_->ep) throw InputError("[model] a memory cap on the experts with expert parallelism: choose one");
+    const ModelConfig& c = impl_->config;
+    if (pager->experts().empty() || !c.moe())
+      throw InputError(fmt::format("[model] a memory cap on the experts: this {} has no experts to page", c.architecture));
+    for (const ExpertPager::Expert& x : pager->experts()) {
+      if (x.block >= c.num_hidden_layers || !c.is_moe_layer(x.block) || x.expert >= c.num_experts)
+        throw InputError(fmt::format("[model] the pager lists expert {} of block {}, which this model does not have", x.expert,
+                                     x.block));
+      const LayerParams& lp = impl_->layers[static_cast<size_t>(x.block)];
+      const auto e = static_cast<size_t>(x.expert);
+      const std::array<int, 3> ids = {lp.expert_gate[e], lp.expert_up[e], lp.expert_down[e]};
+      int64_t bytes = 0;
+      for (size_t j = 0; j < 3; ++j) {
+        const auto& w = impl_->stored[static_cast<size_t>(ids[j])];
+        if (x.params[j] != ids[j] || !w)
+          throw InputError(fmt::format("[model] the pager's expert {} of block {} is not this model's stored weights",
+                                       x.expert, x.block));
+        bytes += static_cast<int64_t>(tensor::packed_quant_bytes(w->type(), w->rows(), w->cols()));
+      }
+      if (bytes != x.bytes)
+        throw InputError(fmt::format("[model] the pager's expert {} of block {}: {} bytes listed, its blocks are {}",
+                                     x.expert, x.block, x.bytes, bytes));
+    }
+  }
+  impl_->pager = std::move(pager);
+}
+ExpertPager* Model::expert_pager() const { return impl_->pager.get(); }
 
 std::vector<int32_t> Model::moe_selected(int64_t application) const {
   if (application < 0 || application >= static_cast<int64_t>(impl_->acts.size()))

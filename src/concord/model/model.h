@@ -46,6 +46,8 @@ class QuantWeight;  // quant_gemm.h
 
 namespace concord::model {
 
+class ExpertPager;  // expert_pager.h
+
 // The parameters a config implies, in a fixed order (embeddings, layers in order, norm, head),
 // each registered with its kind, class and layer (params.h).
 std::vector<ParamSpec> parameter_specs(const ModelConfig& config);
@@ -316,6 +318,12 @@ class Model {
   // Expert parallelism (ExpertParallel above); nullptr: every expert here (the default).
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
   const ExpertParallel* expert_parallel() const;
+  // Experts under a memory cap (expert_pager.h; load_model_paged in files.h makes one): every
+  // expert the pager lists must be served as stored blocks (its placeholders until paged in).
+  // expert_bytes_held() is then what the pager holds. Not with expert parallelism; a model with a
+  // pager has no twin. nullptr: off.
+  void set_expert_pager(std::shared_ptr<ExpertPager> pager);
+  ExpertPager* expert_pager() const;
 
   // Distillation (a draft model for speculative decoding, serve/speculative.h): forward over
   // (B, T), then the mean over the B*T rows of KL(p_teacher || p_model), p_teacher the softmax

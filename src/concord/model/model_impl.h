@@ -125,6 +125,7 @@ struct Model::Impl {
   std::vector<double> moe_aux_dp;
   double moe_aux = 0.0;  // the last training forward's aux loss (unscaled), 0 without one
   std::shared_ptr<ExpertParallel> ep;  // expert parallelism (Model::set_expert_parallel)
+  std::shared_ptr<ExpertPager> pager;  // experts under a memory cap (Model::set_expert_pager)
   bool router_stats_on = false;
   std::vector<std::vector<int64_t>> router_counts;  // per application (Model::RouterStats)
   int64_t router_rows = 0;

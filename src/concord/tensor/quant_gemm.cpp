@@ -220,6 +220,29 @@ const BlockQuantTraits* block_quant_of_ggml(uint32_t ggml_type) {
   return nullptr;
 }
 
+namespace {
+size_t packed_group_bytes(BlockQuant type, int64_t cols) {
+  const BlockQuantTraits& traits = block_quant_traits(type);
+  const auto nb = static_cast<size_t>(cols / 32);
+  const size_t raw = traits.packed_codes_bytes * nb + 32 * nb * (traits.has_min ? 2 : 1);
+  return (raw + 63) / 64 * 64;
+}
+}  // namespace
+
+QuantWeight QuantWeight::unloaded(BlockQuant type, int64_t rows, int64_t cols) {
+  QuantWeight w;
+  w.type_ = type;
+  w.rows_ = rows;
+  w.cols_ = cols;
+  w.group_bytes_ = packed_group_bytes(type, cols);
+  return w;
+}
+
+size_t packed_quant_bytes(BlockQuant type, int64_t rows, int64_t cols) {
+  const int64_t groups = (rows + kQuantGroupRows - 1) / kQuantGroupRows;
+  return packed_group_bytes(type, cols) * static_cast<size_t>(groups);
+}
+
 QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
                               std::span<const uint8_t> ggml_rows) {
   const std::string what = std::string(block_quant_name(type)) + " weight " + shape_text(rows, cols);
@@ -236,15 +259,10 @@ QuantWeight pack_quant_weight(BlockQuant type, int64_t rows, int64_t cols,
                      " bytes, the blocks need " + std::to_string(expected) +
                      " (the tensor data is truncated or its type/shape is wrong)");
   }
-  QuantWeight w;
-  w.type_ = type;
-  w.rows_ = rows;
-  w.cols_ = cols;
+  QuantWeight w = QuantWeight::unloaded(type, rows, cols);
   const BlockQuantTraits& traits = block_quant_traits(type);
   const size_t cb = traits.packed_codes_bytes;
-  const size_t raw = cb * nb + 32 * nb * (traits.has_min ? 2 : 1);
-  w.group_bytes_ = (raw + 63) / 64 * 64;
-  w.data_.assign(w.group_bytes_ * static_cast<size_t>(w.groups()), 0);  // padding rows: d = m = 0
+  w.data_.assign(packed_quant_bytes(type, rows, cols), 0);  // padding rows: d = m = 0
   // Groups in parallel: a group's bytes are its own (rows of one group share bytes: b1's masks).
   const int64_t groups = w.groups();
 #pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
@@ -290,6 +308,7 @@ void dequantize_rows(const QuantWeight& w, int64_t first, int64_t count, float* 
                      std::to_string(first + count) + ") are outside the " +
                      shape_text(w.rows(), w.cols()) + " weight");
   }
+  CONCORD_CHECK(w.loaded() || count == 0, "dequantize_rows on a weight whose blocks are not loaded");
   const BlockQuant t = w.type();
   const BlockQuantTraits& traits = block_quant_traits(t);
   const int64_t nb = w.blocks_per_row(), K = w.cols();
@@ -407,6 +426,7 @@ void quant_gemm(const QuantWeight& w, const float* x, int64_t M, int64_t ldx, fl
                      " weight: M must be >= 0, ldx >= K and ldy >= N");
   }
   if (M == 0 || N == 0) return;
+  CONCORD_CHECK(w.loaded(), "quant_gemm on a weight whose blocks are not loaded (an expert paged out)");
   const detail::QuantKernels& kern = kernels_of(isa);
   const int64_t nb = K / 32;
 

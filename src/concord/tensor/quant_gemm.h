@@ -83,6 +83,11 @@ inline constexpr int64_t kQuantGroupRows = 16;
 class QuantWeight {
  public:
   QuantWeight() = default;
+  // A weight's type and shape without its blocks: what a model holds for an expert paged out
+  // under a memory cap (model/expert_pager.h) until its blocks are read from the file. The
+  // kernels refuse it (loaded() false).
+  static QuantWeight unloaded(BlockQuant type, int64_t rows, int64_t cols);
+  bool loaded() const { return !data_.empty(); }
   BlockQuant type() const { return type_; }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
@@ -106,6 +111,10 @@ class QuantWeight {
 // counts as +). InputError naming the row when a row holds two magnitudes or is not finite, or
 // cols is not a multiple of 32.
 std::vector<uint8_t> binary_blocks(std::span<const float> values, int64_t rows, int64_t cols);
+
+// The packed bytes pack_quant_weight holds for an (rows x cols) weight of `type` (padding
+// included): what paging one in costs, known before it is read.
+size_t packed_quant_bytes(BlockQuant type, int64_t rows, int64_t cols);
 
 // ggml_rows: the tensor's bytes exactly as stored in a GGUF file (row-major, each row K/32
 // blocks; a GGUF tensor with dims {ne0, ne1} has rows = ne1, cols = ne0). Throws InputError when K is not a multiple of 32 or the byte count does not match.
