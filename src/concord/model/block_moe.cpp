@@ -313,7 +313,9 @@ class MoeBlock final : public LayerBlock {
       int64_t next_block = -1;
       std::vector<int64_t> next;
       const auto next_app = static_cast<size_t>(p.application) + 1;
-      if (pager->prefetch() && next_app < m.plan.size() && c.is_moe_layer(m.plan[next_app].block)) {
+      // (No prediction when the next layer's experts are all resident: nothing to read.)
+      if (pager->prefetch() && next_app < m.plan.size() && c.is_moe_layer(m.plan[next_app].block) &&
+          !pager->all_resident(m.plan[next_app].block)) {
         next_block = m.plan[next_app].block;
         next = predicted_experts(m, a.xn2, T, next_block);
       }

@@ -179,6 +179,17 @@ std::vector<int64_t> ExpertPager::expect(int64_t block, std::span<const int64_t>
   return order;
 }
 
+bool ExpertPager::all_resident(int64_t block) const {
+  std::lock_guard lk(mu_);
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    const int64_t i = block * num_experts_ + e;
+    if (block < 0 || i >= static_cast<int64_t>(index_.size())) return false;
+    const int id = index_[static_cast<size_t>(i)];
+    if (id >= 0 && entries_[static_cast<size_t>(id)].state != State::resident) return false;
+  }
+  return true;
+}
+
 ExpertPager::Weights ExpertPager::acquire(int64_t block, int64_t expert) {
   const int id = index(block, expert);
   std::unique_lock lk(mu_);

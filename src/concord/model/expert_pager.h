@@ -88,6 +88,8 @@ class ExpertPager {
   // block, most likely first) behind them.
   std::vector<int64_t> expect(int64_t block, std::span<const int64_t> experts, int64_t next_block,
                               std::span<const int64_t> next);
+  // Whether every paged expert of `block` is resident (the prefetcher has nothing to read there).
+  bool all_resident(int64_t block) const;
   // The expert's blocks, locked (never evicted) until release.
   Weights acquire(int64_t block, int64_t expert);
   void release(int64_t block, int64_t expert);
