@@ -127,6 +127,8 @@ generate|--model m --prompt p|--memory-cap|12XB|a size (bytes, or a number with 
 generate|--model m --prompt p|--memory-cap|0%|a percentage in (0, 100]
 generate|--model m --prompt p|--memory-cap|101%|a percentage in (0, 100]
 generate|--model m --prompt p|--pin-share|1.5|a number in [0, 1]
+cap-plan|--model m --trace t|--pin-share|2|a number in [0, 1]
+cap-plan|--model m --trace t|--prefill-passes|-1|an integer in [0, 1048576]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
 contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]
@@ -722,6 +724,28 @@ sys.exit(0 if ok else 1)' "$WORK/cap0.json" "$WORK/cap.json" "$extra" && grep -q
     fail "generate --memory-cap $extra: $(cat "$WORK/cap.err")"
   fi
 done
+# The cap planner replays a routing trace by the pager's rules: its reads are a --no-prefetch run's.
+"$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+  --json --routing-trace "$WORK/moe_q4.trace" >/dev/null 2>&1
+"$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+  --json --memory-cap 30% --no-prefetch >"$WORK/cap_lru.json" 2>/dev/null
+if "$CONCORD" cap-plan --model "$WORK/moe_q4.gguf" --trace "$WORK/moe_q4.trace" --caps 30%,100% --calibrate "$WORK/cap_lru.json" \
+     --json >"$WORK/plan.jsonl" 2>"$WORK/plan.err" \
+   && python3 -c '
+import json, sys
+run = json.load(open(sys.argv[1]))["memory_cap"]
+plan = [json.loads(l) for l in open(sys.argv[2])]
+ok = plan[0]["prefill_reads"] == run["prefill"]["loads"] and plan[0]["decode_reads"] == run["decode"]["loads"]
+ok = ok and plan[0]["decode_reads"] > 0 and plan[1]["decode_reads"] == 0 and plan[0]["predicted_decode_tokens_per_s"] > 0
+sys.exit(0 if ok else 1)' "$WORK/cap_lru.json" "$WORK/plan.jsonl"; then
+  pass "cap-plan: the replayed reads are the --no-prefetch run's; a prediction per cap"
+else
+  fail "cap-plan: $(cat "$WORK/plan.err" "$WORK/plan.jsonl")"
+fi
+expect_error "cap-plan calibrated from a run with prefetch" "a run with prefetch" \
+  "$CONCORD" cap-plan --model "$WORK/moe_q4.gguf" --trace "$WORK/moe_q4.trace" --calibrate "$WORK/cap.json"
+expect_error "cap-plan below one expert" "cannot hold one expert" \
+  "$CONCORD" cap-plan --model "$WORK/moe_q4.gguf" --trace "$WORK/moe_q4.trace" --caps 64
 expect_error "--memory-cap below one expert" "cannot hold one expert" \
   "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --memory-cap 64
 expect_error "--memory-cap on f32 experts" "a memory cap pages experts stored as Q4_0, Q4_1 or Q8_0 blocks" \

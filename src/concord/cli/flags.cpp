@@ -5,10 +5,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "concord/io/utf8.h"
 #include "concord/numerics/check.h"
@@ -148,6 +150,30 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   if (used == 0 || scale < 0 || !(value > 0) || value * scale > 9e18 || value * scale < 1)
     throw CLI::ValidationError(flag, fmt::format("'{}' is not a size (bytes, or a number with KiB, MiB or GiB)", text));
   return static_cast<int64_t>(value * scale);
+}
+
+// The tokens per expert of each MoE application in a `--router-stats` file: application -> counts.
+std::map<int64_t, std::vector<double>> read_router_loads(const std::string& path, const char* flag) {
+  nlohmann::json stats;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open ({})", path, flag));
+  try {
+    stats = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: not router statistics JSON ({})", path, e.what()));
+  }
+  std::map<int64_t, std::vector<double>> loads;
+  try {
+    for (const auto& layer : stats.at("layers")) {
+      std::vector<double> w;
+      for (const auto& v : layer.at("tokens_per_expert")) w.push_back(v.get<double>());
+      loads[layer.at("application").get<int64_t>()] = std::move(w);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: expected {{\"layers\": [{{\"application\", \"tokens_per_expert\"}}]}} as "
+                                 "--router-stats writes ({})", path, e.what()));
+  }
+  return loads;
 }
 
 MemoryCap parse_memory_cap(const std::string& flag, const std::string& text) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -121,6 +122,10 @@ inline CLI::Option* add_size_flag(CLI::App* cmd, const std::string& name, std::o
           help + " [bytes, or a number with KiB, MiB or GiB]")
       ->type_name("SIZE");
 }
+
+// The tokens per expert of each MoE application in a `concord generate --router-stats` file:
+// application -> counts. InputError naming the file (and `flag`) when it cannot be read or parsed.
+std::map<int64_t, std::vector<double>> read_router_loads(const std::string& path, const char* flag);
 
 // A memory cap: a size (parse_size) or a percentage of a whole ("25%": share 0.25, in (0, 100]%).
 struct MemoryCap {

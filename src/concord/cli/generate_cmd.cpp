@@ -138,30 +138,6 @@ void hold_own_experts(model::Model& m, model::ExpertParallel& ep, bool replan) {
 
 // Expert parallelism's measurements (model::ExpertParallel), gathered at rank 0: one JSON line per
 // MoE layer and rank to `path` (when given) and a summary on stderr. Collective: every rank calls it.
-// The tokens per expert of each MoE application in a `--router-stats` file: application -> counts.
-std::map<int64_t, std::vector<double>> read_router_loads(const std::string& path, const char* flag) {
-  nlohmann::json stats;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot open ({})", path, flag));
-  try {
-    stats = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: not router statistics JSON ({})", path, e.what()));
-  }
-  std::map<int64_t, std::vector<double>> loads;
-  try {
-    for (const auto& layer : stats.at("layers")) {
-      std::vector<double> w;
-      for (const auto& v : layer.at("tokens_per_expert")) w.push_back(v.get<double>());
-      loads[layer.at("application").get<int64_t>()] = std::move(w);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: expected {{\"layers\": [{{\"application\", \"tokens_per_expert\"}}]}} as "
-                                 "--router-stats writes ({})", path, e.what()));
-  }
-  return loads;
-}
-
 // The pager's counters over a phase (after - before), as one line and as JSON.
 model::ExpertPagingStats paging_delta(const model::ExpertPagingStats& after, const model::ExpertPagingStats& before) {
   model::ExpertPagingStats d = after;
@@ -797,6 +773,11 @@ void add_generate_command(CLI::App& app) {
                            {"prefetch", pager->prefetch()},
                            {"prefill", paging_json(paging_delta(paging_prefill, paging_start))},
                            {"decode", paging_json(paging_delta(end, paging_prefill))}};
+        const serve::EngineStats& es = engine.stats();
+        j["memory_cap"]["prefill"]["tokens"] = es.prefill_tokens;
+        j["memory_cap"]["prefill"]["seconds"] = es.prefill_seconds;
+        j["memory_cap"]["decode"]["tokens"] = es.decode_tokens;
+        j["memory_cap"]["decode"]["seconds"] = es.decode_seconds;
       }
       const std::string line = j.dump();
       std::fwrite(line.data(), 1, line.size(), stdout);

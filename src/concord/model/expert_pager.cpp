@@ -123,18 +123,34 @@ void ExpertPager::finish_load(int id, Weights w, double seconds, bool by_prefetc
   done_cv_.notify_all();
 }
 
+std::vector<std::pair<int64_t, int64_t>> ExpertPager::select_pins(std::span<const std::pair<int64_t, int64_t>> hottest_first,
+                                                                  const std::function<int64_t(int64_t, int64_t)>& bytes,
+                                                                  int64_t budget, int64_t cap, int64_t largest) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t total = 0;
+  for (const auto& x : hottest_first) {
+    if (std::find(out.begin(), out.end(), x) != out.end()) continue;
+    const int64_t b = bytes(x.first, x.second);
+    if (total + b > budget || total + b + largest > cap) break;
+    out.push_back(x);
+    total += b;
+  }
+  return out;
+}
+
 int64_t ExpertPager::pin(std::span<const std::pair<int64_t, int64_t>> hottest_first, int64_t budget) {
+  const auto chosen = select_pins(
+      hottest_first, [&](int64_t block, int64_t expert) { return experts_[static_cast<size_t>(index(block, expert))].bytes; },
+      budget, stats().cap, max_expert_bytes_);
   int64_t pinned = 0;
-  for (const auto& [block, expert] : hottest_first) {
+  for (const auto& [block, expert] : chosen) {
     const int id = index(block, expert);
     std::unique_lock lk(mu_);
     Entry& e = entries_[static_cast<size_t>(id)];
     if (e.pinned) continue;
-    const int64_t bytes = experts_[static_cast<size_t>(id)].bytes;
-    if (stats_.pinned_bytes + bytes > budget || stats_.pinned_bytes + bytes + max_expert_bytes_ > stats_.cap) break;
     while (e.state == State::loading) done_cv_.wait(lk);
     if (e.state == State::absent) {
-      if (!reserve(id, false)) break;
+      CONCORD_CHECK(reserve(id, false), "ExpertPager: no room for a pinned expert");
       lk.unlock();
       const auto t0 = Clock::now();
       Weights w = load(id);
@@ -144,7 +160,7 @@ int64_t ExpertPager::pin(std::span<const std::pair<int64_t, int64_t>> hottest_fi
     }
     e.pinned = true;
     ++stats_.pinned;
-    stats_.pinned_bytes += bytes;
+    stats_.pinned_bytes += experts_[static_cast<size_t>(id)].bytes;
     ++pinned;
   }
   return pinned;
@@ -304,6 +320,27 @@ void ExpertPager::reset_counters() {
   kept.pinned = stats_.pinned;
   kept.pinned_bytes = stats_.pinned_bytes;
   stats_ = kept;
+}
+
+std::vector<std::pair<int64_t, int64_t>> hottest_experts(const ModelConfig& c, const std::map<int64_t, std::vector<double>>& loads) {
+  struct Hot {
+    double load;
+    int64_t block, expert;
+  };
+  std::vector<Hot> hot;
+  for (int64_t app = 0; app < c.applications(); ++app) {
+    const int64_t block = c.block_of(app);
+    if (!c.is_moe_layer(block)) continue;
+    const auto it = loads.find(app);
+    if (it == loads.end() || static_cast<int64_t>(it->second.size()) != c.num_experts)
+      throw InputError(fmt::format("[memory cap] the pinning loads have no {} counts for MoE application {}", c.num_experts, app));
+    for (int64_t e = 0; e < c.num_experts; ++e) hot.push_back({it->second[static_cast<size_t>(e)], block, e});
+  }
+  std::stable_sort(hot.begin(), hot.end(), [](const Hot& x, const Hot& y) { return x.load > y.load; });
+  std::vector<std::pair<int64_t, int64_t>> order;
+  for (const Hot& h : hot)
+    if (h.load > 0) order.emplace_back(h.block, h.expert);
+  return order;
 }
 
 }  // namespace concord::model

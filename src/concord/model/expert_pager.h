@@ -30,12 +30,14 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
+#include "concord/model/config.h"
 #include "concord/tensor/quant_gemm.h"
 
 namespace concord::model {
@@ -78,9 +80,13 @@ class ExpertPager {
   ExpertPager(const ExpertPager&) = delete;
   ExpertPager& operator=(const ExpertPager&) = delete;
 
-  // Pins (loads now, never evicts) experts in the order given — hottest first — while their bytes
-  // stay within `budget` and the cap keeps room for the largest unpinned expert. Returns how many.
+  // Pins (loads now, never evicts) the experts select_pins picks. Returns how many.
   int64_t pin(std::span<const std::pair<int64_t, int64_t>> hottest_first, int64_t budget);
+  // The experts of `hottest_first` (block, expert), in order, while their bytes stay within
+  // `budget` and the cap keeps room for the largest expert; stops at the first that does not fit.
+  static std::vector<std::pair<int64_t, int64_t>> select_pins(std::span<const std::pair<int64_t, int64_t>> hottest_first,
+                                                              const std::function<int64_t(int64_t, int64_t)>& bytes,
+                                                              int64_t budget, int64_t cap, int64_t largest);
 
   // The pass's side (one thread). `expect`: the experts `block` is about to compute; returns them
   // in the order to compute them (resident first, then the rest in the order given, which the
@@ -135,5 +141,11 @@ class ExpertPager {
   ExpertPagingStats stats_;
   std::thread thread_;
 };
+
+// Every MoE expert of the model with tokens in `loads` (application -> tokens per expert, as
+// `concord generate --router-stats` writes them), most tokens first (ties: earlier application, lower
+// expert); an application's block is c.block_of(application). InputError for an MoE application
+// without E counts.
+std::vector<std::pair<int64_t, int64_t>> hottest_experts(const ModelConfig& c, const std::map<int64_t, std::vector<double>>& loads);
 
 }  // namespace concord::model

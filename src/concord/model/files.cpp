@@ -184,26 +184,8 @@ LoadedModel load_model_paged(const fs::path& path, const ExpertPaging& paging) {
     return files_detail::gguf_stored_weight(*file, c, specs[static_cast<size_t>(param)], files_detail::ReleasePages::slab);
   };
   auto pager = std::make_shared<ExpertPager>(std::move(experts), c.num_experts, cap, loader, paging.prefetch);
-  if (!paging.pin_loads.empty()) {
-    struct Hot {
-      double load;
-      int64_t block, expert;
-    };
-    std::vector<Hot> hot;
-    for (int64_t app = 0; app < c.applications(); ++app) {
-      const int64_t block = c.block_of(app);
-      if (!c.is_moe_layer(block)) continue;
-      const auto it = paging.pin_loads.find(app);
-      if (it == paging.pin_loads.end() || static_cast<int64_t>(it->second.size()) != c.num_experts)
-        throw InputError(fmt::format("[memory cap] the pinning loads have no {} counts for MoE application {}", c.num_experts, app));
-      for (int64_t e = 0; e < c.num_experts; ++e) hot.push_back({it->second[static_cast<size_t>(e)], block, e});
-    }
-    std::stable_sort(hot.begin(), hot.end(), [](const Hot& x, const Hot& y) { return x.load > y.load; });
-    std::vector<std::pair<int64_t, int64_t>> order;
-    for (const Hot& h : hot)
-      if (h.load > 0) order.emplace_back(h.block, h.expert);
-    pager->pin(order, static_cast<int64_t>(paging.pin_share * static_cast<double>(cap)));
-  }
+  if (!paging.pin_loads.empty())
+    pager->pin(hottest_experts(c, paging.pin_loads), static_cast<int64_t>(paging.pin_share * static_cast<double>(cap)));
   model.set_expert_pager(std::move(pager));
   return LoadedModel{std::move(source), std::move(model)};
 }
