@@ -15,7 +15,11 @@ script stops otherwise). Figures are medians over the repeats, the configuration
 RSS is each child's own (wait4). llama.cpp (tools/.llamacpp-venv, tools/llamacpp_env.sh) prefills
 the same token ids in one batch and decodes 128 tokens greedily with 2 threads; it has no cap on a
 CPU (its --n-cpu-moe keeps experts in host memory instead of a GPU's), so it runs at 100%, its
-weights memory-mapped. Waits for a quiet machine first (machine.py; FORCE=1 skips the wait).
+weights memory-mapped. Then `concord cap-plan` replays the uncapped run's routing trace under every
+cap, fitted to the median LRU runs at --calibrate-caps (default 100% and 10%): its reads must equal
+each LRU run's (the script stops otherwise), and its predicted tokens/s are printed beside the
+measured (75%, 50%, 25% and 5% out of sample).
+Waits for a quiet machine first (machine.py; FORCE=1 skips the wait).
 """
 
 import argparse
@@ -119,6 +123,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--calibrate-caps", default="100,10",
+                    help="the LRU caps (percent) whose median runs cap-plan is fitted to (default 100,10)")
     ap.add_argument("--llamacpp-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -132,7 +138,8 @@ def main():
     stats = os.path.join(os.path.dirname(os.path.abspath(model)), "expert_cap_stats.json")
     concord_run(model, stats_prompt, args.max_tokens, ["--router-stats", stats])
 
-    configs = [("uncapped", None, [])]
+    trace = os.path.join(os.path.dirname(os.path.abspath(model)), "expert_cap.trace")
+    configs = [("uncapped", None, ["--routing-trace", trace])]
     for cap in [c.strip() for c in args.caps.split(",") if c.strip()]:
         configs.append(("LRU", cap, ["--memory-cap", f"{cap}%", "--no-prefetch"]))
         configs.append(("prefetch", cap, ["--memory-cap", f"{cap}%"]))
@@ -147,7 +154,7 @@ def main():
                 want = got
             elif got != want:
                 sys.exit(f"expert_cap_bench: {mode} at {cap}% changed the tokens or log-probs")
-            runs[i].append({"prefill": prefill, "decode": decode, "rss_mib": rss, "memory_cap": j.get("memory_cap")})
+            runs[i].append({"prefill": prefill, "decode": decode, "rss_mib": rss, "memory_cap": j.get("memory_cap"), "json": j})
             print(f"repeat {r + 1}: {mode} {cap or ''}: prefill {prefill:.0f} tok/s, decode {decode:.0f} tok/s", file=sys.stderr,
                   flush=True)
 
@@ -157,6 +164,24 @@ def main():
         out, _, _ = run_child([LLAMACPP_PY, os.path.abspath(__file__), "--llamacpp-worker", "--model", model, "--tokens", tokens,
                                "--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens)], "llama.cpp")
         llama = json.loads(out)
+
+    # The cap planner (concord cap-plan): the uncapped run's routing trace replayed under every cap,
+    # calibrated from the median LRU run at --calibrate-cap; its reads must be the LRU runs' own.
+    plan = {}
+    lru = {cap: i for i, (mode, cap, _) in enumerate(configs) if mode == "LRU"}
+    fit_caps = [c for c in args.calibrate_caps.split(",") if c in lru]
+    if fit_caps:
+        calib = []
+        for c in fit_caps:
+            rs = sorted(runs[lru[c]], key=lambda x: x["decode"])
+            calib += ["--calibrate", os.path.join(os.path.dirname(os.path.abspath(model)), f"expert_cap_calibration_{c}.json")]
+            with open(calib[-1], "w") as f:
+                json.dump(rs[len(rs) // 2]["json"], f)
+        out, _, _ = run_child([CONCORD, "cap-plan", "--model", model, "--trace", trace, "--json",
+                               "--caps", ",".join(f"{c}%" for c in lru)] + calib, "concord cap-plan")
+        for line in out.splitlines():
+            p = json.loads(line)
+            plan[p["cap"].rstrip("%")] = p
 
     rows = []
     base = None
@@ -173,6 +198,13 @@ def main():
                         "decode_reads_per_token": mc["decode"]["loads"] / max(1, args.max_tokens - 1),
                         "decode_stall_s": mc["decode"]["stall_s"], "decode_load_s": mc["decode"]["load_s"],
                         "prefill_stall_s": mc["prefill"]["stall_s"]})
+        if mode == "LRU" and cap in plan:
+            p = plan[cap]
+            measured = mc["prefill"]["loads"], mc["decode"]["loads"]
+            if (p["prefill_reads"], p["decode_reads"]) != measured:
+                sys.exit(f"expert_cap_bench: cap-plan's reads at {cap}% {p['prefill_reads'], p['decode_reads']} are not the run's {measured}")
+            row["predicted_decode"] = p["predicted_decode_tokens_per_s"]
+            row["predicted_prefill"] = p["predicted_prefill_tokens_per_s"]
         if base is None:
             base = med
         row["prefill_vs_uncapped"] = med["prefill"] / base["prefill"]
@@ -188,6 +220,17 @@ def main():
         cap = f"{row['cap_percent']}%" if row["cap_percent"] else "-"
         print(f"| {row['mode']} | {cap} | {row['prefill']:.0f} | {row['decode']:.0f} | "
               f"{row['prefill_vs_uncapped']:.2f} / {row['decode_vs_uncapped']:.2f} | {extra} | {row['rss_mib']:.1f} |")
+    if plan:
+        print(f"\ncap-plan, fitted to the median LRU runs at {', '.join(c + '%' for c in fit_caps)} (reads: equal to every LRU run's):")
+        print("| cap | decode reads/token | predicted decode tok/s | measured (median) | error | predicted prefill tok/s | measured | error |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for row in rows:
+            if "predicted_decode" not in row:
+                continue
+            ed = row["predicted_decode"] / row["decode"] - 1
+            ep = row["predicted_prefill"] / row["prefill"] - 1
+            print(f"| {row['cap_percent']}% | {row['decode_reads_per_token']:.2f} | {row['predicted_decode']:.0f} | {row['decode']:.0f} | "
+                  f"{100 * ed:+.1f}% | {row['predicted_prefill']:.0f} | {row['prefill']:.0f} | {100 * ep:+.1f}% |")
     if llama:
         lp = statistics.median(x["prefill"] for x in llama["runs"])
         ld = statistics.median(x["decode"] for x in llama["runs"])
@@ -195,7 +238,7 @@ def main():
               f"{llama['rss_mib']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_name(), "model": model, "prompt_tokens": len(prompt), "max_tokens": args.max_tokens,
+            json.dump({"cpu": cpu_name(), "model": model, "plan": plan, "prompt_tokens": len(prompt), "max_tokens": args.max_tokens,
                        "repeats": args.repeats, "rows": rows, "llamacpp": llama}, f, indent=1)
 
 

@@ -159,6 +159,22 @@ TEST(CapModel, TheTimeModelAndWhatItRefuses) {
   const Cost only_prefill = calibrate(prefill, PhaseRun{50, 0, 0.6, 0.0, 0.0});
   EXPECT_DOUBLE_EQ(only_prefill.decode_read_s, 0.008);  // no decode reads: the prefill's cost
   EXPECT_THROW(calibrate(PhaseRun{}, PhaseRun{}), InputError);
+  // The fit: decode seconds 1 + 0.1 per read through three runs; the prefill never reads.
+  const std::pair<PhaseRun, PhaseRun> runs[] = {{PhaseRun{10, 0, 0.5, 0, 0}, PhaseRun{50, 0, 1.0, 0, 0}},
+                                                {PhaseRun{10, 0, 0.7, 0, 0}, PhaseRun{50, 10, 2.0, 0, 0}},
+                                                {PhaseRun{10, 0, 0.6, 0, 0}, PhaseRun{50, 20, 3.0, 0, 0}}};
+  const Cost f = fit(runs);
+  EXPECT_NEAR(f.decode_compute_s, 1.0, 1e-12);
+  EXPECT_NEAR(f.decode_read_s, 0.1, 1e-12);
+  EXPECT_NEAR(f.prefill_compute_s, 0.6, 1e-12);
+  EXPECT_EQ(f.prefill_read_s, 0.0);
+  // One read count in a phase: no slope to fit; a read costs its measured seconds.
+  const std::pair<PhaseRun, PhaseRun> same[] = {{PhaseRun{10, 5, 0.5, 0.1, 0.05}, PhaseRun{}},
+                                                {PhaseRun{10, 5, 0.7, 0.1, 0.15}, PhaseRun{}}};
+  const Cost g = fit(same);
+  EXPECT_NEAR(g.prefill_compute_s, 0.5, 1e-12);
+  EXPECT_NEAR(g.prefill_read_s, 0.02, 1e-12);
+  EXPECT_THROW(fit(std::span(runs).first(1)), InputError);
 
   epsim::Trace t;
   t.experts = 4;

@@ -29,7 +29,8 @@ namespace capmodel = serve::capmodel;
 using nlohmann::ordered_json;
 
 struct Args {
-  std::string model, trace, caps = "100%,75%,50%,25%,10%", pin_loads, calibrate;
+  std::string model, trace, caps = "100%,75%,50%,25%,10%", pin_loads;
+  std::vector<std::string> calibrate;
   double pin_share = 0.5;
   int64_t prefill_passes = 1;
   bool json = false;
@@ -44,7 +45,8 @@ capmodel::PhaseRun phase_of(const nlohmann::json& mc, const char* phase, const s
     r.seconds = p.at("seconds").get<double>();
     r.stall_s = p.at("stall_s").get<double>();
     r.read_s = p.at("load_s").get<double>();
-    r.reads = p.at("loads").get<int64_t>() - p.at("prefetched").get<int64_t>();
+    r.reads = p.at("loads").get<int64_t>();  // with prefetch: every read, the prefetcher's too
+    if (!mc.value("prefetch", true)) r.reads -= p.at("prefetched").get<int64_t>();
     return r;
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("[cap-plan] {}: memory_cap.{} lacks what a calibration needs ({}); use the --json output "
@@ -77,21 +79,32 @@ void run(const Args& a) {
 
   std::optional<capmodel::Cost> cost;
   std::string calibration;
-  if (!a.calibrate.empty()) {
-    const nlohmann::json run = io::read_json_file(a.calibrate, "cap-plan", "the calibration run");
+  std::vector<std::pair<capmodel::PhaseRun, capmodel::PhaseRun>> runs;
+  bool any_prefetch = false;
+  for (const std::string& path : a.calibrate) {
+    const nlohmann::json run = io::read_json_file(path, "cap-plan", "the calibration run");
     if (!run.contains("memory_cap") || !run["memory_cap"].is_object())
-      throw InputError(fmt::format("[cap-plan] {}: no memory_cap object; calibrate from `concord generate --json --memory-cap X "
-                                   "--no-prefetch`", a.calibrate));
+      throw InputError(fmt::format("[cap-plan] {}: no memory_cap object; calibrate from `concord generate --json --memory-cap X`",
+                                   path));
     const nlohmann::json& mc = run["memory_cap"];
-    if (mc.value("prefetch", true))
-      throw InputError(fmt::format("[cap-plan] {}: a run with prefetch (its stalls are not its reads); calibrate from a "
-                                   "--no-prefetch run", a.calibrate));
-    cost = capmodel::calibrate(phase_of(mc, "prefill", a.calibrate), phase_of(mc, "decode", a.calibrate));
-    calibration = fmt::format("calibrated from {}: prefill compute {:.4f} s and {:.1f} us per expert read, decode compute "
-                              "{:.4f} s and {:.1f} us per read",
-                              a.calibrate, cost->prefill_compute_s, 1e6 * cost->prefill_read_s, cost->decode_compute_s,
-                              1e6 * cost->decode_read_s);
+    any_prefetch = any_prefetch || mc.value("prefetch", true);
+    runs.emplace_back(phase_of(mc, "prefill", path), phase_of(mc, "decode", path));
   }
+  if (runs.size() == 1) {
+    if (any_prefetch)
+      throw InputError(fmt::format("[cap-plan] {}: a run with prefetch (its stalls are not its reads); calibrate from a "
+                                   "--no-prefetch run, or fit from two or more runs",
+                                   a.calibrate[0]));
+    cost = capmodel::calibrate(runs[0].first, runs[0].second);
+  } else if (runs.size() > 1) {
+    cost = capmodel::fit(runs);
+  }
+  if (cost)
+    calibration = fmt::format("{} from {} run{}: prefill {:.4f} s + {:.1f} us per expert read, decode {:.4f} s + {:.1f} us per "
+                              "read",
+                              runs.size() == 1 ? "calibrated" : "fitted", runs.size(), runs.size() == 1 ? "" : "s",
+                              cost->prefill_compute_s, 1e6 * cost->prefill_read_s, cost->decode_compute_s,
+                              1e6 * cost->decode_read_s);
 
   std::vector<std::string> caps;
   {
@@ -174,8 +187,12 @@ void add_cap_plan_command(CLI::App& app) {
   add_integer_flag(cmd, "--prefill-passes", a->prefill_passes, between(0, 1 << 20),
                    "the trace's first passes that are the prompt's prefill (default 1: one prefill chunk)");
   cmd->add_option("--calibrate", a->calibrate,
-                  "the --json output of one `concord generate --memory-cap X --no-prefetch` run of the same workload: "
-                  "predict tokens/s from its compute time and seconds per expert read");
+                  "the --json output of a `concord generate --memory-cap X` run of the same workload (repeatable): one "
+                  "--no-prefetch run gives the compute time and seconds per read; two or more runs at caps that read "
+                  "differently are fitted (seconds = compute + reads x cost per read, per phase); then tokens/s are "
+                  "predicted for every cap")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_flag("--json", a->json, "one JSON object per cap instead of the table");
   cmd->callback([a]() {
     if (a->pin_share != 0.5 && a->pin_loads.empty()) throw InputError("[cap-plan] --pin-share needs --pin-loads");

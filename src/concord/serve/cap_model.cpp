@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -95,6 +96,61 @@ Cost calibrate(const PhaseRun& prefill, const PhaseRun& decode) {
   c.decode_read_s = decode.reads > 0 ? decode.read_s / static_cast<double>(decode.reads) : both;
   c.prefill_compute_s = std::max(0.0, prefill.seconds - prefill.stall_s);
   c.decode_compute_s = std::max(0.0, decode.seconds - decode.stall_s);
+  return c;
+}
+
+namespace {
+// seconds = a + b · reads by least squares, a, b >= 0 (a line through the mean when b would be < 0,
+// the origin's slope when a would be). When every run read as many experts (the runs cannot tell
+// compute from reads), a read costs its measured seconds and the compute is the rest (calibrate's
+// rule, averaged).
+std::pair<double, double> fit_line(const std::vector<PhaseRun>& runs) {
+  const auto n = static_cast<double>(runs.size());
+  double mx = 0, my = 0;
+  for (const PhaseRun& r : runs) {
+    mx += static_cast<double>(r.reads);
+    my += r.seconds;
+  }
+  mx /= n;
+  my /= n;
+  double sxx = 0, sxy = 0;
+  for (const PhaseRun& r : runs) {
+    sxx += (static_cast<double>(r.reads) - mx) * (static_cast<double>(r.reads) - mx);
+    sxy += (static_cast<double>(r.reads) - mx) * (r.seconds - my);
+  }
+  if (sxx <= 0) {
+    if (mx <= 0) return {my, 0.0};  // the phase never reads: its compute only
+    double compute = 0, per_read = 0;
+    for (const PhaseRun& r : runs) {
+      compute += std::max(0.0, r.seconds - r.stall_s) / n;
+      per_read += r.read_s / static_cast<double>(r.reads) / n;
+    }
+    return {compute, per_read};
+  }
+  const double b = sxy / sxx, a = my - b * mx;
+  if (b < 0) return {my, 0.0};
+  if (a < 0) {
+    double sx2 = 0, sxy0 = 0;
+    for (const PhaseRun& r : runs) {
+      sx2 += static_cast<double>(r.reads) * static_cast<double>(r.reads);
+      sxy0 += static_cast<double>(r.reads) * r.seconds;
+    }
+    return {0.0, std::max(0.0, sxy0 / sx2)};
+  }
+  return {a, b};
+}
+}  // namespace
+
+Cost fit(std::span<const std::pair<PhaseRun, PhaseRun>> runs) {
+  if (runs.size() < 2) throw InputError("[cap model] a fit needs at least two runs");
+  std::vector<PhaseRun> prefill, decode;
+  for (const auto& [p, d] : runs) {
+    prefill.push_back(p);
+    decode.push_back(d);
+  }
+  Cost c;
+  std::tie(c.prefill_compute_s, c.prefill_read_s) = fit_line(prefill);
+  std::tie(c.decode_compute_s, c.decode_read_s) = fit_line(decode);
   return c;
 }
 

@@ -58,6 +58,13 @@ struct Cost {
 // a phase's read_s = its reads' seconds over their count, or both phases' when it read nothing.
 // InputError for a run without reads.
 Cost calibrate(const PhaseRun& prefill, const PhaseRun& decode);
+// From several runs (other caps, any prefetch setting) of the same workload: per phase, the line
+// seconds = compute + reads · read_s through their (reads, seconds) by least squares, both
+// coefficients >= 0 — a read's whole cost, its stall and what it costs the computation after it
+// (the caches it evicted), not only its stall. A phase whose runs all read as many experts (every
+// cap reads each expert the prompt routes to once) falls back to calibrate()'s rule, averaged.
+// InputError with fewer than two runs.
+Cost fit(std::span<const std::pair<PhaseRun, PhaseRun>> runs);
 // Predicted seconds of each phase under a replay's reads.
 std::pair<double, double> predict_seconds(const Cost& cost, const Replay& replay);
 
