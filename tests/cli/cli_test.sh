@@ -127,6 +127,8 @@ generate|--model m --prompt p|--memory-cap|12XB|a size (bytes, or a number with 
 generate|--model m --prompt p|--memory-cap|0%|a percentage in (0, 100]
 generate|--model m --prompt p|--memory-cap|101%|a percentage in (0, 100]
 generate|--model m --prompt p|--pin-share|1.5|a number in [0, 1]
+serve|--model m|--memory-cap|0%|a percentage in (0, 100]
+serve|--model m|--pin-share|-1|a number in [0, 1]
 cap-plan|--model m --trace t|--pin-share|2|a number in [0, 1]
 cap-plan|--model m --trace t|--prefill-passes|-1|an integer in [0, 1048576]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
@@ -756,6 +758,10 @@ expect_error "--memory-cap under another policy" "--memory-cap pages a GGUF's qu
   "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --memory-cap 50% --policy fp32
 expect_error "--no-prefetch needs --memory-cap" "--pin-loads, --pin-share and --no-prefetch are for --memory-cap" \
   "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --no-prefetch
+expect_error "serve --memory-cap with --disaggregate" "--memory-cap with --disaggregate" \
+  "$CONCORD" serve --model "$WORK/moe_q4.gguf" --memory-cap 50% --disaggregate
+expect_error "serve --no-prefetch needs --memory-cap" "--pin-loads, --pin-share and --no-prefetch are for --memory-cap" \
+  "$CONCORD" serve --model "$WORK/moe_q4.gguf" --no-prefetch
 expect_error "--pin-share needs --pin-loads" "--pin-share needs --pin-loads" \
   "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt hi --memory-cap 50% --pin-share 0.2
 a="$("$CONCORD" generate --model "$WORK/run" --prompt "The" --max-tokens 16 --seed 7 --top-k 20 2>/dev/null)"

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <optional>
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "concord/io/tokenizer.h"
+#include "concord/model/files.h"
 #include "concord/model/model.h"
 #include "concord/serve/engine.h"
 #include "concord/serve/text.h"
@@ -599,6 +601,74 @@ TEST_F(ServerTest, DisaggregatedPrefillAnswersAsThePlainServer) {
   EXPECT_EQ(metric(*server, "concord_disaggregated_prefills_total"), 2 * (kRequests - 1));
   EXPECT_GT(metric(*server, "concord_handover_bytes_total"), 0);
   EXPECT_GT(metric(*server, "concord_prefix_cache_reused_tokens_total"), 0);
+}
+
+// Experts under a memory cap (concord serve --memory-cap): a Q4_0 MoE's responses (sampled, several
+// choices, alone and concurrent, so decode steps batch sequences that route to different experts)
+// are the uncapped server's bit for bit at 25% of the expert bytes, with and without prefetch; the
+// pager's figures reach /metrics, its high-water mark never above the cap.
+TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
+  model::ModelConfig c = tiny_config();
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.norm_topk_prob = true;  // llama.cpp's qwen3moe (the GGUF export) renormalises
+  c.tie_word_embeddings = false;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("concord_server_cap_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    model::Model m(c);
+    m.init_random(9, 0.3f);
+    model::ExportOptions o;
+    o.format = model::ExportFormat::gguf;
+    o.dtype = "q4_0";
+    model::export_model(m, dir / "moe.gguf", o);
+  }
+  auto body = [](int i) {
+    return json{{"prompt", std::string(static_cast<size_t>(1 + 29 * i % 90), static_cast<char>('a' + i))},
+                {"max_tokens", 6 + 3 * (i % 4)},
+                {"seed", 300 + i},
+                {"temperature", 1.0},
+                {"n", 1 + i % 2},
+                {"logprobs", 2},
+                {"return_tokens_as_token_ids", true}};
+  };
+  constexpr int kRequests = 6;
+  auto serve_all = [&](model::Model& m, Server** keep) {
+    auto server = std::make_unique<Server>(ServedModel{m, *tokenizer_, kChatMl, {kImEnd}}, options());
+    port_ = server->start();
+    std::vector<json> out;
+    for (int i = 0; i < kRequests; ++i) out.push_back(post_ok("/v1/completions", body(i))["choices"]);
+    std::vector<std::future<json>> together;
+    for (int i = 0; i < kRequests; ++i)
+      together.push_back(std::async(std::launch::async, [&, i] { return post_ok("/v1/completions", body(i))["choices"]; }));
+    for (auto& f : together) out.push_back(f.get());
+    if (keep) *keep = server.get();
+    if (keep) {
+      const double cap = metric(*server, "concord_expert_cap_bytes");
+      EXPECT_GT(cap, 0);
+      EXPECT_LE(metric(*server, "concord_expert_held_high_water_bytes"), cap);
+      EXPECT_GT(metric(*server, "concord_expert_reads_total"), 0);
+      EXPECT_GT(metric(*server, "concord_expert_evictions_total"), 0);
+      EXPECT_GE(metric(*server, "concord_expert_uses_total"), metric(*server, "concord_expert_hits_total"));
+    }
+    return out;
+  };
+  model::LoadedModel whole = model::load_model(dir / "moe.gguf", "native");
+  const std::vector<json> plain = serve_all(whole.model, nullptr);
+  for (bool prefetch : {false, true}) {
+    model::ExpertPaging paging;
+    paging.cap_share = 0.25;
+    paging.prefetch = prefetch;
+    model::LoadedModel paged = model::load_model_paged(dir / "moe.gguf", paging);
+    Server* kept = nullptr;
+    const std::vector<json> got = serve_all(paged.model, &kept);
+    ASSERT_EQ(got.size(), plain.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], plain[i]) << i << (prefetch ? " prefetch" : "");
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Speculative decoding in the server (--draft): greedy responses are the plain server's token

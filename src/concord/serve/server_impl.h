@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "concord/io/utf8.h"
+#include "concord/model/expert_pager.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/sync.h"
 #include "concord/serve/openai.h"
@@ -198,6 +199,23 @@ struct Server::Impl {
   Counter& handover_bytes;
   void run_prefill_worker();
 
+  // Experts under a memory cap (concord serve --memory-cap; model/expert_pager.h): the pager's
+  // figures, brought up to date after every engine step by the scheduler.
+  struct PagerMetrics {
+    Gauge& cap;
+    Gauge& held;
+    Gauge& high_water;
+    Counter& uses;
+    Counter& hits;
+    Counter& reads;
+    Counter& read_bytes;
+    Counter& evictions;
+    Counter& stall_seconds;
+    model::ExpertPagingStats seen;
+  };
+  std::unique_ptr<PagerMetrics> pager_metrics;
+  void update_pager_metrics();
+
   // Scheduler-only.
   std::vector<std::shared_ptr<Job>> active;
   std::map<int64_t, std::pair<Job*, size_t>> by_engine_id;
@@ -252,6 +270,20 @@ struct Server::Impl {
       prefill_model->prepare_weights();
     }
     if (options.prefix_cache_bytes > 0) engine.set_prefix_cache(make_prefix_cache());
+    if (served.model.expert_pager()) {
+      pager_metrics = std::make_unique<PagerMetrics>(PagerMetrics{
+          metrics.gauge("concord_expert_cap_bytes", "The memory cap on expert blocks (--memory-cap)."),
+          metrics.gauge("concord_expert_held_bytes", "Bytes of expert blocks held (reads in flight included)."),
+          metrics.gauge("concord_expert_held_high_water_bytes", "The most bytes of expert blocks held at once."),
+          metrics.counter("concord_expert_uses_total", "Experts computed by MoE layers (--memory-cap)."),
+          metrics.counter("concord_expert_hits_total", "Experts computed that were resident when a layer asked."),
+          metrics.counter("concord_expert_reads_total", "Experts read from the model file (--memory-cap)."),
+          metrics.counter("concord_expert_read_bytes_total", "Packed bytes of the experts read from the model file."),
+          metrics.counter("concord_expert_evictions_total", "Experts evicted to make room under the cap."),
+          metrics.counter("concord_expert_stall_seconds_total", "Seconds MoE layers waited for an expert's read."),
+          {}});
+      update_pager_metrics();
+    }
   }
 
   // ---- metrics, connections (server.cpp)

@@ -261,6 +261,21 @@ void Server::Impl::serve_swap_request() {
   swap_cv.notify_all();
 }
 
+void Server::Impl::update_pager_metrics() {
+  const model::ExpertPagingStats s = served.model.expert_pager()->stats();
+  PagerMetrics& m = *pager_metrics;
+  m.cap.set(static_cast<double>(s.cap));
+  m.held.set(static_cast<double>(s.held));
+  m.high_water.set(static_cast<double>(s.high_water));
+  m.uses.inc(static_cast<double>(s.uses - m.seen.uses));
+  m.hits.inc(static_cast<double>(s.hits - m.seen.hits));
+  m.reads.inc(static_cast<double>(s.loads - m.seen.loads));
+  m.read_bytes.inc(static_cast<double>(s.loaded_bytes - m.seen.loaded_bytes));
+  m.evictions.inc(static_cast<double>(s.evictions - m.seen.evictions));
+  m.stall_seconds.inc(std::max(0.0, s.stall_s - m.seen.stall_s));
+  m.seen = s;
+}
+
 void Server::Impl::run_scheduler() {
   engine.set_token_callback([this](const TokenEvent& ev) { on_token(ev); });
   if (prefill_model) prefill_worker = std::thread([this] { run_prefill_worker(); });
@@ -360,6 +375,7 @@ void Server::Impl::run_scheduler() {
       prefix_reused_seen = ps.tokens_reused;
       prefix_bytes.set(static_cast<double>(ps.bytes));
     }
+    if (pager_metrics) update_pager_metrics();
     // Finished choices (a finishing token's event, a cancel by stop string, max_tokens = 0).
     for (const auto& job : active) {
       if (job->finished) continue;
