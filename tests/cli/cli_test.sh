@@ -710,7 +710,8 @@ expect_error "--slow-rank needs --expert-parallel" "--slow-rank, --ep-stats and 
 "$CONCORD" export --model "$MOE_GGUF" --to gguf --dtype q4_0 --out "$WORK/moe_q4.gguf" >/dev/null 2>&1
 "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
   --json --router-stats "$WORK/moe_q4_stats.json" >"$WORK/cap0.json" 2>/dev/null
-for extra in "30%" "30% --no-prefetch" "60% --pin-loads $WORK/moe_q4_stats.json --pin-share 0.4"; do
+for extra in "30%" "30% --no-prefetch" "60% --pin-loads $WORK/moe_q4_stats.json --pin-share 0.4" \
+             "30% --prefix-cache-dir $WORK/cap_prefix"; do
   # shellcheck disable=SC2086
   if "$CONCORD" generate --model "$WORK/moe_q4.gguf" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
        --json --memory-cap $extra >"$WORK/cap.json" 2>"$WORK/cap.err" \

@@ -21,9 +21,11 @@
 #include <vector>
 
 #include "concord/io/tokenizer.h"
+#include "concord/model/expert_pager.h"
 #include "concord/model/files.h"
 #include "concord/model/model.h"
 #include "concord/serve/engine.h"
+#include "concord/serve/prefix_cache.h"
 #include "concord/serve/text.h"
 
 namespace concord::serve {
@@ -637,7 +639,9 @@ TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
   };
   constexpr int kRequests = 6;
   auto serve_all = [&](model::Model& m, Server** keep) {
-    auto server = std::make_unique<Server>(ServedModel{m, *tokenizer_, kChatMl, {kImEnd}}, options());
+    ServerOptions o = options();
+    o.prefix_cache_bytes = 1 << 22;  // its fingerprint hashes every expert's blocks: through the pager
+    auto server = std::make_unique<Server>(ServedModel{m, *tokenizer_, kChatMl, {kImEnd}}, o);
     port_ = server->start();
     std::vector<json> out;
     for (int i = 0; i < kRequests; ++i) out.push_back(post_ok("/v1/completions", body(i))["choices"]);
@@ -663,6 +667,8 @@ TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
     paging.cap_share = 0.25;
     paging.prefetch = prefetch;
     model::LoadedModel paged = model::load_model_paged(dir / "moe.gguf", paging);
+    EXPECT_EQ(PrefixCache::fingerprint_of(paged.model), PrefixCache::fingerprint_of(whole.model));
+    EXPECT_LE(paged.model.expert_pager()->stats().high_water, paged.model.expert_pager()->stats().cap);
     Server* kept = nullptr;
     const std::vector<json> got = serve_all(paged.model, &kept);
     ASSERT_EQ(got.size(), plain.size());

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "concord/model/expert_pager.h"
 #include "concord/model/model.h"
 #include "concord/numerics/check.h"
 #include "concord/tensor/quant_gemm.h"
@@ -243,7 +244,17 @@ uint64_t PrefixCache::fingerprint_of(model::Model& m) {
   for (const model::ParamSpec& spec : m.params()) {
     XXH3_64bits_update(state, spec.name.data(), spec.name.size());
     if (const tensor::QuantWeight* w = m.stored_weight(spec.name)) {
-      for (int64_t g = 0; g < w->groups(); ++g) XXH3_64bits_update(state, w->group(g), w->group_bytes());
+      if (w->loaded()) {
+        for (int64_t g = 0; g < w->groups(); ++g) XXH3_64bits_update(state, w->group(g), w->group_bytes());
+      } else {  // an expert paged under a memory cap: its blocks read through the pager, within the cap
+        model::ExpertPager* pager = m.expert_pager();
+        CONCORD_CHECK(pager != nullptr && spec.expert >= 0, "an unloaded stored weight that is no paged expert");
+        const model::ExpertPager::Weights held = pager->acquire(spec.layer, spec.expert);
+        const size_t j = spec.kind == model::ParamKind::expert_gate ? 0 : spec.kind == model::ParamKind::expert_up ? 1 : 2;
+        const tensor::QuantWeight& q = *held[j];
+        for (int64_t g = 0; g < q.groups(); ++g) XXH3_64bits_update(state, q.group(g), q.group_bytes());
+        pager->release(spec.layer, spec.expert);
+      }
     } else {
       const std::span<const float> v = std::as_const(m).param(spec.name);
       XXH3_64bits_update(state, v.data(), v.size_bytes());
