@@ -5,7 +5,7 @@ three modes (LRU only: --no-prefetch; prefetch; prefetch and a pinned hot set fr
 statistics of another passage), side by side in one run with the uncapped engine and llama.cpp on
 the same file.
 
-    python3 bench/expert_cap_bench.py [--model F.gguf] [--caps 100,75,50,25] [--repeats 3] [--json F]
+    python3 bench/expert_cap_bench.py [--model F.gguf | --config moe-wide] [--caps 100,75,50,25,10,5] [--repeats 3] [--json F]
 
 Default model: the trained configs/tiny-moe-64.json MoE (4 layers, 64 experts of width 32, top-4;
 trained into runs/tiny-moe-64 if absent, about a minute) exported as Q4_0. The prompt is 380 bytes
@@ -47,15 +47,16 @@ def bible(verses, size):
     return text[:size]
 
 
-def default_model():
+def default_model(config):
+    """configs/CONFIG.json trained into runs/CONFIG (if absent) and exported as Q4_0."""
     out_dir = os.path.join(ROOT, "runs", "expert-cap")
-    gguf = os.path.join(out_dir, "tiny-moe-64.q4_0.gguf")
+    gguf = os.path.join(out_dir, f"{config}.q4_0.gguf")
     if os.path.exists(gguf):
         return gguf
-    run = os.path.join(ROOT, "runs", "tiny-moe-64")
+    run = os.path.join(ROOT, "runs", config)
     if not os.path.isdir(os.path.join(run, "final")):
-        print("training configs/tiny-moe-64.json into runs/tiny-moe-64 (about a minute)", file=sys.stderr, flush=True)
-        subprocess.run([CONCORD, "train", "--config", os.path.join(ROOT, "configs", "tiny-moe-64.json"), "--out", run],
+        print(f"training configs/{config}.json into runs/{config}", file=sys.stderr, flush=True)
+        subprocess.run([CONCORD, "train", "--config", os.path.join(ROOT, "configs", f"{config}.json"), "--out", run],
                        check=True, stdout=subprocess.DEVNULL)
     os.makedirs(out_dir, exist_ok=True)
     subprocess.run([CONCORD, "export", "--model", run, "--to", "gguf", "--dtype", "q4_0", "--out", gguf], check=True,
@@ -118,7 +119,10 @@ def llamacpp_worker(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model")
+    ap.add_argument("--model", help="a GGUF MoE with Q4_0/Q4_1/Q8_0 experts (default: --config's, trained and exported)")
+    ap.add_argument("--config", default="tiny-moe-64",
+                    help="without --model: configs/CONFIG.json, trained into runs/CONFIG if absent (default tiny-moe-64; "
+                         "moe-wide: 32 experts of width 512 over 256, 27 MiB of Q4_0 experts)")
     ap.add_argument("--caps", default="100,75,50,25,10,5", help="percent of the expert bytes, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -132,7 +136,7 @@ def main():
         return llamacpp_worker(args)
 
     wait_quiet("expert_cap_bench.py")
-    model = args.model or default_model()
+    model = args.model or default_model(args.config)
     prompt = bible("Gen1:1-Gen2:25", 380)
     stats_prompt = bible("Exo1:1-Exo2:25", 380)
     stats = os.path.join(os.path.dirname(os.path.abspath(model)), "expert_cap_stats.json")

@@ -170,12 +170,14 @@ std::vector<int64_t> ExpertPager::expect(int64_t block, std::span<const int64_t>
                                          std::span<const int64_t> next) {
   std::vector<int64_t> order, later;
   std::lock_guard lk(mu_);
-  for (Entry& e : entries_) e.wanted = false;
+  for (int id : wanted_) entries_[static_cast<size_t>(id)].wanted = false;
+  wanted_.clear();
   std::deque<int> queue;
   for (int64_t x : experts) {
     const int id = index(block, x);
     Entry& e = entries_[static_cast<size_t>(id)];
     e.wanted = true;
+    wanted_.push_back(id);
     if (e.state == State::resident) {
       order.push_back(x);
     } else {

@@ -135,6 +135,7 @@ class ExpertPager {
   std::condition_variable done_cv_;  // a load finished
   std::vector<Entry> entries_;
   std::deque<int> queue_;
+  std::vector<int> wanted_;  // the entries expect() marked wanted (cleared by the next expect)
   uint64_t tick_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;  // the prefetcher's failed load, rethrown by the next acquire
