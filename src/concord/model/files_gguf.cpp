@@ -265,7 +265,11 @@ std::shared_ptr<const tensor::QuantWeight> gguf_stored_weight(const io::GgufFile
   auto w = std::make_shared<const tensor::QuantWeight>(tensor::pack_quant_weight(kind, rows, cols, bytes));
   // The packed copy is the one kept in memory: the file's pages go (a whole 3-D expert tensor
   // once its last expert is read; a paged expert's own slab each time it is read).
-  if (release == ReleasePages::slab) f.release_pages(slab);
+  // A paged expert's slab, widened to 2 MiB: the kernel maps the whole large folio around a
+  // faulting page (and fault-around maps neighbours), so reading a 70 KiB slab can leave 1-2 MiB of
+  // the file resident; the packed copy is what is kept (a concurrent read of a neighbour faults its
+  // pages in again from the page cache; the mapping is read-only).
+  if (release == ReleasePages::slab) f.release_pages(slab, size_t{2} << 20);
   if (release == ReleasePages::tensor && (spec.expert < 0 || spec.expert + 1 == c.num_experts)) f.release_pages(t->bytes);
   return w;
 }
