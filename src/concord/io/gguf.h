@@ -122,10 +122,7 @@ class GgufFile {
   // has copied or converted them) from the process's memory: a mapped file reads them again
   // from disk if they are touched later, so the views stay valid. Keeps a loader's peak resident
   // set near one copy of the weights instead of two. No-op for an in-memory image (from_bytes).
-  // `align` > 0 widens the range to multiples of it within the file: the kernel maps a whole large
-  // folio of the page cache (up to 2 MiB on ext4 since Linux 6.16) when one of its pages faults,
-  // so a reader of a small slab leaves up to that much resident around it (model/expert_pager.h).
-  void release_pages(std::span<const uint8_t> bytes, size_t align = 0) const;
+  void release_pages(std::span<const uint8_t> bytes) const;
 
  private:
   GgufFile() = default;

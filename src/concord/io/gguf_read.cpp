@@ -292,21 +292,14 @@ GgufFile GgufFile::open(const std::filesystem::path& path) {
   return f;
 }
 
-void GgufFile::release_pages(std::span<const uint8_t> bytes, size_t align) const {
+void GgufFile::release_pages(std::span<const uint8_t> bytes) const {
   if (!mapped_ || bytes.empty()) return;
   CONCORD_CHECK(bytes.data() >= image_.data() && bytes.data() + bytes.size() <= image_.data() + image_.size(),
                 "release_pages: bytes outside the file");
-  // Whole pages covering the range (widened to `align` within the file); neighbours' pages are
-  // re-read from the file if needed.
+  // Whole pages covering the range; neighbours' pages re-read from the file if needed.
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto first = reinterpret_cast<uintptr_t>(image_.data()), last = first + image_.size();
-  auto begin = reinterpret_cast<uintptr_t>(bytes.data());
-  auto end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
-  if (align > 0) {  // page-cache folios are aligned in file offsets: so is the widening
-    begin = first + (begin - first) / align * align;
-    end = std::min(last, first + (end - first + align - 1) / align * align);
-  }
-  begin &= ~(page - 1);
+  const auto begin = reinterpret_cast<uintptr_t>(bytes.data()) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
   ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 

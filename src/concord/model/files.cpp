@@ -2,13 +2,19 @@
 // source shares (tokenizer and stop ids fit the vocabulary), and export dispatch.
 #include "concord/model/files.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <cstdio>
 #include <fstream>
 
 #include "concord/model/expert_pager.h"
+#include "concord/numerics/check.h"
 #include "concord/model/files_internal.h"
 #include "concord/tensor/quant_gemm.h"
 
@@ -179,9 +185,35 @@ LoadedModel load_model_paged(const fs::path& path, const ExpertPaging& paging) {
     throw InputError(fmt::format("[memory cap] a cap of {} bytes or a share {} of the experts: give bytes > 0 or a share in (0, 1]",
                                  paging.cap_bytes, paging.cap_share));
   const int64_t cap = paging.cap_bytes > 0 ? paging.cap_bytes : static_cast<int64_t>(std::llround(paging.cap_share * static_cast<double>(total)));
-  // The loader reads from the mapped file (kept open by the closure), then drops the slab's pages.
-  auto loader = [file, c, specs](int param) {
-    return files_detail::gguf_stored_weight(*file, c, specs[static_cast<size_t>(param)], files_detail::ReleasePages::slab);
+  // The loader reads an expert's slab of its layer's 3-D tensor with pread into a buffer of its own
+  // and packs it: no page of the file is mapped for it (a mapped read would leave the kernel's
+  // large page-cache folio around the slab resident: 1 MiB per fault here), and the buffer goes
+  // once packed. The GGUF's offsets were validated when it was opened.
+  auto fd = std::shared_ptr<int>(new int(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), [](int* p) {
+    if (*p >= 0) ::close(*p);
+    delete p;
+  });
+  if (*fd < 0) fail(path, fmt::format("cannot open it again to read experts ({})", std::strerror(errno)));
+  auto loader = [file, fd, c, specs, label = path.string()](int param) {
+    const ParamSpec& spec = specs[static_cast<size_t>(param)];
+    const io::GgufTensorInfo& t = file->get(gguf_param_name(spec.kind, spec.layer));
+    const tensor::BlockQuantTraits* block = tensor::block_quant_of_ggml(static_cast<uint32_t>(t.type));
+    CONCORD_CHECK(block != nullptr && spec.expert >= 0, "a paged expert's tensor of no block type");
+    const size_t slab = t.bytes.size() / static_cast<size_t>(c.num_experts);
+    const auto at = static_cast<off_t>(file->data_offset() + t.offset + static_cast<uint64_t>(spec.expert) * slab);
+    std::vector<uint8_t> bytes(slab);
+    size_t got = 0;
+    while (got < slab) {
+      const ssize_t n = ::pread(*fd, bytes.data() + got, slab - got, at + static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw InputError(fmt::format("[model] {}: reading expert {} of '{}' failed at byte {} ({})", label, spec.expert,
+                                     t.name, static_cast<int64_t>(at) + static_cast<int64_t>(got),
+                                     n < 0 ? std::strerror(errno) : "the file is shorter than when it was opened"));
+      got += static_cast<size_t>(n);
+    }
+    return std::make_shared<const tensor::QuantWeight>(
+        tensor::pack_quant_weight(block->type, spec.shape[0], spec.shape[1], bytes));
   };
   auto pager = std::make_shared<ExpertPager>(std::move(experts), c.num_experts, cap, loader, paging.prefetch);
   if (!paging.pin_loads.empty())

@@ -234,46 +234,6 @@ std::vector<uint8_t> binary_blocks_of_tq2_0(std::span<const uint8_t> bytes, int6
   return out;
 }
 
-std::shared_ptr<const tensor::QuantWeight> gguf_stored_weight(const io::GgufFile& f, const ModelConfig& c,
-                                                              const ParamSpec& spec, ReleasePages release) {
-  if (!spec.is_matrix() || spec.kind == ParamKind::router) return nullptr;  // routers: fp32 values
-  const io::GgufTensorInfo* t = f.find(gguf_param_name(spec.kind, spec.layer));
-  if (t == nullptr || t->dims != gguf_tensor_dims(spec, c)) return nullptr;  // read_gguf_weights reports it
-  const tensor::BlockQuantTraits* block = tensor::block_quant_of_ggml(static_cast<uint32_t>(t->type));
-  const int64_t rows = spec.shape[0], cols = spec.shape[1];
-  std::vector<uint8_t> binary;
-  if (t->type == io::GgmlType::tq2_0) {
-    binary = binary_blocks_of_tq2_0(t->bytes, rows, cols);
-    if (binary.empty()) return nullptr;  // a ternary tensor (zero codes): dequantized to fp32
-    block = &tensor::block_quant_traits(tensor::BlockQuant::b1);
-  }
-  if (block == nullptr) return nullptr;  // other types are dequantized to fp32
-  const tensor::BlockQuant kind = block->type;
-  std::span<const uint8_t> bytes = binary.empty() ? t->bytes : std::span<const uint8_t>(binary);
-  std::span<const uint8_t> slab = t->bytes;  // the file bytes read
-  if (spec.expert >= 0) {  // this expert's slab of the layer's 3-D tensor
-    const auto e = static_cast<size_t>(spec.expert), E = static_cast<size_t>(c.num_experts);
-    bytes = bytes.subspan(e * (bytes.size() / E), bytes.size() / E);
-    slab = slab.subspan(e * (slab.size() / E), slab.size() / E);
-  }
-  std::vector<uint8_t> permuted;
-  if (const int64_t heads = llama_permute_heads(c, spec); heads > 0) {
-    // llama.cpp's q/k row order, undone on whole rows of blocks.
-    permuted = permute_rows(bytes, heads, static_cast<int64_t>(bytes.size()) / rows, false);
-    bytes = permuted;
-  }
-  auto w = std::make_shared<const tensor::QuantWeight>(tensor::pack_quant_weight(kind, rows, cols, bytes));
-  // The packed copy is the one kept in memory: the file's pages go (a whole 3-D expert tensor
-  // once its last expert is read; a paged expert's own slab each time it is read).
-  // A paged expert's slab, widened to 2 MiB: the kernel maps the whole large folio around a
-  // faulting page (and fault-around maps neighbours), so reading a 70 KiB slab can leave 1-2 MiB of
-  // the file resident; the packed copy is what is kept (a concurrent read of a neighbour faults its
-  // pages in again from the page cache; the mapping is read-only).
-  if (release == ReleasePages::slab) f.release_pages(slab, size_t{2} << 20);
-  if (release == ReleasePages::tensor && (spec.expert < 0 || spec.expert + 1 == c.num_experts)) f.release_pages(t->bytes);
-  return w;
-}
-
 StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c, bool paged_experts) {
   StoredWeights out;
   for (const ParamSpec& spec : parameter_specs(c)) {
@@ -290,7 +250,34 @@ StoredWeights gguf_stored_weights(const io::GgufFile& f, const ModelConfig& c, b
                                  tensor::QuantWeight::unloaded(block->type, spec.shape[0], spec.shape[1])));
       continue;
     }
-    if (auto w = gguf_stored_weight(f, c, spec, ReleasePages::tensor)) out.emplace(spec.name, std::move(w));
+    if (!spec.is_matrix() || spec.kind == ParamKind::router) continue;  // routers: fp32 values
+    const io::GgufTensorInfo* t = f.find(gguf_param_name(spec.kind, spec.layer));
+    if (t == nullptr || t->dims != gguf_tensor_dims(spec, c)) continue;  // read_gguf_weights reports it
+    const tensor::BlockQuantTraits* block = tensor::block_quant_of_ggml(static_cast<uint32_t>(t->type));
+    const int64_t rows = spec.shape[0], cols = spec.shape[1];
+    std::vector<uint8_t> binary;
+    if (t->type == io::GgmlType::tq2_0) {
+      binary = binary_blocks_of_tq2_0(t->bytes, rows, cols);
+      if (binary.empty()) continue;  // a ternary tensor (zero codes): dequantized to fp32
+      block = &tensor::block_quant_traits(tensor::BlockQuant::b1);
+    }
+    if (block == nullptr) continue;  // other types are dequantized to fp32
+    const tensor::BlockQuant kind = block->type;
+    std::span<const uint8_t> bytes = binary.empty() ? t->bytes : std::span<const uint8_t>(binary);
+    if (spec.expert >= 0) {  // this expert's slab of the layer's 3-D tensor
+      const size_t slab = bytes.size() / static_cast<size_t>(c.num_experts);
+      bytes = bytes.subspan(static_cast<size_t>(spec.expert) * slab, slab);
+    }
+    std::vector<uint8_t> permuted;
+    if (const int64_t heads = llama_permute_heads(c, spec); heads > 0) {
+      // llama.cpp's q/k row order, undone on whole rows of blocks.
+      permuted = permute_rows(bytes, heads, static_cast<int64_t>(bytes.size()) / rows, false);
+      bytes = permuted;
+    }
+    out.emplace(spec.name, std::make_shared<const tensor::QuantWeight>(
+                               tensor::pack_quant_weight(kind, rows, cols, bytes)));
+    if (spec.expert < 0 || spec.expert + 1 == c.num_experts)
+      f.release_pages(t->bytes);  // the packed copy is the one kept in memory
   }
   return out;
 }

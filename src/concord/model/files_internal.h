@@ -47,15 +47,8 @@ ModelSource inspect_gguf(const io::GgufFile& file);
 // The file's Q4_0 / Q4_1 / Q8_0 matrices in their blocks (llama's q/k rows un-permuted), by HF
 // name, for WeightStorage::native.
 // paged_experts: the experts as tensor::QuantWeight::unloaded placeholders (their type and shape;
-// an expert of another type is an error) for an ExpertPager to read with gguf_stored_weight.
+// an expert of another type is an error), for an ExpertPager to read (load_model_paged).
 StoredWeights gguf_stored_weights(const io::GgufFile& file, const ModelConfig& config, bool paged_experts = false);
-// One matrix parameter's blocks read and packed from the file, or nullptr when it is not stored
-// (another type, a router, absent: read_gguf_weights reports what is wrong). `release`: the file
-// pages dropped after packing — the whole tensor (an expert's: after the layer's last expert), or
-// just the slab read (a paged expert), or none.
-enum class ReleasePages : uint8_t { none, tensor, slab };
-std::shared_ptr<const tensor::QuantWeight> gguf_stored_weight(const io::GgufFile& file, const ModelConfig& config,
-                                                              const ParamSpec& spec, ReleasePages release);
 // Reads every parameter that is not stored in `model` (stored ones are checked, not read).
 void read_gguf_weights(const io::GgufFile& file, Model& model);
 void write_gguf_file(const Model& model, const std::filesystem::path& out,
