@@ -5,8 +5,8 @@
 // their packed blocks. The model keeps each paged expert's weights as tensor::QuantWeight::
 // unloaded placeholders; an MoE layer asks the pager for each expert it computes (acquire), which
 // hands back the packed blocks — resident already, being read by the prefetcher, or read now from
-// the memory-mapped file (whose pages are dropped again once packed) — and lets it go after
-// (release). What is held:
+// the file (load_model_paged's loader: `pread` into a buffer of its own, packed, the buffer
+// freed — no page of the file stays mapped for it) — and lets it go after (release). What is held:
 //   - a pinned hot set: the experts routing statistics say are used most, loaded once and never
 //     evicted, up to a share of the cap;
 //   - the rest least recently used: to make room, the expert unused longest (and not locked by the
@@ -19,7 +19,8 @@
 //
 // The bytes held — resident experts, and every load in flight from the moment it is reserved,
 // before it allocates — never exceed the cap: each reservation is checked (CONCORD_CHECK) and the
-// high-water mark is reported. An expert's blocks are the same bytes however it got there, and the
+// high-water mark is reported. (Beside it, a reading thread holds one slab of the file — a third of
+// an expert, in its file layout — for the moment it packs it.) An expert's blocks are the same bytes however it got there, and the
 // order in which a layer computes its experts changes no bit (each writes its own rows), so the
 // outputs are the uncapped model's bit for bit (tests/model/expert_pager_test.cpp).
 #pragma once

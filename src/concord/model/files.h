@@ -66,7 +66,7 @@ LoadedModel load_model(const std::filesystem::path& path, std::string_view polic
 
 // Experts under a memory cap (model/expert_pager.h; docs/serve.md): a GGUF Qwen3-MoE whose experts
 // are Q4_0 / Q4_1 / Q8_0 blocks, loaded as load_model(path, "native") loads it except that its
-// experts stay in the (memory-mapped) file until a layer routes to them, and at most the cap of
+// experts stay in the file (read with pread when a layer routes to them), and at most the cap of
 // their packed bytes is held. Outputs are the uncapped model's bit for bit.
 struct ExpertPaging {
   int64_t cap_bytes = 0;  // > 0: the cap in bytes
