@@ -23,6 +23,7 @@
 
 #include "concord/cli/commands.h"
 #include "concord/cli/draft.h"
+#include "concord/cli/expert_cap.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
 #include "concord/model/expert_pager.h"
@@ -302,10 +303,7 @@ void add_generate_command(CLI::App& app) {
     int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
     bool expert_parallel = false;
-    std::optional<MemoryCap> memory_cap;
-    std::string pin_loads;
-    double pin_share = 0.5;
-    bool no_prefetch = false;
+    ExpertCapArgs cap;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
     std::optional<double> exit_kl;
@@ -414,26 +412,12 @@ void add_generate_command(CLI::App& app) {
                    "content-checked (default 0: the placement stays; docs/moe.md)");
   add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
                    "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
-  add_memory_cap_flag(cmd, "--memory-cap", a->memory_cap,
-                      "a GGUF MoE with Q4_0/Q4_1/Q8_0 experts: hold at most this many bytes of expert blocks (a "
-                      "percentage: of all of them), reading each expert from the file when a layer routes to it; the "
-                      "same tokens bit for bit (docs/serve.md, experts under a memory cap)");
-  cmd->add_option("--pin-loads", a->pin_loads,
-                  "with --memory-cap: pin the experts with the most tokens in this `--router-stats` file (never evicted)");
-  add_real_flag(cmd, "--pin-share", a->pin_share, real_in(0, 1, false, false),
-                "with --pin-loads: the share of the cap the pinned experts may take (default 0.5)");
-  cmd->add_flag("--no-prefetch", a->no_prefetch,
-                "with --memory-cap: read experts only when a layer needs them (no prefetch thread)");
+  add_expert_cap_flags(cmd, a->cap, "tokens");
   add_draft_flags(cmd, a->draft, true);
   cmd->callback([a]() {
-    if (!a->memory_cap && (!a->pin_loads.empty() || a->no_prefetch || a->pin_share != 0.5))
-      throw InputError("[generate] --pin-loads, --pin-share and --no-prefetch are for --memory-cap");
-    if (a->pin_share != 0.5 && a->pin_loads.empty()) throw InputError("[generate] --pin-share needs --pin-loads");
-    if (a->memory_cap && a->expert_parallel)
+    a->cap.check("generate", a->policy);
+    if (a->cap.memory_cap && a->expert_parallel)
       throw InputError("[generate] --memory-cap with --expert-parallel: choose one (a rank already holds only its experts)");
-    if (a->memory_cap && a->policy != "native")
-      throw InputError(fmt::format("[generate] --memory-cap pages a GGUF's quantized experts as stored (--policy native), "
-                                   "not under --policy {}", a->policy));
     if ((!a->slow_rank.empty() || !a->ep_stats.empty() || a->placement != "contiguous") && !a->expert_parallel)
       throw InputError("[generate] --slow-rank, --ep-stats and --placement need --expert-parallel");
     if (a->placement != "contiguous" && a->placement != "eplb" && a->placement != "speed")
@@ -467,16 +451,7 @@ void add_generate_command(CLI::App& app) {
     // Load and prepare every weight up front (not inside the first request's prefill), timed
     // apart from the request.
     const auto load_start = Clock::now();
-    model::LoadedModel loaded = [&] {
-      if (!a->memory_cap) return model::load_model(a->model, a->policy);
-      model::ExpertPaging paging;
-      paging.cap_bytes = a->memory_cap->bytes;
-      paging.cap_share = a->memory_cap->share;
-      paging.prefetch = !a->no_prefetch;
-      paging.pin_share = a->pin_share;
-      if (!a->pin_loads.empty()) paging.pin_loads = read_router_loads(a->pin_loads, "--pin-loads");
-      return model::load_model_paged(a->model, paging);
-    }();
+    model::LoadedModel loaded = a->cap.load(a->model, a->policy);
     {
       const bool tty = ::isatty(::fileno(stderr)) != 0;
       bool drawn = false;

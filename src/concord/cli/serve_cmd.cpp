@@ -15,6 +15,7 @@
 
 #include "concord/cli/commands.h"
 #include "concord/cli/draft.h"
+#include "concord/cli/expert_cap.h"
 #include "concord/cli/flags.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
@@ -64,10 +65,7 @@ void add_serve_command(CLI::App& app) {
             max_weights_body_bytes = int64_t{1} << 30, prefix_cache_bytes = 0, prefix_cache_block = 0;
     double request_timeout = 600, receive_timeout = 30;
     bool weights_from_any_host = false, weights_faults = false, disaggregate = false;
-    std::optional<MemoryCap> memory_cap;
-    std::string pin_loads;
-    double pin_share = 0.5;
-    bool no_prefetch = false;
+    ExpertCapArgs cap;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -140,28 +138,14 @@ void add_serve_command(CLI::App& app) {
                   "where a step's activations live: planned (default: the memory scheduler's plan of the step, "
                   "one reused arena of the largest plan's size; docs/sched.md) or bump (forward_cached's bump "
                   "allocator); the same tokens bit for bit; MoE models (and adaptive exit) run bump");
-  add_memory_cap_flag(cmd, "--memory-cap", a->memory_cap,
-                      "a GGUF MoE with Q4_0/Q4_1/Q8_0 experts: hold at most this many bytes of expert blocks (a "
-                      "percentage: of all of them), reading each expert from the file when a layer routes to it; the "
-                      "same responses bit for bit; /metrics shows the pager (docs/serve.md, experts under a memory cap)");
-  cmd->add_option("--pin-loads", a->pin_loads,
-                  "with --memory-cap: pin the experts with the most tokens in this `concord generate --router-stats` file");
-  add_real_flag(cmd, "--pin-share", a->pin_share, real_in(0, 1, false, false),
-                "with --pin-loads: the share of the cap the pinned experts may take (default 0.5)");
-  cmd->add_flag("--no-prefetch", a->no_prefetch,
-                "with --memory-cap: read experts only when a layer needs them (no prefetch thread)");
+  add_expert_cap_flags(cmd, a->cap, "responses");
   add_draft_flags(cmd, a->draft, false);
   cmd->callback([a]() {
     a->draft.check("serve");
-    if (!a->memory_cap && (!a->pin_loads.empty() || a->no_prefetch || a->pin_share != 0.5))
-      throw InputError("[serve] --pin-loads, --pin-share and --no-prefetch are for --memory-cap");
-    if (a->pin_share != 0.5 && a->pin_loads.empty()) throw InputError("[serve] --pin-share needs --pin-loads");
-    if (a->memory_cap && a->disaggregate)
+    a->cap.check("serve", a->policy);
+    if (a->cap.memory_cap && a->disaggregate)
       throw InputError("[serve] --memory-cap with --disaggregate: the prefill worker would need a second pager (one pass at "
                        "a time reads the experts); choose one");
-    if (a->memory_cap && a->policy != "native")
-      throw InputError(fmt::format("[serve] --memory-cap pages a GGUF's quantized experts as stored (--policy native), "
-                                   "not under --policy {}", a->policy));
     const serve::ActivationArena arena = serve::activation_arena_from_name(a->activation_arena);
     serve::ServerOptions options;
     options.host = a->host;
@@ -191,16 +175,7 @@ void add_serve_command(CLI::App& app) {
     options.model_name = a->model_name.empty() ? default_model_name(a->model) : a->model_name;
 
     // Load and prepare every weight before listening (as generate does).
-    model::LoadedModel loaded = [&] {
-      if (!a->memory_cap) return model::load_model(a->model, a->policy);
-      model::ExpertPaging paging;
-      paging.cap_bytes = a->memory_cap->bytes;
-      paging.cap_share = a->memory_cap->share;
-      paging.prefetch = !a->no_prefetch;
-      paging.pin_share = a->pin_share;
-      if (!a->pin_loads.empty()) paging.pin_loads = read_router_loads(a->pin_loads, "--pin-loads");
-      return model::load_model_paged(a->model, paging);
-    }();
+    model::LoadedModel loaded = a->cap.load(a->model, a->policy);
     loaded.model.prepare_weights();
     if (!loaded.source.tokenizer)
       throw InputError(fmt::format("[serve] {}: the model has no tokenizer", a->model));
