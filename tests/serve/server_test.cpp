@@ -638,7 +638,7 @@ TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
                 {"return_tokens_as_token_ids", true}};
   };
   constexpr int kRequests = 6;
-  auto serve_all = [&](model::Model& m, Server** keep) {
+  auto serve_all = [&](model::Model& m, bool capped) {
     ServerOptions o = options();
     o.prefix_cache_bytes = 1 << 22;  // its fingerprint hashes every expert's blocks: through the pager
     auto server = std::make_unique<Server>(ServedModel{m, *tokenizer_, kChatMl, {kImEnd}}, o);
@@ -649,8 +649,7 @@ TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
     for (int i = 0; i < kRequests; ++i)
       together.push_back(std::async(std::launch::async, [&, i] { return post_ok("/v1/completions", body(i))["choices"]; }));
     for (auto& f : together) out.push_back(f.get());
-    if (keep) *keep = server.get();
-    if (keep) {
+    if (capped) {
       const double cap = metric(*server, "concord_expert_cap_bytes");
       EXPECT_GT(cap, 0);
       EXPECT_LE(metric(*server, "concord_expert_held_high_water_bytes"), cap);
@@ -661,7 +660,7 @@ TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
     return out;
   };
   model::LoadedModel whole = model::load_model(dir / "moe.gguf", "native");
-  const std::vector<json> plain = serve_all(whole.model, nullptr);
+  const std::vector<json> plain = serve_all(whole.model, false);
   for (bool prefetch : {false, true}) {
     model::ExpertPaging paging;
     paging.cap_share = 0.25;
@@ -669,8 +668,7 @@ TEST_F(ServerTest, ExpertsUnderAMemoryCapAnswerAsTheUncappedServer) {
     model::LoadedModel paged = model::load_model_paged(dir / "moe.gguf", paging);
     EXPECT_EQ(PrefixCache::fingerprint_of(paged.model), PrefixCache::fingerprint_of(whole.model));
     EXPECT_LE(paged.model.expert_pager()->stats().high_water, paged.model.expert_pager()->stats().cap);
-    Server* kept = nullptr;
-    const std::vector<json> got = serve_all(paged.model, &kept);
+    const std::vector<json> got = serve_all(paged.model, true);
     ASSERT_EQ(got.size(), plain.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], plain[i]) << i << (prefetch ? " prefetch" : "");
   }

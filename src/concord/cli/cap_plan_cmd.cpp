@@ -45,8 +45,7 @@ capmodel::PhaseRun phase_of(const nlohmann::json& mc, const char* phase, const s
     r.seconds = p.at("seconds").get<double>();
     r.stall_s = p.at("stall_s").get<double>();
     r.read_s = p.at("load_s").get<double>();
-    r.reads = p.at("loads").get<int64_t>();  // with prefetch: every read, the prefetcher's too
-    if (!mc.value("prefetch", true)) r.reads -= p.at("prefetched").get<int64_t>();
+    r.reads = p.at("loads").get<int64_t>();  // every read, the prefetcher's too
     return r;
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("[cap-plan] {}: memory_cap.{} lacks what a calibration needs ({}); use the --json output "

@@ -320,10 +320,13 @@ class MoeBlock final : public LayerBlock {
         next = predicted_experts(m, a.xn2, T, next_block);
       }
       const std::vector<int64_t> order = pager->expect(layer_, want, next_block, next);
+      std::vector<int64_t> piece_of(static_cast<size_t>(E), -1);  // no expert parallelism: a piece per expert
+      for (size_t i = 0; i < mine.size(); ++i) piece_of[static_cast<size_t>(mine[i].expert)] = static_cast<int64_t>(i);
       std::vector<Piece> by_order;
-      for (int64_t e : order)
-        for (const Piece& piece : mine)
-          if (piece.expert == e) by_order.push_back(piece);
+      for (int64_t e : order) {
+        CONCORD_CHECK(piece_of[static_cast<size_t>(e)] >= 0, "the pager ordered an expert the layer does not compute");
+        by_order.push_back(mine[static_cast<size_t>(piece_of[static_cast<size_t>(e)])]);
+      }
       CONCORD_CHECK(by_order.size() == mine.size(), "the pager's order lost an expert");
       mine = std::move(by_order);
     }

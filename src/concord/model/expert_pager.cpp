@@ -313,17 +313,6 @@ ExpertPagingStats ExpertPager::stats() const {
   return stats_;
 }
 
-void ExpertPager::reset_counters() {
-  std::lock_guard lk(mu_);
-  ExpertPagingStats kept;
-  kept.cap = stats_.cap;
-  kept.expert_bytes = stats_.expert_bytes;
-  kept.held = kept.high_water = stats_.held;
-  kept.pinned = stats_.pinned;
-  kept.pinned_bytes = stats_.pinned_bytes;
-  stats_ = kept;
-}
-
 std::vector<std::pair<int64_t, int64_t>> hottest_experts(const ModelConfig& c, const std::map<int64_t, std::vector<double>>& loads) {
   struct Hot {
     double load;

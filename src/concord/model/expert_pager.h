@@ -107,8 +107,6 @@ class ExpertPager {
   const std::vector<Expert>& experts() const { return experts_; }
   bool prefetch() const { return prefetch_; }
   ExpertPagingStats stats() const;
-  // Zeroes the counters (not held, pinned or the high-water mark of what is held now).
-  void reset_counters();
 
  private:
   enum class State : uint8_t { absent, loading, resident };
