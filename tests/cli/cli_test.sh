@@ -131,6 +131,13 @@ serve|--model m|--memory-cap|0%|a percentage in (0, 100]
 serve|--model m|--pin-share|-1|a number in [0, 1]
 cap-plan|--model m --trace t|--pin-share|2|a number in [0, 1]
 cap-plan|--model m --trace t|--prefill-passes|-1|an integer in [0, 1048576]
+disagg-plan|--model m|--prefill-chunk|0|an integer >= 1
+disagg-plan|--model m|--calibrate-tokens|1|an integer >= 2
+disagg-plan|--model m|--max-sequences|2|an integer in [4, 4096]
+disagg-plan|--model m|--seed|-1|an integer in [0, 2^64 - 1]
+disagg-plan|--model m|--prompt-tokens|1|an integer in [2, 16777216]
+disagg-plan|--model m|--streams|-1|an integer in [0, 4096]
+disagg-plan|--model m|--stream-tokens|-1|an integer in [0, 16777216]
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
 contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]
@@ -745,6 +752,33 @@ sys.exit(0 if ok else 1)' "$WORK/cap_lru.json" "$WORK/plan.jsonl"; then
 else
   fail "cap-plan: $(cat "$WORK/plan.err" "$WORK/plan.jsonl")"
 fi
+# The split planner measures the engine here; its saved rates predict what the measurement did.
+if "$CONCORD" disagg-plan --model "$WORK/run_q4_0.gguf" --calibrate-tokens 48 --prefill-chunk 16 --prompt-tokens 20,48 \
+     --streams 0,2 --json --save-rates "$WORK/rates.json" >"$WORK/split.jsonl" 2>"$WORK/split.err" \
+   && "$CONCORD" disagg-plan --rates "$WORK/rates.json" --prefill-chunk 16 --prompt-tokens 20,48 --streams 0,2 --json \
+     >"$WORK/split_again.jsonl" 2>>"$WORK/split.err" \
+   && python3 -c '
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+rates = json.load(open(sys.argv[3]))
+ok = len(a) == 5 and a[1:] == b[1:] and a[0]["rates"] == b[0]["rates"] == rates["rates"]
+ok = ok and len(rates["measured"]["prefill_steps"]) == 3 and a[2]["engine"]["max_gap_s"] == 0 and a[4]["engine"]["max_gap_s"] > 0
+sys.exit(0 if ok else 1)' "$WORK/split.jsonl" "$WORK/split_again.jsonl" "$WORK/rates.json" \
+   && grep -q "prefill alone: 48 tokens in 3 chunks" "$WORK/split.err"; then
+  pass "disagg-plan: measured, saved, and the saved rates predict the same"
+else
+  fail "disagg-plan: $(cat "$WORK/split.err" "$WORK/split.jsonl")"
+fi
+expect_error "disagg-plan without a model or rates" "give --model (to measure) or --rates" "$CONCORD" disagg-plan
+expect_error "disagg-plan with both" "give --model (to measure) or --rates" \
+  "$CONCORD" disagg-plan --model "$WORK/run_q4_0.gguf" --rates "$WORK/rates.json"
+expect_error "disagg-plan --rates of another file" "not a rates file of \`concord disagg-plan --save-rates\`" \
+  "$CONCORD" disagg-plan --rates "$WORK/cap_lru.json"
+expect_error "disagg-plan --save-rates with --rates" "with --rates nothing is measured" \
+  "$CONCORD" disagg-plan --rates "$WORK/rates.json" --save-rates "$WORK/x.json"
+expect_error "disagg-plan past the context" "a calibration prompt of 100 tokens: 2 to 63" \
+  "$CONCORD" disagg-plan --model "$WORK/run_q4_0.gguf" --calibrate-tokens 100
 expect_error "cap-plan calibrated from a run with prefetch" "a run with prefetch" \
   "$CONCORD" cap-plan --model "$WORK/moe_q4.gguf" --trace "$WORK/moe_q4.trace" --calibrate "$WORK/cap.json"
 expect_error "cap-plan below one expert" "cannot hold one expert" \
