@@ -44,6 +44,16 @@ if [[ $serve_rc -ne 0 || "$serve_count" != 1 || "$serve_spin" != 300000 ]] || ! 
 else
   pass "serve keeps the default spin: no re-exec"
 fi
+# So does `concord disagg-plan`, which measures the server's engine.
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose "$CONCORD" disagg-plan --help \
+  >"$WORK/out" 2>"$WORK/err" </dev/null
+plan_count=$(grep -c "OPENMP DISPLAY ENVIRONMENT BEGIN" "$WORK/err")
+plan_spin=$(grep "GOMP_SPINCOUNT" "$WORK/err" | tail -1 | sed "s/.*= '\(.*\)'/\1/")
+if [[ "$plan_count" != 1 || "$plan_spin" != 300000 ]]; then
+  fail "disagg-plan keeps the default spin: libgomp loaded $plan_count time(s), spin count '$plan_spin'"
+else
+  pass "disagg-plan keeps the default spin, as serve"
+fi
 
 # The same command with and without the re-exec: identical stdout, stderr and exit status
 # (arguments with spaces, quotes and an empty one; stdin read through).

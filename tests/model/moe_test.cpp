@@ -413,6 +413,145 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
   }
 }
 
+// Data-parallel attention over R threads: each rank runs its own sequence (its own prompt length,
+// its own number of decode steps) with its own KV cache, the MoE layers trading rows through an
+// all-to-all board between barriers; a rank whose sequence has ended joins the others' passes
+// with idle passes. Every rank's logits are the single model's on that rank's sequence alone, bit
+// for bit, for 2 and 3 ranks, the contiguous split and EPLB's replicas, under row-local precisions;
+// the rows sent equal the rows received.
+TEST(Moe, DataParallelAttentionGivesEachRankItsOwnSequencesBits) {
+  for (const bool replicas : {false, true})
+  for (const char* preset : {"fp32", "bf16", "mxfp8"})
+  for (int ranks = 2; ranks <= 3; ++ranks) {
+    const ModelConfig c = moe_config(true, 5, 2);
+    Model m(c, PrecisionPolicy::preset(preset));
+    randomize(m, 31);
+    const int64_t V = c.vocab_size;
+    // Rank r: a prompt of 4 + 3r tokens, then 6 - 2r decode steps (teacher-forced from its list).
+    auto prompt_len = [](int r) { return int64_t{4} + 3 * r; };
+    auto decode_steps = [](int r) { return int64_t{6} - 2 * r; };
+    std::vector<std::vector<int32_t>> seq(static_cast<size_t>(ranks));
+    std::vector<std::vector<float>> want(static_cast<size_t>(ranks));
+    int64_t passes = 0;
+    for (int r = 0; r < ranks; ++r) {
+      seq[static_cast<size_t>(r)] = tokens_of(prompt_len(r) + decode_steps(r), 40 + static_cast<uint64_t>(r), V);
+      passes = std::max(passes, 1 + decode_steps(r));
+      KvCache cache(c, 1);
+      const int slot = cache.allocate();
+      std::vector<float> row(static_cast<size_t>(V));
+      const CachedInput first{slot, std::span(seq[static_cast<size_t>(r)]).first(static_cast<size_t>(prompt_len(r))), LogitRows::last};
+      m.forward_cached(cache, std::span(&first, 1), row);
+      want[static_cast<size_t>(r)] = row;
+      for (int64_t t = 0; t < decode_steps(r); ++t) {
+        const CachedInput one{slot, std::span(seq[static_cast<size_t>(r)]).subspan(static_cast<size_t>(prompt_len(r) + t), 1),
+                              LogitRows::last};
+        m.forward_cached(cache, std::span(&one, 1), row);
+        want[static_cast<size_t>(r)].insert(want[static_cast<size_t>(r)].end(), row.begin(), row.end());
+      }
+    }
+    std::vector<std::vector<std::vector<uint8_t>>> board(static_cast<size_t>(ranks),
+                                                         std::vector<std::vector<uint8_t>>(static_cast<size_t>(ranks)));
+    std::barrier sync(ranks);
+    std::vector<std::vector<float>> got(static_cast<size_t>(ranks));
+    std::vector<int64_t> sent(static_cast<size_t>(ranks)), received(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] {
+       try {
+        Model mine = m.twin();
+        auto ep = std::make_shared<ExpertParallel>();
+        ep->rank = r;
+        ep->ranks = ranks;
+        ep->exchange = [](float*, const std::vector<ExpertParallel::RowRanges>&, int64_t) {};
+        ep->data_parallel = true;
+        ep->alltoallv = [&, r](const ExpertParallel::Parcels& to) {
+          for (int q = 0; q < ranks; ++q) board[static_cast<size_t>(r)][static_cast<size_t>(q)] = to[static_cast<size_t>(q)];
+          sync.arrive_and_wait();
+          ExpertParallel::Parcels from(static_cast<size_t>(ranks));
+          for (int q = 0; q < ranks; ++q) from[static_cast<size_t>(q)] = board[static_cast<size_t>(q)][static_cast<size_t>(r)];
+          sync.arrive_and_wait();
+          return from;
+        };
+        if (replicas) {  // 3 slots a rank on 2 ranks, 2 on 3: the hot experts on two ranks
+          const std::vector<double> load = {900, 40, 300, 70, 10};
+          const serve_placement::Placement pl = serve_placement::eplb(load, ranks, ranks == 2 ? 3 : 2);
+          ep->rank_experts.assign(static_cast<size_t>(c.applications()), serve_placement::rank_slots(pl));
+        }
+        mine.set_expert_parallel(ep);
+        KvCache cache(c, 1);
+        const int slot = cache.allocate();
+        const std::vector<int32_t>& s = seq[static_cast<size_t>(r)];
+        std::vector<float> row(static_cast<size_t>(V));
+        for (int64_t pass = 0; pass < passes; ++pass) {
+          if (pass > decode_steps(r)) {
+            mine.expert_parallel_idle_pass();
+            continue;
+          }
+          const int64_t from = pass == 0 ? 0 : prompt_len(r) + pass - 1, n = pass == 0 ? prompt_len(r) : 1;
+          const CachedInput in{slot, std::span(s).subspan(static_cast<size_t>(from), static_cast<size_t>(n)), LogitRows::last};
+          mine.forward_cached(cache, std::span(&in, 1), row);
+          got[static_cast<size_t>(r)].insert(got[static_cast<size_t>(r)].end(), row.begin(), row.end());
+        }
+        sent[static_cast<size_t>(r)] = mine.expert_parallel()->rows_sent;
+        received[static_cast<size_t>(r)] = mine.expert_parallel()->rows_received;
+       } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+        std::abort();
+       }
+      });
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_TRUE(same_bits(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)]))
+          << preset << " " << ranks << " ranks, rank " << r << (replicas ? " (replicas)" : "");
+    EXPECT_EQ(std::accumulate(sent.begin(), sent.end(), int64_t{0}), std::accumulate(received.begin(), received.end(), int64_t{0}));
+    EXPECT_GT(std::accumulate(sent.begin(), sent.end(), int64_t{0}), 0);
+  }
+}
+
+// What data-parallel attention refuses: quantizers whose scale spans rows (a row's output would
+// depend on other ranks' rows), re-placement, a missing all-to-all, an idle pass without it.
+TEST(Moe, DataParallelAttentionRefusesWhatItCannotKeepExact) {
+  const ModelConfig c = moe_config(true, 5, 2);
+  auto one_rank = [] {
+    auto ep = std::make_shared<ExpertParallel>();
+    ep->exchange = [](float*, const std::vector<ExpertParallel::RowRanges>&, int64_t) {};
+    ep->data_parallel = true;
+    ep->alltoallv = [](const ExpertParallel::Parcels& to) { return to; };
+    return ep;
+  };
+  Model nvfp4(c, PrecisionPolicy::preset("nvfp4"));
+  randomize(nvfp4, 3);
+  nvfp4.set_expert_parallel(one_rank());
+  KvCache cache(c, 1);
+  const int slot = cache.allocate();
+  const auto tokens = tokens_of(4, 1, c.vocab_size);
+  std::vector<float> row(static_cast<size_t>(c.vocab_size));
+  const CachedInput in{slot, tokens, LogitRows::last};
+  EXPECT_THROW(nvfp4.forward_cached(cache, std::span(&in, 1), row), InputError);
+  Model fp32(c, PrecisionPolicy::preset("fp32"));
+  randomize(fp32, 3);
+  EXPECT_THROW(fp32.expert_parallel_idle_pass(), InputError);  // no expert parallelism
+  auto replan = one_rank();
+  replan->replan_every = 2;
+  EXPECT_THROW(fp32.set_expert_parallel(replan), InputError);
+  auto none = one_rank();
+  none->alltoallv = nullptr;
+  EXPECT_THROW(fp32.set_expert_parallel(none), InputError);
+  // One rank: everything stays here, the single model's logits.
+  fp32.set_expert_parallel(one_rank());
+  KvCache cache2(c, 1);
+  const int slot2 = cache2.allocate();
+  std::vector<float> got(row.size()), want(row.size());
+  const CachedInput in2{slot2, tokens, LogitRows::last};
+  fp32.forward_cached(cache2, std::span(&in2, 1), got);
+  fp32.set_expert_parallel(nullptr);
+  KvCache cache3(c, 1);
+  const int slot3 = cache3.allocate();
+  const CachedInput in3{slot3, tokens, LogitRows::last};
+  fp32.forward_cached(cache3, std::span(&in3, 1), want);
+  EXPECT_TRUE(same_bits(got, want));
+}
+
 // A barrier whose waiters give up (throw) once a rank has failed: a rank that stops at a failed
 // content check must not leave the others waiting at the exchange forever.
 class AbortableBarrier {

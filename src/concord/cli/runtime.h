@@ -12,7 +12,8 @@ namespace concord::cli {
 // one that still has work, and a training step ran 14-19x slower instead of 2x (bench/README.md,
 // "Speed under contention"). `concord serve` is the exception: a server owns its cores, and its
 // many small decode-step forks are 2.4-2.7x slower with passive waits, so it keeps libgomp's
-// default bounded spin (bench/README.md, "concord serve"). Call first thing in main(), before
+// default bounded spin (bench/README.md, "concord serve"), as does `concord disagg-plan`, which
+// measures the server's engine. Call first thing in main(), before
 // anything starts a thread.
 void configure_runtime(char** argv);
 

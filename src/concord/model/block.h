@@ -60,6 +60,12 @@ class Block {
                         const BackwardScratch& s, float* dx, bool accumulate, uint64_t step) const = 0;
   // The block's nodes in execution order (Model::describe_block).
   virtual std::vector<BlockNode> describe(const Model::Impl& m) const = 0;
+  // Expert parallelism with data-parallel attention, a pass with no tokens of this rank's own
+  // (Model::expert_parallel_idle_pass): an MoE block computes what other ranks send its experts.
+  virtual void expert_parallel_idle(Model::Impl& m, int application) const {
+    static_cast<void>(m);
+    static_cast<void>(application);
+  }
 };
 
 // The dense decoder layer `layer` and the Qwen3-MoE layer `layer` (their parameters:

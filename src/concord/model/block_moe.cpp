@@ -266,6 +266,10 @@ class MoeBlock final : public LayerBlock {
     // Expert parallelism: this rank's pieces of the experts' rows only, then the exchange fills
     // the others' rows.
     ExpertParallel* ep = m.ep.get();
+    if (ep && ep->data_parallel) {  // this rank's rows to their experts' ranks and back
+      dispatch_and_combine(m, p.application, &r);
+      return combine(r, T, C, work);
+    }
     struct Piece {
       int64_t expert, first, last;
     };
@@ -370,6 +374,12 @@ class MoeBlock final : public LayerBlock {
       ++l.passes;
     }
 
+    return combine(r, T, C, work);
+  }
+
+  // out_t = Σ_j w_tj · y[row_of(t, j)], in double, j ascending (the experts' ascending ids).
+  static float* combine(const MoeActivations& r, int64_t T, int64_t C, tensor::Arena& work) {
+    const int64_t k = r.k;
     float* out = work.alloc(T * C);
 #pragma omp parallel for schedule(static) if (T * C > 65536)
     for (int64_t t = 0; t < T; ++t)
@@ -382,6 +392,192 @@ class MoeBlock final : public LayerBlock {
         out[t * C + col] = static_cast<float>(acc);
       }
     return out;
+  }
+
+  void expert_parallel_idle(Model::Impl& m, int application) const override { dispatch_and_combine(m, application, nullptr); }
+
+  // Data-parallel attention (ExpertParallel::data_parallel, model.h): r's gathered rows (nullptr:
+  // none, an idle pass) go to the ranks computing their experts, this rank's experts run on the
+  // rows every rank sent, and the outputs come back into r->y. A parcel to a rank is
+  //   u64 pieces, then per piece (i64 expert, i64 rows), then the pieces' rows (C floats each);
+  // the reply is the outputs of the same pieces in the same order.
+  void dispatch_and_combine(Model::Impl& m, int application, MoeActivations* r) const {
+    ExpertParallel& ep = *m.ep;
+    const ModelConfig& c = m.config;
+    const int64_t C = c.hidden_size, E = c.num_experts, Fm = c.moe_intermediate_size;
+    const auto app = static_cast<size_t>(application);
+    const auto R = static_cast<size_t>(ep.ranks);
+    const LayerPrecision& mlp = mlp_precision(m);
+    if (m.forward_kernel)
+      throw InputError("[model] data-parallel attention with a forward-kernel variant: the rows of other ranks have no "
+                       "positions here");
+    if (!rows_quantized_independently(mlp[GemmRole::forward].a))
+      throw InputError("[model] data-parallel attention needs row-local activation quantizers (a row's expert output "
+                       "must not depend on the rows of other ranks beside it); not NVFP4, per-tensor FP8 or stochastic");
+    auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    };
+    std::vector<std::vector<size_t>> holders(static_cast<size_t>(E));
+    for (size_t q = 0; q < R; ++q) {
+      if (ep.rank_experts.empty()) {
+        for (int64_t e = ep.first_expert(E, static_cast<int>(q)); e < ep.first_expert(E, static_cast<int>(q) + 1); ++e)
+          holders[static_cast<size_t>(e)].push_back(q);
+      } else {
+        for (int64_t e : ep.rank_experts[app][q]) holders[static_cast<size_t>(e)].push_back(q);
+      }
+    }
+    struct Piece {
+      int64_t expert, first, last;
+    };
+    std::vector<std::vector<Piece>> to(R);
+    if (r)
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t b = r->begin[static_cast<size_t>(e)], n = r->begin[static_cast<size_t>(e) + 1] - b;
+        const std::vector<size_t>& h = holders[static_cast<size_t>(e)];
+        const auto c_e = static_cast<int64_t>(h.size());
+        for (int64_t i = 0; i < c_e; ++i) {
+          const int64_t first = b + n * i / c_e, last = b + n * (i + 1) / c_e;
+          if (last > first) to[h[static_cast<size_t>(i)]].push_back({e, first, last});
+        }
+      }
+    const auto row_bytes = static_cast<size_t>(C) * sizeof(float);
+    ExpertParallel::Parcels send(R);
+    for (size_t q = 0; q < R; ++q) {
+      std::vector<uint8_t>& out = send[q];
+      int64_t rows = 0;
+      for (const Piece& pc : to[q]) rows += pc.last - pc.first;
+      out.resize(8 + 16 * to[q].size() + static_cast<size_t>(rows) * row_bytes);
+      const uint64_t pieces = to[q].size();
+      std::memcpy(out.data(), &pieces, 8);
+      size_t at = 8, data = 8 + 16 * to[q].size();
+      for (const Piece& pc : to[q]) {
+        const int64_t head[2] = {pc.expert, pc.last - pc.first};
+        std::memcpy(out.data() + at, head, 16);
+        at += 16;
+        const size_t n = static_cast<size_t>(pc.last - pc.first) * row_bytes;
+        std::memcpy(out.data() + data, r->x + pc.first * C, n);
+        data += n;
+      }
+      if (q != static_cast<size_t>(ep.rank)) ep.rows_sent += rows;
+    }
+    auto t_exchange = std::chrono::steady_clock::now();
+    const ExpertParallel::Parcels got = ep.alltoallv(send);
+    double exchange = seconds_since(t_exchange);
+    if (got.size() != R) throw InputError(fmt::format("[ep] the all-to-all returned {} parcels for {} ranks", got.size(), R));
+
+    // What each rank sent this one: its pieces, where their rows are, where their outputs go.
+    struct In {
+      size_t src;
+      int64_t expert, rows;
+      size_t x_at, y_at;  // byte offset of the rows in got[src]; row offset in reply[src]
+    };
+    std::vector<In> ins;
+    std::vector<int64_t> reply_rows(R, 0);
+    for (size_t q = 0; q < R; ++q) {
+      const std::vector<uint8_t>& in = got[q];
+      auto malformed = [&](const char* what) {
+        return InputError(fmt::format("[ep] rank {}: the rows from rank {} are malformed ({})", ep.rank, q, what));
+      };
+      if (in.size() < 8) throw malformed("no header");
+      uint64_t pieces = 0;
+      std::memcpy(&pieces, in.data(), 8);
+      if (pieces > static_cast<uint64_t>(E) || 8 + 16 * pieces > in.size()) throw malformed("a piece count past its end");
+      size_t data = 8 + 16 * static_cast<size_t>(pieces);
+      for (size_t i = 0; i < pieces; ++i) {
+        int64_t head[2];
+        std::memcpy(head, in.data() + 8 + 16 * i, 16);
+        const int64_t e = head[0], n = head[1];
+        if (e < 0 || e >= E || n <= 0) throw malformed("a piece of an unknown expert or no rows");
+        const std::vector<size_t>& h = holders[static_cast<size_t>(e)];
+        if (std::find(h.begin(), h.end(), static_cast<size_t>(ep.rank)) == h.end())
+          throw malformed("rows of an expert this rank does not hold");
+        if (static_cast<size_t>(n) > (in.size() - data) / row_bytes) throw malformed("rows past its end");
+        ins.push_back({q, e, n, data, static_cast<size_t>(reply_rows[q])});
+        data += static_cast<size_t>(n) * row_bytes;
+        reply_rows[q] += n;
+      }
+      if (data != in.size()) throw malformed("trailing bytes");
+      if (q != static_cast<size_t>(ep.rank)) ep.rows_received += reply_rows[q];
+    }
+
+    // Each expert this rank holds, once, on its rows from every rank in rank order (the rows'
+    // positions are other ranks': none here, and no kernel variant reads them).
+    const LayerParams& lp = params(m);
+    const int32_t* saved_pos = m.row_positions;
+    m.row_positions = nullptr;
+    std::vector<std::vector<float>> reply(R);
+    for (size_t q = 0; q < R; ++q) reply[q].resize(static_cast<size_t>(reply_rows[q] * C));
+    std::stable_sort(ins.begin(), ins.end(), [](const In& a, const In& b) { return a.expert < b.expert; });
+    const auto t_experts = std::chrono::steady_clock::now();
+    int64_t computed = 0;
+    std::vector<float> x, gate, up, h, y;
+    for (size_t i = 0; i < ins.size();) {
+      size_t j = i;
+      int64_t n = 0;
+      while (j < ins.size() && ins[j].expert == ins[i].expert) n += ins[j++].rows;
+      const int64_t e = ins[i].expert;
+      x.resize(static_cast<size_t>(n * C));
+      gate.resize(static_cast<size_t>(n * Fm));
+      up.resize(gate.size());
+      h.resize(gate.size());
+      y.resize(x.size());
+      int64_t row = 0;
+      for (size_t u = i; u < j; ++u) {
+        std::memcpy(x.data() + row * C, got[ins[u].src].data() + ins[u].x_at, static_cast<size_t>(ins[u].rows) * row_bytes);
+        row += ins[u].rows;
+      }
+      const size_t ei = static_cast<size_t>(e);
+      m.linear_forward_rows(mlp, lp.expert_gate[ei], x.data(), n, gate.data(), {});
+      m.linear_forward_rows(mlp, lp.expert_up[ei], x.data(), n, up.data(), {});
+      swiglu_forward(h.data(), gate.data(), up.data(), n, Fm);
+      m.linear_forward_rows(mlp, lp.expert_down[ei], h.data(), n, y.data(), {});
+      row = 0;
+      for (size_t u = i; u < j; ++u) {
+        std::memcpy(reply[ins[u].src].data() + ins[u].y_at * static_cast<size_t>(C), y.data() + row * C,
+                    static_cast<size_t>(ins[u].rows) * row_bytes);
+        row += ins[u].rows;
+      }
+      computed += n;
+      i = j;
+    }
+    m.row_positions = saved_pos;
+    double compute = seconds_since(t_experts);
+    if (ep.slow_factor > 1.0) {  // a slower device: busy for (factor - 1) times as long again
+      const double until = compute * ep.slow_factor;
+      while ((compute = seconds_since(t_experts)) < until) {
+      }
+    }
+
+    ExpertParallel::Parcels back(R);
+    for (size_t q = 0; q < R; ++q) {
+      back[q].resize(reply[q].size() * sizeof(float));
+      if (!reply[q].empty()) std::memcpy(back[q].data(), reply[q].data(), back[q].size());
+    }
+    t_exchange = std::chrono::steady_clock::now();
+    const ExpertParallel::Parcels outputs = ep.alltoallv(back);
+    exchange += seconds_since(t_exchange);
+    if (outputs.size() != R) throw InputError(fmt::format("[ep] the all-to-all returned {} parcels for {} ranks", outputs.size(), R));
+    for (size_t q = 0; q < R; ++q) {
+      int64_t rows = 0;
+      for (const Piece& pc : to[q]) rows += pc.last - pc.first;
+      if (outputs[q].size() != static_cast<size_t>(rows) * row_bytes)
+        throw InputError(fmt::format("[ep] rank {}: rank {} returned {} bytes of expert outputs, {} expected", ep.rank, q,
+                                     outputs[q].size(), static_cast<size_t>(rows) * row_bytes));
+      size_t at = 0;
+      for (const Piece& pc : to[q]) {
+        const size_t n = static_cast<size_t>(pc.last - pc.first) * row_bytes;
+        std::memcpy(r->y + pc.first * C, outputs[q].data() + at, n);
+        at += n;
+      }
+    }
+    ExpertParallel::Layer& l = ep.layers.at(app);
+    l.exchange_s += exchange;
+    l.compute_s += compute;
+    l.pass_compute_s.push_back(compute);
+    l.pass_exchange_s.push_back(exchange);
+    l.rows += computed;
+    l.layer_rows += r ? r->R : 0;
+    ++l.passes;
   }
 
   void mlp_backward(Model::Impl& m, const BlockPass& p, const LayerActivations& a, const BackwardScratch& s,

@@ -28,7 +28,7 @@ namespace concord::model {
 
 // Whether an activation quantizer treats every row on its own (the result for a row does not
 // depend on the other rows of the GEMM).
-static bool rows_quantized_independently(const std::optional<numerics::QuantDesc>& d) {
+bool rows_quantized_independently(const std::optional<numerics::QuantDesc>& d) {
   if (!d) return true;
   if (d->rounding == numerics::Rounding::stochastic) return false;  // element index feeds the rng
   if (!d->has_scale) return true;                                   // plain cast

@@ -711,6 +711,15 @@ void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
       throw InputError(fmt::format("[model] expert parallelism over {} ranks: the model has {} experts, fewer than ranks",
                                    ep->ranks, impl_->config.num_experts));
     if (!(ep->slow_factor >= 1.0)) throw InputError("[model] expert parallelism: a slow factor must be >= 1");
+    if (ep->data_parallel) {
+      if (!ep->alltoallv) throw InputError("[model] data-parallel attention needs an all-to-all exchange");
+      if (ep->replan_every > 0)
+        throw InputError("[model] data-parallel attention with re-placement: each rank would count only its own "
+                         "tokens' loads; choose one");
+      if (impl_->config.recurrent())
+        throw InputError("[model] data-parallel attention on a depth-recurrent model: its passes differ in depth "
+                         "from rank to rank");
+    }
     const ModelConfig& c = impl_->config;
     if (!ep->rank_experts.empty()) {
       if (static_cast<int64_t>(ep->rank_experts.size()) != impl_->applications())
@@ -739,6 +748,14 @@ void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
   impl_->ep = std::move(ep);
 }
 const ExpertParallel* Model::expert_parallel() const { return impl_->ep.get(); }
+
+void Model::expert_parallel_idle_pass() {
+  Impl& m = *impl_;
+  if (!m.ep || !m.ep->data_parallel)
+    throw InputError("[model] an idle pass is for expert parallelism with data-parallel attention");
+  for (size_t a = 0; a < m.plan.size(); ++a)
+    m.blocks[static_cast<size_t>(m.plan[a].block)]->expert_parallel_idle(m, static_cast<int>(a));
+}
 
 void Model::set_expert_pager(std::shared_ptr<ExpertPager> pager) {
   if (pager) {

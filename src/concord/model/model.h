@@ -174,6 +174,24 @@ struct ExpertParallel {
   // Measured: plans made, experts received by this rank and their bytes, seconds moving them.
   int64_t replans = 0, moved_in = 0, moved_bytes = 0;
   double move_s = 0;
+
+  // Data-parallel attention (docs/moe.md): each rank runs its own sequences — its own batch and KV
+  // cache — instead of every rank the whole batch. An MoE application sends each of this rank's
+  // routed rows to a rank that computes its expert (an expert on several ranks: this rank's rows of
+  // it split among them in order), through `alltoallv` (a parcel of bytes to every rank, one back
+  // from every rank: MPI_Alltoallv); that rank runs each expert it holds once, on the rows every
+  // rank sent it (in rank order), and sends the outputs back the same way; each rank then combines
+  // its own tokens in the single-process order. Under row-local quantizers a row's output does not
+  // depend on the rows beside it (the batch-invariant GEMM), so a rank's logits are those of the
+  // single model running that rank's sequences, bit for bit; NVFP4 / per-tensor FP8 / stochastic
+  // activations are refused. Every rank joins every MoE application of every pass: a rank with
+  // nothing of its own to run calls Model::expert_parallel_idle_pass() while others run a pass.
+  // Not with re-placement (each rank would count only its own tokens' loads).
+  bool data_parallel = false;
+  using Parcels = std::vector<std::vector<uint8_t>>;
+  std::function<Parcels(const Parcels& to_rank)> alltoallv;
+  // Measured with data_parallel: rows sent to other ranks and received from them, over all passes.
+  int64_t rows_sent = 0, rows_received = 0;
 };
 
 class Model {
@@ -317,6 +335,10 @@ class Model {
   int64_t expert_bytes_held() const;
   // Expert parallelism (ExpertParallel above); nullptr: every expert here (the default).
   void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
+  // Expert parallelism with data-parallel attention: a pass with no tokens of this rank's own — for
+  // every MoE application it computes the rows other ranks send to its experts and sends them back
+  // (collective: the other ranks run a pass meanwhile). InputError without data_parallel.
+  void expert_parallel_idle_pass();
   const ExpertParallel* expert_parallel() const;
   // Experts under a memory cap (expert_pager.h; load_model_paged in files.h makes one): every
   // expert the pager lists must be served as stored blocks (its placeholders until paged in).

@@ -73,6 +73,10 @@ struct Application {
   int core_layer = -1;            // recurrent: the layer's index within the core (0..R-1), -1 outside
 };
 
+// Whether an activation quantizer treats every row on its own (a row's GEMM result does not depend
+// on the other rows): none, a plain cast, or 1-D blocks along K without stochastic rounding.
+bool rows_quantized_independently(const std::optional<numerics::QuantDesc>& d);
+
 struct Model::Impl {
   ModelConfig config;
   PrecisionPolicy policy;

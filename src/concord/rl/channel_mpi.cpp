@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -233,6 +234,49 @@ std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
       g_failed = true;
       throw InputError(fmt::format("[ep] rank {}: receiving an expert from rank {} failed", rank, src));
     }
+  };
+  // Data-parallel attention's all-to-all: the parcels' sizes with MPI_Alltoall, then the bytes
+  // with MPI_Alltoallv (the totals must fit MPI's int counts).
+  ep->alltoallv = [ranks = ep->ranks, rank = ep->rank](const model::ExpertParallel::Parcels& to) {
+    const auto R = static_cast<size_t>(ranks);
+    if (to.size() != R) {
+      g_failed = true;
+      throw InputError(fmt::format("[ep] rank {}: {} parcels for {} ranks", rank, to.size(), R));
+    }
+    std::vector<uint64_t> send_n(R), recv_n(R);
+    for (size_t q = 0; q < R; ++q) send_n[q] = to[q].size();
+    if (MPI_Alltoall(send_n.data(), 1, MPI_UINT64_T, recv_n.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD) != MPI_SUCCESS) {
+      g_failed = true;
+      throw InputError(fmt::format("[ep] rank {}: MPI_Alltoall of the parcel sizes failed", rank));
+    }
+    std::vector<int> send_counts(R), send_displs(R), recv_counts(R), recv_displs(R);
+    uint64_t send_total = 0, recv_total = 0;
+    for (size_t q = 0; q < R; ++q) {
+      send_displs[q] = static_cast<int>(send_total);
+      recv_displs[q] = static_cast<int>(recv_total);
+      send_total += send_n[q];
+      recv_total += recv_n[q];
+      if (send_total > INT_MAX || recv_total > INT_MAX) {
+        g_failed = true;
+        throw InputError(fmt::format("[ep] an MoE layer's rows ({} bytes) exceed MPI's int counts: use smaller batches",
+                                     std::max(send_total, recv_total)));
+      }
+      send_counts[q] = static_cast<int>(send_n[q]);
+      recv_counts[q] = static_cast<int>(recv_n[q]);
+    }
+    std::vector<uint8_t> sent(send_total), all(recv_total);
+    for (size_t q = 0; q < R; ++q)
+      if (!to[q].empty()) std::memcpy(sent.data() + send_displs[q], to[q].data(), to[q].size());
+    const int rc = MPI_Alltoallv(sent.data(), send_counts.data(), send_displs.data(), MPI_BYTE, all.data(),
+                                 recv_counts.data(), recv_displs.data(), MPI_BYTE, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+      g_failed = true;
+      throw InputError(fmt::format("[ep] rank {}: MPI_Alltoallv of an MoE layer's rows failed ({})", rank, rc));
+    }
+    model::ExpertParallel::Parcels from(R);
+    for (size_t q = 0; q < R; ++q)
+      from[q].assign(all.begin() + recv_displs[q], all.begin() + recv_displs[q] + recv_counts[q]);
+    return from;
   };
   // Each rank's pieces packed in order, gathered with MPI_Allgatherv, unpacked into their rows.
   ep->exchange = [ranks = ep->ranks, rank = ep->rank](float* y, const std::vector<model::ExpertParallel::RowRanges>& pieces,
