@@ -665,9 +665,37 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
   cmp -s "$WORK/ep1.json" "$WORK/ep_speed.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_speed.err" \
     && pass "generate --expert-parallel --placement speed (a rank 3x slower): the one-process bits" \
     || fail "--placement speed: $(cat "$WORK/ep_speed.err")"
+  # Data-parallel attention: each rank its own sample (seed + rank; a stop string ends them at
+  # different lengths, so ranks idle while others finish), the MoE layers' rows traded with
+  # MPI_Alltoallv; rank 0's output is the one-process outputs of seeds 5, 6 (, 7) in rank order.
+  for s in 5 6 7; do
+    "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed $s \
+      --stop c --json 2>/dev/null
+  done >"$WORK/dp_single.json"
+  for np in 2 3; do
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+      mpirun -np $np --oversubscribe --mca btl self,vader \
+      "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+      --stop c --json --expert-parallel --data-parallel >"$WORK/dp$np.json" 2>"$WORK/dp$np.err" </dev/null
+    lengths=$(python3 -c "
+import json, sys
+print(sorted({len(json.loads(l)['tokens']) for l in open(sys.argv[1])}))" "$WORK/dp_single.json" 2>/dev/null)
+    if [[ $lengths == "[11, 15, 16]" ]] && head -n $np "$WORK/dp_single.json" | cmp -s - "$WORK/dp$np.json" \
+        && grep -q "data-parallel attention, rows sent to / received from other ranks" "$WORK/dp$np.err"; then
+      pass "generate --expert-parallel --data-parallel at $np ranks: each rank's sample is the one-process one of its seed"
+    else
+      fail "--data-parallel at $np ranks (sample lengths $lengths): $(cat "$WORK/dp$np.err")"
+    fi
+  done
 else
   echo "skip: --expert-parallel (no mpirun)"
 fi
+expect_error "--data-parallel needs --expert-parallel" "--data-parallel is the attention of --expert-parallel" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --data-parallel
+expect_error "--data-parallel runs plain samples" "--data-parallel runs one plain sample per rank" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --json --echo --expert-parallel --data-parallel
+expect_error "--data-parallel under NVFP4" "the nvfp4 policy quantizes rows with a shared scale" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --policy nvfp4 --expert-parallel --data-parallel
 # The simulator (issue 23): a routing trace of the tiny MoE replayed at 2 and 4 ranks under every
 # placement; a Zipf router at 8 and 16 ranks; the lower bound printed under them.
 if "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 24 \

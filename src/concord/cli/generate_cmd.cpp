@@ -188,24 +188,27 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
   }
   const std::vector<double> moves = rl::mpi_gather_doubles(std::vector<double>{
       static_cast<double>(ep.replans), static_cast<double>(ep.moved_in), static_cast<double>(ep.moved_bytes), ep.move_s,
-      static_cast<double>(held_bytes)});
+      static_cast<double>(held_bytes), static_cast<double>(ep.rows_sent), static_cast<double>(ep.rows_received)});
   const std::vector<double> all = rl::mpi_gather_doubles(mine);
   if (ep.rank != 0) return;
   std::string held_text;
   {
     double moved = 0, bytes = 0, seconds = 0;
-    std::string per_rank;
+    std::string per_rank, dispatched;
     for (int q = 0; q < ep.ranks; ++q) {
-      const double* v = moves.data() + static_cast<size_t>(q) * 5;
+      const double* v = moves.data() + static_cast<size_t>(q) * 7;
       moved += v[1];
       bytes += v[2];
       seconds = std::max(seconds, v[3]);
       per_rank += fmt::format("{}{:.0f}", q ? ", " : "", v[4] / 1024.0);
+      dispatched += fmt::format("{}rank {}: {:.0f} / {:.0f}", q ? ", " : "", q, v[5], v[6]);
     }
     held_text = fmt::format("; expert weights held per rank: {} KiB of {:.0f}", per_rank, static_cast<double>(total_bytes) / 1024.0);
     if (ep.replan_every > 0)
       held_text += fmt::format("; placed again {:.0f} times, {:.0f} experts moved ({:.0f} KiB, each content-checked, {:.1f} ms)",
                                moves[0], moved, bytes / 1024.0, 1e3 * seconds);
+    if (ep.data_parallel)
+      held_text += fmt::format("; data-parallel attention, rows sent to / received from other ranks: {}", dispatched);
   }
   const size_t per_rank = mine.size();
   auto at = [&](int q, size_t i) { return all.data() + static_cast<size_t>(q) * per_rank + offset[i]; };
@@ -302,7 +305,7 @@ void add_generate_command(CLI::App& app) {
     std::vector<double> rank_speeds;
     int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
-    bool expert_parallel = false;
+    bool expert_parallel = false, data_parallel = false;
     ExpertCapArgs cap;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
@@ -389,6 +392,11 @@ void add_generate_command(CLI::App& app) {
                 "outputs are exchanged (MPI_Allgatherv) and every rank combines them as one process would: the "
                 "same tokens bit for bit; rank 0 prints. Measures each layer's compute and wait per rank "
                 "(docs/moe.md, expert parallelism)");
+  cmd->add_flag("--data-parallel", a->data_parallel,
+                "with --expert-parallel: data-parallel attention — each rank generates its own sample of the prompt "
+                "(seed + rank) with its own KV cache, and an MoE layer sends each rank's rows to the ranks of their "
+                "experts and the outputs back (MPI_Alltoallv); rank 0 prints every rank's output in rank order, each "
+                "the one-process output of its seed bit for bit (docs/moe.md)");
   cmd->add_option("--slow-rank", a->slow_rank,
                   "with --expert-parallel: RANK:FACTOR makes that rank's experts take FACTOR times as long "
                   "(busy-waiting), as a slower device would");
@@ -428,6 +436,13 @@ void add_generate_command(CLI::App& app) {
       throw InputError("[generate] --placement eplb and speed take their loads from --placement-loads (and only they do)");
     if (!a->rank_speeds.empty() && a->placement != "speed")
       throw InputError("[generate] --rank-speeds is for --placement speed");
+    if (a->data_parallel) {
+      if (!a->expert_parallel) throw InputError("[generate] --data-parallel is the attention of --expert-parallel");
+      if (a->echo || !a->draft.spec.empty() || !a->prefix_cache_dir.empty() || !a->router_stats.empty() ||
+          !a->routing_trace.empty() || a->replan_every > 0)
+        throw InputError("[generate] --data-parallel runs one plain sample per rank: not with --echo, --draft, "
+                         "--prefix-cache-dir, --router-stats, --routing-trace or --replan-every");
+    }
     if (a->expert_parallel && !a->disaggregate.empty())
       throw InputError("[generate] --expert-parallel with --disaggregate: choose one (both use the MPI ranks)");
     if (!a->disaggregate.empty() && a->disaggregate != "in-process" && a->disaggregate != "shm" && a->disaggregate != "mpi")
@@ -574,6 +589,15 @@ void add_generate_command(CLI::App& app) {
           };
         }
       }
+      if (a->data_parallel) {
+        if (!serve::rows_quantize_alone(loaded.model.policy()))
+          throw InputError(fmt::format("[generate] --data-parallel batches each expert's rows from every rank, and the {} "
+                                       "policy quantizes rows with a shared scale (the bits would change)",
+                                       loaded.model.policy().name));
+        if (recurrent) throw InputError("[generate] --data-parallel: a depth-recurrent model's passes differ in depth");
+        ep->data_parallel = true;
+        request.sampling.seed = a->seed + static_cast<uint64_t>(ep->rank);  // each rank its own sample
+      }
       expert_bytes_all = loaded.model.expert_bytes_held();
       hold_own_experts(loaded.model, *ep, a->replan_every > 0);
       loaded.model.set_expert_parallel(ep);
@@ -691,9 +715,10 @@ void add_generate_command(CLI::App& app) {
     serve::Utf8Stream out;
     std::string generated;  // --json: the whole text
     // Text through the UTF-8 stream, then the stop strings; streamed, or kept for --json.
+    const bool data_parallel = ep && ep->data_parallel;  // every rank's output printed by rank 0 at the end
     auto emit = [&](std::string piece) {
       if (stop) piece = stop->push(piece);
-      if (a->json) {
+      if (a->json || data_parallel) {
         generated += piece;
       } else {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -718,7 +743,21 @@ void add_generate_command(CLI::App& app) {
       if (stop && stop->stopped()) engine.cancel(event.id);
     });
     const int64_t id = engine.submit(request);
-    engine.run();
+    if (data_parallel) {
+      // The ranks in step: a pass each while any rank has work; a rank whose sample has ended joins
+      // the others' MoE layers with idle passes.
+      while (true) {
+        const bool mine = engine.running() + engine.waiting() > 0;
+        if (!rl::mpi_any(mine)) break;
+        if (mine) {
+          engine.step();
+        } else {
+          loaded.model.expert_parallel_idle_pass();
+        }
+      }
+    } else {
+      engine.run();
+    }
     const serve::Completion done = engine.take(id);
     emit(out.flush());
     if (stop) emit(stop->flush());
@@ -755,9 +794,20 @@ void add_generate_command(CLI::App& app) {
         j["memory_cap"]["decode"]["seconds"] = es.decode_seconds;
       }
       const std::string line = j.dump();
-      std::fwrite(line.data(), 1, line.size(), stdout);
+      if (data_parallel) {
+        generated = line;
+      } else {
+        std::fwrite(line.data(), 1, line.size(), stdout);
+      }
     }
-    std::fputc('\n', stdout);
+    if (data_parallel) {  // rank 0 prints each rank's text or JSON line, in rank order
+      for (const std::string& output : rl::mpi_gather_strings(generated)) {
+        std::fwrite(output.data(), 1, output.size(), stdout);
+        std::fputc('\n', stdout);
+      }
+    } else {
+      std::fputc('\n', stdout);
+    }
     std::fflush(stdout);
 
     if (!a->router_stats.empty()) {

@@ -137,11 +137,16 @@ bool launched_by_mpirun();
 
 // Expert parallelism over MPI_COMM_WORLD (model::ExpertParallel, issue 23): rank and ranks from the
 // world, exchange = MPI_Allgatherv of each rank's rows of the expert outputs (rows * C floats; the
-// counts must fit MPI's int). InputError when concord was built without MPI.
+// counts must fit MPI's int); alltoallv (data-parallel attention) = MPI_Alltoall of the parcels'
+// sizes, then MPI_Alltoallv of their bytes. InputError when concord was built without MPI.
 std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel();
 // Every rank's `mine` (the same length on every rank) gathered at rank 0, rank after rank; empty on
 // the other ranks. Collective: every rank calls it.
 std::vector<double> mpi_gather_doubles(std::span<const double> mine);
+// Whether any rank's `mine` is true (MPI_Allreduce, logical or). Collective.
+bool mpi_any(bool mine);
+// Every rank's `mine` gathered at rank 0 in rank order; empty on the other ranks. Collective.
+std::vector<std::string> mpi_gather_strings(const std::string& mine);
 
 // Sampler processes for `concord rl --transport shm --samplers N`: the learner creates the
 // channel (rank 0) first, then starts N copies of this executable (/proc/self/exe), child i

@@ -333,6 +333,51 @@ std::vector<double> mpi_gather_doubles(std::span<const double> mine) {
   return all;
 }
 
+bool mpi_any(bool mine) {
+  ensure_mpi_initialised();
+  int in = mine ? 1 : 0, out = 0;
+  if (MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    g_failed = true;
+    throw InputError("[ep] MPI_Allreduce of the ranks' work failed");
+  }
+  return out != 0;
+}
+
+std::vector<std::string> mpi_gather_strings(const std::string& mine) {
+  ensure_mpi_initialised();
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (mine.size() > INT_MAX) {
+    g_failed = true;
+    throw InputError(fmt::format("[ep] rank {}: an output of {} bytes exceeds MPI's int counts", rank, mine.size()));
+  }
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(rank == 0 ? size : 0)), displs(counts.size());
+  if (MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    g_failed = true;
+    throw InputError(fmt::format("[ep] rank {}: MPI_Gather of the outputs' sizes failed", rank));
+  }
+  int64_t total = 0;
+  for (size_t q = 0; q < counts.size(); ++q) {
+    if (total + counts[q] > INT_MAX) {
+      g_failed = true;
+      throw InputError("[ep] the ranks' outputs exceed MPI's int counts");
+    }
+    displs[q] = static_cast<int>(total);
+    total += counts[q];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  if (MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD) !=
+      MPI_SUCCESS) {
+    g_failed = true;
+    throw InputError(fmt::format("[ep] rank {}: MPI_Gatherv of the outputs failed", rank));
+  }
+  std::vector<std::string> out;
+  for (size_t q = 0; q < counts.size(); ++q) out.push_back(all.substr(static_cast<size_t>(displs[q]), static_cast<size_t>(counts[q])));
+  return out;
+}
+
 void mpi_abort(int exit_code) {
   std::fflush(nullptr);
   int initialised = 0, finalized = 0;
@@ -354,6 +399,10 @@ std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
   throw InputError("[ep] expert parallelism runs over MPI, and concord was built without MPI (install OpenMPI, "
                    "e.g. Debian's libopenmpi-dev, and rebuild)");
 }
+
+bool mpi_any(bool) { throw InputError("[ep] concord was built without MPI"); }
+
+std::vector<std::string> mpi_gather_strings(const std::string&) { throw InputError("[ep] concord was built without MPI"); }
 
 std::vector<double> mpi_gather_doubles(std::span<const double>) {
   throw InputError("[ep] concord was built without MPI");
