@@ -19,7 +19,9 @@ The cost model is checked in the same run: `concord disagg-plan --save-rates` me
 engine's costs on the same GGUF first (prefill, decode, the hand-over, the two workers on shared
 cores), and its predictions for B's prompt (its token count from the server's usage) with A's
 remaining tokens are printed beside what each server measured: B's time to first token, A's
-largest gap, A's tokens before B's first.
+largest gap, A's tokens before B's first, and the waiting the split saved. The server's own cost
+per step beyond the engine's forward (--step-overhead) is A's pace before B arrived less the
+measured decode step: the one figure taken from the servers.
 """
 
 import argparse
@@ -60,11 +62,16 @@ def stream(server, prompt, max_tokens, times, texts, started=None, after=0, usag
 A_PROMPT = "Chapter 1\n\nThe lighthouse keeper climbed the stairs"
 
 
+def a_pace(a_times, b_sent):
+    """A's own pace: the median gap between its tokens before B arrived."""
+    before = [y - x for x, y in zip(a_times, a_times[1:]) if y < b_sent]
+    return sorted(before)[len(before) // 2]
+
+
 def a_delay(a_times, b_sent, b_first):
     """What B's prefill cost A: the time A's tokens between B's arrival and B's first token took,
-    less their time at A's own pace (the median gap of A's tokens before B arrived)."""
-    before = [y - x for x, y in zip(a_times, a_times[1:]) if y < b_sent]
-    pace = sorted(before)[len(before) // 2]
+    less their time at A's own pace."""
+    pace = a_pace(a_times, b_sent)
     inside = [t for t in a_times if b_sent <= t <= b_first]
     if not inside:
         return 0.0
@@ -99,6 +106,7 @@ def run(server, long_prompt, a_tokens):
         "a_tokens_left": sum(1 for t in a_times if t >= b_sent),
         "a_tokens_before_b": sum(1 for t in a_times if b_times and b_sent <= t <= b_times[0]),
         "a_delay_s": a_delay(a_times, b_sent, b_times[0]) if b_times else None,
+        "a_pace_s": a_pace(a_times, b_sent),
         "a_text": "".join(a_texts),
         "b_text": "".join(b_texts),
         "wall_s": time.perf_counter() - t0,
@@ -147,13 +155,20 @@ def main():
     print(f"texts identical: {same}; lscpu model name: {cpu_name()}")
 
     # The cost model's predictions for this workload, beside the measurements.
+    # The server's own cost per step beyond the engine's forward (its loop, streaming A, the clients on
+    # the same cores): A's pace before B arrived less the measured one-row decode step.
     e, d = rows["engine prefill"], rows["--disaggregate"]
+    with open(rates) as f:
+        r = json.load(f)["rates"]
+    overhead = max(0.0, (e["a_pace_s"] + d["a_pace_s"]) / 2 - (r["decode_step_s"] + r["decode_row_s"]))
     out = subprocess.run([concord_bin(), "disagg-plan", "--rates", rates, "--json", "--streams", "1",
-                          "--prompt-tokens", str(e["b_prompt_tokens"]), "--stream-tokens", str(e["a_tokens_left"])],
+                          "--prompt-tokens", str(e["b_prompt_tokens"]), "--stream-tokens", str(e["a_tokens_left"]),
+                          "--step-overhead", f"{overhead:.6f}"],
                          check=True, capture_output=True, text=True).stdout.splitlines()
     plan = json.loads(out[1])
     print(f"disagg-plan ({json.loads(out[0])['source']}): B's {e['b_prompt_tokens']} prompt tokens, "
-          f"A with {e['a_tokens_left']} tokens left; predicted / measured:")
+          f"A with {e['a_tokens_left']} tokens left, a server step {overhead * 1e3:.2f} ms beyond the engine's "
+          f"(A's pace {e['a_pace_s'] * 1e3:.2f} / {d['a_pace_s'] * 1e3:.2f} ms); predicted / measured:")
     check = {}
     for label, side, r in (("engine prefill", "engine", e), ("--disaggregate", "disaggregated", d)):
         p = plan[side]

@@ -138,6 +138,7 @@ disagg-plan|--model m|--seed|-1|an integer in [0, 2^64 - 1]
 disagg-plan|--model m|--prompt-tokens|1|an integer in [2, 16777216]
 disagg-plan|--model m|--streams|-1|an integer in [0, 4096]
 disagg-plan|--model m|--stream-tokens|-1|an integer in [0, 16777216]
+disagg-plan|--model m|--step-overhead|-1|a number >= 0
 serve|--model m|--draft-tokens|65|an integer in [1, 64]
 contract measure|--ref a --cand b --out o|--depths|0|an integer in [1, 4096]
 contract check|--contract c --ref a --cand b|--depths|4097|an integer in [1, 4096]

@@ -124,6 +124,13 @@ TEST(SplitModel, ItDoesNotPayForAShortPromptOrWithNoStreams) {
   // hand-over and one step, so it pays from two chunks on.
   r.prefill_slowdown = r.decode_slowdown = 1;
   EXPECT_TRUE(predict(r, {1024, 1, 512}).pays);
+  // A serving loop's overhead: every engine step pays it, the worker's prefill does not.
+  const Verdict plain = predict(r, {2001, 1, 512}), loaded = predict(r, {2001, 1, 512, 0, 5e-3});
+  EXPECT_NEAR(loaded.engine.ttft_s - plain.engine.ttft_s, 4 * 5e-3, 1e-12);
+  EXPECT_NEAR(loaded.split.ttft_s - plain.split.ttft_s, 5e-3, 1e-12);
+  const double d = r.decode_slowdown * (r.step_s + r.row_s);  // a shared decode step
+  EXPECT_NEAR(loaded.split.stream_tokens - 1, (plain.split.stream_tokens - 1) * d / (d + 5e-3), 1e-9);
+  EXPECT_THROW(predict(r, {100, 1, 512, 0, -1}), InputError);
   EXPECT_THROW(predict(r, {1, 1, 512}), InputError);
   EXPECT_THROW(predict(r, {100, -1, 512}), InputError);
 }

@@ -36,6 +36,7 @@ struct Args {
   std::vector<int32_t> prompt_tokens{256, 512, 1024, 2048, 4096}, streams{1, 4};
   int64_t prefill_chunk = 512, calibrate_tokens = 2048, max_sequences = 8, stream_tokens = 0;
   uint64_t seed = 1;
+  double step_overhead = 0;
   bool separate_cores = false, json = false;
 };
 
@@ -117,6 +118,7 @@ void run(const Args& a) {
       io::write_file_atomic(a.save_rates, doc.dump(1) + "\n");
     }
   }
+  if (a.step_overhead > 0) source += fmt::format("; every engine step {:.2f} ms more (--step-overhead)", 1e3 * a.step_overhead);
   if (a.separate_cores) {
     rates.prefill_slowdown = rates.decode_slowdown = 1;
     source += "; predicted with the worker on cores of its own (--separate-cores)";
@@ -136,13 +138,13 @@ void run(const Args& a) {
                 "stream tokens meanwhile (engine / split) | hand-over MiB | waiting saved, request-s | pays |\n");
     std::printf("|---:|---:|---|---|---|---:|---:|---|\n");
   } else {
-    std::printf("%s\n", ordered_json({{"source", source}, {"prefill_chunk", a.prefill_chunk}, {"stream_tokens", a.stream_tokens}, {"rates", rates_json(rates)}})
+    std::printf("%s\n", ordered_json({{"source", source}, {"prefill_chunk", a.prefill_chunk}, {"stream_tokens", a.stream_tokens}, {"step_overhead_s", a.step_overhead}, {"rates", rates_json(rates)}})
                             .dump()
                             .c_str());
   }
   for (const int32_t streams : a.streams) {
     for (const int32_t tokens : a.prompt_tokens) {
-      const split::Verdict v = split::predict(rates, {tokens, streams, a.prefill_chunk, a.stream_tokens});
+      const split::Verdict v = split::predict(rates, {tokens, streams, a.prefill_chunk, a.stream_tokens, a.step_overhead});
       if (a.json) {
         auto outcome = [](const split::Outcome& o) {
           return ordered_json{{"ttft_s", o.ttft_s},
@@ -196,6 +198,10 @@ void add_disagg_plan_command(CLI::App& app) {
   add_integer_flag(cmd, "--stream-tokens", a->stream_tokens, between(0, 1 << 24),
                    "tokens each stream still generates when the prompt arrives (default 0: more than the prefill "
                    "takes); streams that end sooner leave the machine to the prefill");
+  add_real_flag(cmd, "--step-overhead", a->step_overhead, non_negative(),
+                "seconds a serving step costs beyond the engine's forward (the server's loop, streaming the "
+                "responses, clients on the same cores), added to every engine step (default 0; a server's is its "
+                "decode pace alone less the measured decode step)");
   cmd->add_flag("--separate-cores", a->separate_cores,
                 "predict for a prefill worker on cores of its own (another machine's rank, a GPU): no slowdowns");
   cmd->add_flag("--json", a->json, "a JSON line of the rates, then one per prediction, instead of the table");

@@ -42,6 +42,7 @@ void check_workload(const Workload& w) {
     throw InputError(fmt::format("[split model] a prompt of {} tokens has no rows to hand over (2 or more)", w.prompt_tokens));
   if (w.streams < 0) throw InputError(fmt::format("[split model] {} streams", w.streams));
   if (w.chunk < 1) throw InputError(fmt::format("[split model] a prefill chunk of {} tokens", w.chunk));
+  if (!(w.step_overhead_s >= 0)) throw InputError("[split model] a step overhead must be >= 0 seconds");
 }
 
 }  // namespace
@@ -57,7 +58,8 @@ Outcome engine_prefill(const Rates& r, const Workload& w) {
   double streams_time = 0;
   for (int64_t i = 0; i < n; ++i) {
     const bool rows = i < with_streams;
-    const double step = prefill_seconds(r, chunks[static_cast<size_t>(i)]) + (rows ? static_cast<double>(w.streams) * r.row_s : 0.0);
+    const double step = prefill_seconds(r, chunks[static_cast<size_t>(i)]) + (rows ? static_cast<double>(w.streams) * r.row_s : 0.0) +
+                        w.step_overhead_s;
     o.ttft_s += step;
     if (rows) {
       o.max_gap_s = std::max(o.max_gap_s, step);
@@ -65,7 +67,7 @@ Outcome engine_prefill(const Rates& r, const Workload& w) {
     }
   }
   o.stream_tokens = static_cast<double>(with_streams);
-  if (with_streams > 0) o.stream_delay_s = streams_time - o.stream_tokens * decode_seconds(r, w.streams);
+  if (with_streams > 0) o.stream_delay_s = streams_time - o.stream_tokens * (decode_seconds(r, w.streams) + w.step_overhead_s);
   return o;
 }
 
@@ -82,28 +84,29 @@ Outcome disaggregated(const Rates& r, const Workload& w) {
   // The step that samples the first token also copies the rows into the sequence's KV slot.
   const double first_extra = r.pair_s * static_cast<double>(w.prompt_tokens - 1) + r.resume_s * o.handover_bytes;
   if (w.streams == 0) {  // the worker has the machine alone
-    o.ttft_s = prefill + exported + import + decode_seconds(r, 1) + first_extra;
+    o.ttft_s = prefill + exported + import + decode_seconds(r, 1) + first_extra + w.step_overhead_s;
     return o;
   }
   // The streams decode beside the worker, each step slowed, until they end (if they do before the
   // prefill): from then on the worker's prefill runs at its own speed.
-  const double step = r.decode_slowdown * decode_seconds(r, w.streams);
+  const double alone = decode_seconds(r, w.streams) + w.step_overhead_s;
+  const double step = r.decode_slowdown * decode_seconds(r, w.streams) + w.step_overhead_s;
   const double shared_prefill = r.prefill_slowdown * prefill;
   const double streams_end = w.stream_tokens > 0 ? static_cast<double>(w.stream_tokens) * step : shared_prefill + 1;
   if (streams_end >= shared_prefill + exported) {
     const double window = shared_prefill + exported;
-    const double first = decode_seconds(r, w.streams + 1) + first_extra;
+    const double first = decode_seconds(r, w.streams + 1) + first_extra + w.step_overhead_s;
     o.ttft_s = window + import + first;
     o.stream_tokens = std::min(window / step + 1, w.stream_tokens > 0 ? static_cast<double>(w.stream_tokens) : 1e300);
     o.max_gap_s = std::max(step, import + first);
-    o.stream_delay_s = o.ttft_s - o.stream_tokens * decode_seconds(r, w.streams);
+    o.stream_delay_s = o.ttft_s - o.stream_tokens * alone;
   } else {
     const double shared = std::min(streams_end, shared_prefill);
     const double window = shared + (prefill - shared / r.prefill_slowdown) + exported;
-    o.ttft_s = window + import + decode_seconds(r, 1) + first_extra;
+    o.ttft_s = window + import + decode_seconds(r, 1) + first_extra + w.step_overhead_s;
     o.stream_tokens = static_cast<double>(w.stream_tokens);
     o.max_gap_s = step;
-    o.stream_delay_s = o.stream_tokens * (step - decode_seconds(r, w.streams));
+    o.stream_delay_s = o.stream_tokens * (step - alone);
   }
   return o;
 }

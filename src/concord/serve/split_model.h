@@ -63,6 +63,9 @@ struct Workload {
   // Tokens each stream still generates when the prompt arrives; 0: more than the prefill takes.
   // Streams that end during the prefill leave the machine to it from then on.
   int64_t stream_tokens = 0;
+  // Seconds a serving step costs beyond the engine's forward (the server's loop, the streamed
+  // responses, the clients on the same cores): added to every step of the engine.
+  double step_overhead_s = 0;
 };
 
 struct Outcome {
