@@ -691,6 +691,10 @@ print(sorted({len(json.loads(l)['tokens']) for l in open(sys.argv[1])}))" "$WORK
 else
   echo "skip: --expert-parallel (no mpirun)"
 fi
+expect_error "serve --expert-parallel needs experts" "--expert-parallel: $WORK/run is a" \
+  "$CONCORD" serve --model "$WORK/run" --expert-parallel
+expect_error "serve --expert-parallel mirrors plain steps" "not with the prefix cache, --disaggregate or a draft model" \
+  "$CONCORD" serve --model "$MOE_GGUF" --expert-parallel --prefix-cache-bytes 1000000
 expect_error "--data-parallel needs --expert-parallel" "--data-parallel is the attention of --expert-parallel" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --data-parallel
 expect_error "--data-parallel runs plain samples" "--data-parallel runs one plain sample per rank" \

@@ -43,8 +43,11 @@ def smollm2_path():
 
 
 class Server:
-    def __init__(self, binary, model, *flags, ready_timeout=120.0, env=None):
-        self.args = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+    def __init__(self, binary, model, *flags, ready_timeout=120.0, env=None, launcher=()):
+        # launcher: a command the server runs under (mpirun -np R ...); the server then leads a
+        # process group of its own, which kill() ends whole.
+        self.launcher = list(launcher)
+        self.args = [*self.launcher, binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                      *map(str, flags)]
         self._lines = []
         self._lock = threading.Lock()
@@ -52,7 +55,7 @@ class Server:
         self._terminated = False
         self.host = self.port = self.model_name = self.policy = self.max_sequences = None
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env)
+                                     stderr=subprocess.PIPE, env=env, start_new_session=bool(self.launcher))
         self._readers = [threading.Thread(target=self._read, args=(s, tag), daemon=True)
                          for s, tag in ((self.proc.stderr, ""), (self.proc.stdout, "[stdout] "))]
         for t in self._readers:
@@ -87,11 +90,34 @@ class Server:
     def alive(self):
         return self.proc.poll() is None
 
+    def _rank0(self):
+        """Under mpirun: the pid of rank 0's server (a child of mpirun with OMPI_COMM_WORLD_RANK=0)."""
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if b"OMPI_COMM_WORLD_RANK=0\0" in f.read():
+                        return int(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        return None
+
     def terminate(self):
-        """SIGTERM once (the server drains; a second signal would make it exit at once, status 1)."""
+        """SIGTERM once (the server drains; a second signal would make it exit at once, status 1).
+        Under mpirun the signal goes to rank 0, which drains and ends the other ranks (Open MPI's
+        mpirun forwards a SIGTERM of its own too, but then exits 1)."""
         if not self._terminated and self.proc.poll() is None:
             self._terminated = True
-            self.proc.send_signal(signal.SIGTERM)
+            rank0 = self._rank0() if self.launcher else None
+            if rank0 is not None:
+                os.kill(rank0, signal.SIGTERM)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
 
     def stop(self, grace=30.0):
         """SIGTERM (unless terminate() sent it), then wait for the drain; returns the exit status
@@ -107,6 +133,11 @@ class Server:
         return self.proc.returncode
 
     def kill(self):
+        if self.launcher:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher's children too
+            except ProcessLookupError:
+                pass
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -19,6 +19,8 @@
 #include "concord/cli/flags.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
+#include "concord/rl/channel.h"
+#include "concord/serve/engine_mirror.h"
 #include "concord/serve/server.h"
 
 namespace concord::cli {
@@ -53,21 +55,25 @@ std::string default_model_name(const std::filesystem::path& path) {
   return std::filesystem::is_directory(p) ? p.filename().string() : p.stem().string();
 }
 
+struct ServeArgs {
+  std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, prefix_cache_dir,
+      activation_arena = "planned";
+  DraftArgs draft;
+  int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
+          max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
+          max_weights_body_bytes = int64_t{1} << 30, prefix_cache_bytes = 0, prefix_cache_block = 0;
+  double request_timeout = 600, receive_timeout = 30;
+  bool weights_from_any_host = false, weights_faults = false, disaggregate = false, expert_parallel = false;
+  ExpertCapArgs cap;
+};
+
+// The server of rank 0 (or of the one process) until SIGTERM / SIGINT drains it.
+void run_server(const ServeArgs& args, model::LoadedModel& loaded, const serve::ServerOptions& options);
+
 }  // namespace
 
 void add_serve_command(CLI::App& app) {
-  struct Args {
-    std::string model, model_name, host = "127.0.0.1", policy = "native", api_key, prefix_cache_dir,
-        activation_arena = "planned";
-    DraftArgs draft;
-    int64_t port = 8000, max_sequences = 8, prefill_chunk = 512, max_context = 0, max_queue = 256,
-            max_body_bytes = 1 << 20, read_timeout = 10, write_timeout = 10, http_threads = 0,
-            max_weights_body_bytes = int64_t{1} << 30, prefix_cache_bytes = 0, prefix_cache_block = 0;
-    double request_timeout = 600, receive_timeout = 30;
-    bool weights_from_any_host = false, weights_faults = false, disaggregate = false;
-    ExpertCapArgs cap;
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve",
       "Serve a model folder or GGUF file over the OpenAI HTTP API (/v1/completions, "
@@ -129,6 +135,11 @@ void add_serve_command(CLI::App& app) {
                 "model) and hand its KV rows to the decode engine, so a long prompt does not stall the running "
                 "requests' decode steps; responses unchanged bit for bit; turns the prefix cache on (1 GiB unless "
                 "--prefix-cache-bytes). docs/serve.md, disaggregated prefill and decode");
+  cmd->add_flag("--expert-parallel", a->expert_parallel,
+                "an MoE model under mpirun -np R: each rank computes R-th of every MoE layer's experts; rank 0 "
+                "serves HTTP and the other ranks mirror its engine step by step, so responses are the one-process "
+                "server's bit for bit (docs/moe.md); not with the prefix cache, --disaggregate, a draft model or "
+                "weight updates");
   cmd->add_flag("--weights-from-any-host", a->weights_from_any_host,
                 "accept POST /v1/weights from any peer (default: loopback only)");
   cmd->add_flag("--weights-faults", a->weights_faults,
@@ -198,6 +209,53 @@ void add_serve_command(CLI::App& app) {
       }
     }
 
+    if (a->expert_parallel) {
+      if (a->cap.memory_cap) throw InputError("[serve] --expert-parallel with --memory-cap: choose one");
+      if (!loaded.model.config().moe())
+        throw InputError(fmt::format("[serve] --expert-parallel: {} is a {}, which has no experts", a->model,
+                                     loaded.model.config().architecture));
+      if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty() || options.disaggregate || options.drafter)
+        throw InputError("[serve] --expert-parallel mirrors the engine's steps on every rank: not with the prefix cache, "
+                         "--disaggregate or a draft model");
+      auto ep = rl::make_mpi_expert_parallel();
+      loaded.model.set_expert_parallel(ep);
+      if (ep->rank != 0) {
+        // A mirror of rank 0's engine: no HTTP; rank 0 ends the job (a signal here is ignored: mpirun
+        // forwards SIGTERM to every rank, and rank 0 drains, then sends the stop).
+        std::signal(SIGTERM, SIG_IGN);
+        std::signal(SIGINT, SIG_IGN);
+        serve::Engine engine(loaded.model, options.engine);
+        try {
+          (void)serve::follow_engine(engine, [] {
+            std::vector<uint8_t> bytes;
+            rl::mpi_broadcast_bytes(bytes);
+            return bytes;
+          });
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "concord: [serve] rank %d: %s\n", ep->rank, e.what());
+          rl::mpi_abort(2);
+        }
+        return;
+      }
+      options.mirror = [](std::vector<uint8_t> bytes) { rl::mpi_broadcast_bytes(bytes); };
+    }
+    if (options.mirror) {  // rank 0 of an expert-parallel job: an error ends every rank (they wait for it)
+      try {
+        run_server(*a, loaded, options);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "concord: %s\n", e.what());
+        rl::mpi_abort(2);
+      }
+      return;
+    }
+    run_server(*a, loaded, options);
+  });
+}
+
+namespace {
+
+void run_server(const ServeArgs& args, model::LoadedModel& loaded, const serve::ServerOptions& options) {
+    const ServeArgs* a = &args;
     serve::Server server({loaded.model, *loaded.source.tokenizer, loaded.source.chat_template,
                           loaded.source.stop_token_ids},
                          options);
@@ -222,9 +280,13 @@ void add_serve_command(CLI::App& app) {
     const bool clean = server.wait(0.5);
     std::fprintf(stderr, "[serve] stopped\n");
     std::fflush(stderr);
-    if (!clean) std::_Exit(0);  // a connection thread still trickles: do not destroy the server
+    if (!clean) {  // a connection thread still trickles: do not destroy the server
+      if (options.mirror) std::exit(0);  // MPI_Finalize at exit (the other ranks wait in it)
+      std::_Exit(0);
+    }
     watcher.join();
-  });
 }
+
+}  // namespace
 
 }  // namespace concord::cli

@@ -143,6 +143,9 @@ std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel();
 // Every rank's `mine` (the same length on every rank) gathered at rank 0, rank after rank; empty on
 // the other ranks. Collective: every rank calls it.
 std::vector<double> mpi_gather_doubles(std::span<const double> mine);
+// Rank 0's `bytes` to every rank (MPI_Bcast of the size, then the bytes): the others' `bytes`
+// become them. Collective.
+void mpi_broadcast_bytes(std::vector<uint8_t>& bytes);
 // Whether any rank's `mine` is true (MPI_Allreduce, logical or). Collective.
 bool mpi_any(bool mine);
 // Every rank's `mine` gathered at rank 0 in rank order; empty on the other ranks. Collective.

@@ -333,6 +333,22 @@ std::vector<double> mpi_gather_doubles(std::span<const double> mine) {
   return all;
 }
 
+void mpi_broadcast_bytes(std::vector<uint8_t>& bytes) {
+  ensure_mpi_initialised();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  uint64_t n = bytes.size();
+  if (MPI_Bcast(&n, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS || n > INT_MAX) {
+    g_failed = true;
+    throw InputError(fmt::format("[ep] rank {}: broadcasting a message of {} bytes failed", rank, n));
+  }
+  if (rank != 0) bytes.resize(static_cast<size_t>(n));
+  if (n > 0 && MPI_Bcast(bytes.data(), static_cast<int>(n), MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    g_failed = true;
+    throw InputError(fmt::format("[ep] rank {}: broadcasting a message of {} bytes failed", rank, n));
+  }
+}
+
 bool mpi_any(bool mine) {
   ensure_mpi_initialised();
   int in = mine ? 1 : 0, out = 0;
@@ -399,6 +415,8 @@ std::shared_ptr<model::ExpertParallel> make_mpi_expert_parallel() {
   throw InputError("[ep] expert parallelism runs over MPI, and concord was built without MPI (install OpenMPI, "
                    "e.g. Debian's libopenmpi-dev, and rebuild)");
 }
+
+void mpi_broadcast_bytes(std::vector<uint8_t>&) { throw InputError("[ep] concord was built without MPI"); }
 
 bool mpi_any(bool) { throw InputError("[ep] concord was built without MPI"); }
 

@@ -178,6 +178,9 @@ Server::Server(ServedModel served, ServerOptions options) {
   if (options.prefix_cache_bytes > 0 && served.model.config().recurrent())
     throw InputError("[serve] --prefix-cache-bytes: a depth-recurrent model's state is not only KV rows; "
                      "serve it without the prefix cache");
+  if (options.mirror && (options.prefix_cache_bytes > 0 || options.disaggregate || options.drafter))
+    throw InputError("[serve] --expert-parallel mirrors the engine's steps on every rank: not with the prefix cache, "
+                     "--disaggregate or a draft model (their steps are not the mirrored ones)");
   impl_ = std::make_unique<Impl>(std::move(served), std::move(options));
 }
 

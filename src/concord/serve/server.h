@@ -81,6 +81,13 @@ struct ServerOptions {
   // decode steps. Responses are unchanged bit for bit. The prefix cache is on (prefix_cache_bytes,
   // or 1 GiB when that is 0). Not for depth-recurrent models; echo requests prefill as usual.
   bool disaggregate = false;
+  // Expert parallelism across processes (concord serve --expert-parallel, docs/moe.md): the other
+  // ranks mirror this server's engine (engine_mirror.h). Before each engine step the scheduler
+  // passes `mirror` the operations since the last one (submits, cancels), and a stop message when
+  // it ends; the ranks' engines then run the same steps, so the MoE layers' exchanges meet.
+  // Weight updates are refused (the other ranks would keep the old weights), and so are the
+  // prefix cache, disaggregation and speculative decoding (their steps are not the mirrored ones).
+  std::function<void(std::vector<uint8_t>)> mirror;
 };
 
 // What a server serves: the model (must outlive the server), its tokenizer, chat template

@@ -28,6 +28,7 @@
 #include "concord/model/expert_pager.h"
 #include "concord/numerics/check.h"
 #include "concord/rl/sync.h"
+#include "concord/serve/engine_mirror.h"
 #include "concord/serve/openai.h"
 #include "concord/serve/server.h"
 #include "concord/serve/text.h"
@@ -197,6 +198,7 @@ struct Server::Impl {
   int64_t prefilling = 0;  // scheduler-only: jobs with the worker, not yet taken back
   Counter& handovers;
   Counter& handover_bytes;
+  EngineLog mirror_log;  // options.mirror: the engine's operations since its last step
   void run_prefill_worker();
 
   // Experts under a memory cap (concord serve --memory-cap; model/expert_pager.h): the pager's

@@ -37,6 +37,7 @@ void Server::Impl::on_token(const TokenEvent& ev) {
       if (c.stops->stopped()) {
         c.stop_hit = true;
         engine.cancel(ev.id);  // frees the slot now; this token is the completion's last
+        if (options.mirror) mirror_log.cancelled(ev.id);
       }
     } else {
       piece_text = ready;
@@ -120,6 +121,7 @@ void Server::Impl::abort_job(Job& job, std::optional<ApiError> error) {
     if (c.done) continue;
     if (c.engine_id >= 0) {
       engine.cancel(c.engine_id);
+      if (options.mirror) mirror_log.cancelled(c.engine_id);
       if (engine.finished(c.engine_id)) {
         const Completion done = engine.take(c.engine_id);
         c.generated = static_cast<int64_t>(done.tokens.size());
@@ -142,7 +144,12 @@ void Server::Impl::admit(const std::shared_ptr<Job>& job) {
   for (size_t i = 0; i < job->requests.size(); ++i) {
     Choice& c = job->choices[i];
     try {
-      c.engine_id = engine.submit(std::move(job->requests[i]));
+      if (options.mirror) {
+        c.engine_id = engine.submit(job->requests[i]);
+        mirror_log.submitted(c.engine_id, job->requests[i]);
+      } else {
+        c.engine_id = engine.submit(std::move(job->requests[i]));
+      }
     } catch (const InputError& e) {  // validated before; a bug if it happens
       abort_job(*job, ApiError(500, "server_error", "internal_error", e.what()));
       return;
@@ -342,6 +349,7 @@ void Server::Impl::run_scheduler() {
     }
     if (engine.waiting() + engine.running() > 0) {
       try {
+        if (options.mirror) options.mirror(mirror_log.take(false));  // the other ranks step with it
         engine.step();
       } catch (const std::exception& e) {
         // A bug (the requests were validated): fail what runs, keep serving.
@@ -391,6 +399,7 @@ void Server::Impl::run_scheduler() {
     });
     serve_swap_request();
   }
+  if (options.mirror) options.mirror(mirror_log.take(true));  // the other ranks end
   if (prefill_worker.joinable()) {
     {
       std::lock_guard lk(prefill_mu);

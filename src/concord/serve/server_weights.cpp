@@ -171,6 +171,10 @@ void Server::Impl::handle_weights_post(const httplib::Request& req, httplib::Res
                                "--weights-from-any-host allows others)", req.remote_addr));
   if (draining.load()) throw ApiError(503, "server_error", "draining", "the server is shutting down");
   if (served.model.has_stored_weights()) throw ApiError(409, "conflict_error", "not_updatable", kNativeNotUpdatable);
+  if (options.mirror)
+    throw ApiError(409, "conflict_error", "not_updatable",
+                   "this server runs expert-parallel (--expert-parallel): the other ranks hold their experts' weights "
+                   "and would keep the old ones; restart the job with the new weights");
 
   // What to stage: the payload's bytes, where they come from, and the options.
   uint64_t version = 0;
