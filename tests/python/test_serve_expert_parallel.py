@@ -2,8 +2,9 @@
 the other ranks mirror its engine step by step, each computing its share of every MoE layer's
 experts. Against a one-process server on the committed tiny Qwen3-MoE GGUF: the same responses bit
 for bit (texts, log-probabilities, finish reasons, usage) for concurrent requests — sampled and
-greedy, n > 1, streamed, stop strings that cancel mid-batch, echo — at 2 and 3 ranks; weight
-updates are refused; SIGTERM drains and every rank exits 0.
+greedy, n > 1, streamed, stop strings that cancel mid-batch, echo — at 2 and 3 ranks, each rank
+holding only its experts' weights; weight updates are refused; SIGTERM to rank 0 drains it and
+every rank exits 0.
 """
 
 import json
@@ -75,6 +76,10 @@ def test_expert_parallel_server_answers_as_one_process(ranks):
         again = [answer(ep, body) for body in REQUESTS]
         status, data = ep.post_json("/v1/weights", {"version": 1, "path": "/nonexistent"})
         assert status == 409 and "expert-parallel" in json.dumps(data), data
+        status, _, info = ep.request("GET", "/v1/weights")
+        assert status == 200 and json.loads(info)["updatable"] is False, info
+        # Each rank holds only its experts' weights (the tiny model's are fp32 values).
+        assert f"expert parallel: {ranks} ranks; expert weights held per rank:" in ep.log(), ep.log()
         assert ep.stop() == 0, ep.log()
     for i, body in enumerate(REQUESTS):
         assert got[i] == want[i], (body, ep.log())

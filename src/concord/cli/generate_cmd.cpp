@@ -24,6 +24,7 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/draft.h"
 #include "concord/cli/expert_cap.h"
+#include "concord/cli/expert_parallel.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
 #include "concord/model/expert_pager.h"
@@ -93,48 +94,6 @@ std::vector<std::vector<int64_t>> keep_most(const std::vector<std::vector<int64_
     out[bq] = std::move(next[bi]);
   }
   return out;
-}
-
-// Ranks hold only their experts' weights: with `replan`, every expert's content hash taken first,
-// as loaded (the weight-sync check of an expert moved later); then the experts not on this rank's
-// slots released. A model serving its file's stored blocks keeps every expert (they move as fp32
-// values), and then may not re-place (`replan`: InputError).
-void hold_own_experts(model::Model& m, model::ExpertParallel& ep, bool replan) {
-  const model::ModelConfig& c = m.config();
-  try {
-    if (replan) {
-      ep.expert_hash.assign(static_cast<size_t>(c.applications()), {});
-      for (int64_t app = 0; app < c.applications(); ++app)
-        if (c.is_moe_layer(c.block_of(app)))
-          for (int64_t e = 0; e < c.num_experts; ++e) {
-            const std::vector<uint8_t> b = m.expert_bytes(c.block_of(app), e);
-            ep.expert_hash[static_cast<size_t>(app)].push_back(XXH3_64bits(b.data(), b.size()));
-          }
-    } else {
-      for (int64_t app = 0; app < c.applications(); ++app)
-        if (c.is_moe_layer(c.block_of(app))) {
-          m.holds_expert(c.block_of(app), 0);  // InputError when the experts are stored blocks
-          break;
-        }
-    }
-  } catch (const InputError& e) {
-    if (replan) throw InputError(fmt::format("[generate] --replan-every: {}", e.what()));
-    return;
-  }
-  if (c.applications() != c.num_hidden_layers) return;  // a block run twice: its experts serve both
-  for (int64_t app = 0; app < c.applications(); ++app) {
-    if (!c.is_moe_layer(c.block_of(app))) continue;
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      bool mine = false;
-      if (ep.rank_experts.empty()) {
-        mine = e >= ep.first_expert(c.num_experts, ep.rank) && e < ep.first_expert(c.num_experts, ep.rank + 1);
-      } else {
-        const auto& own = ep.rank_experts[static_cast<size_t>(app)][static_cast<size_t>(ep.rank)];
-        mine = std::find(own.begin(), own.end(), e) != own.end();
-      }
-      if (!mine && m.holds_expert(c.block_of(app), e)) m.release_expert(c.block_of(app), e);
-    }
-  }
 }
 
 // Expert parallelism's measurements (model::ExpertParallel), gathered at rank 0: one JSON line per
@@ -599,7 +558,11 @@ void add_generate_command(CLI::App& app) {
         request.sampling.seed = a->seed + static_cast<uint64_t>(ep->rank);  // each rank its own sample
       }
       expert_bytes_all = loaded.model.expert_bytes_held();
-      hold_own_experts(loaded.model, *ep, a->replan_every > 0);
+      try {
+        hold_own_experts(loaded.model, *ep, a->replan_every > 0);
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("[generate] {}", e.what()));
+      }
       loaded.model.set_expert_parallel(ep);
       if (ep->rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
         throw InputError("[generate] --expert-parallel: cannot quiet a rank's stdout");

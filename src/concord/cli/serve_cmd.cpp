@@ -16,6 +16,7 @@
 #include "concord/cli/commands.h"
 #include "concord/cli/draft.h"
 #include "concord/cli/expert_cap.h"
+#include "concord/cli/expert_parallel.h"
 #include "concord/cli/flags.h"
 #include "concord/model/files.h"
 #include "concord/numerics/check.h"
@@ -218,7 +219,17 @@ void add_serve_command(CLI::App& app) {
         throw InputError("[serve] --expert-parallel mirrors the engine's steps on every rank: not with the prefix cache, "
                          "--disaggregate or a draft model");
       auto ep = rl::make_mpi_expert_parallel();
+      const int64_t all_experts = loaded.model.expert_bytes_held();
+      hold_own_experts(loaded.model, *ep, false);  // a file's stored blocks: every expert stays
       loaded.model.set_expert_parallel(ep);
+      const std::vector<double> held =
+          rl::mpi_gather_doubles(std::vector<double>{static_cast<double>(loaded.model.expert_bytes_held())});
+      if (ep->rank == 0) {
+        std::string per_rank;
+        for (size_t q = 0; q < held.size(); ++q) per_rank += fmt::format("{}{:.0f}", q ? ", " : "", held[q] / 1024.0);
+        std::fprintf(stderr, "[serve] expert parallel: %d ranks; expert weights held per rank: %s KiB of %.0f\n",
+                     ep->ranks, per_rank.c_str(), static_cast<double>(all_experts) / 1024.0);
+      }
       if (ep->rank != 0) {
         // A mirror of rank 0's engine: no HTTP; rank 0 ends the job (a signal here is ignored: mpirun
         // forwards SIGTERM to every rank, and rank 0 drains, then sends the stop).

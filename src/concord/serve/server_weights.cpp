@@ -109,6 +109,10 @@ constexpr const char* kNativeNotUpdatable =
 
 }  // namespace
 
+constexpr const char* kExpertParallelNotUpdatable =
+    "this server runs expert-parallel (--expert-parallel): each rank holds its experts' weights, and the other "
+    "ranks would keep the old ones; restart the job with the new weights";
+
 std::string Server::Impl::make_weights_info() const {
   if (served.model.has_stored_weights()) {  // --policy native on a GGUF: no fp32 values to update
     return openai::dump(json{{"object", "weights"},
@@ -117,6 +121,14 @@ std::string Server::Impl::make_weights_info() const {
                              {"config", served.model.config().to_json()},
                              {"updatable", false},
                              {"reason", kNativeNotUpdatable}});
+  }
+  if (options.mirror) {  // expert parallel: this rank holds only its experts' weights
+    return openai::dump(json{{"object", "weights"},
+                             {"version", 0},
+                             {"policy", served.model.policy().name},
+                             {"config", served.model.config().to_json()},
+                             {"updatable", false},
+                             {"reason", kExpertParallelNotUpdatable}});
   }
   json info = rl::served_weights_json(served.model);
   info["updatable"] = true;
@@ -171,10 +183,7 @@ void Server::Impl::handle_weights_post(const httplib::Request& req, httplib::Res
                                "--weights-from-any-host allows others)", req.remote_addr));
   if (draining.load()) throw ApiError(503, "server_error", "draining", "the server is shutting down");
   if (served.model.has_stored_weights()) throw ApiError(409, "conflict_error", "not_updatable", kNativeNotUpdatable);
-  if (options.mirror)
-    throw ApiError(409, "conflict_error", "not_updatable",
-                   "this server runs expert-parallel (--expert-parallel): the other ranks hold their experts' weights "
-                   "and would keep the old ones; restart the job with the new weights");
+  if (options.mirror) throw ApiError(409, "conflict_error", "not_updatable", kExpertParallelNotUpdatable);
 
   // What to stage: the payload's bytes, where they come from, and the options.
   uint64_t version = 0;
