@@ -666,6 +666,26 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
   cmp -s "$WORK/ep1.json" "$WORK/ep_speed.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_speed.err" \
     && pass "generate --expert-parallel --placement speed (a rank 3x slower): the one-process bits" \
     || fail "--placement speed: $(cat "$WORK/ep_speed.err")"
+  # The balanced router (ep-sim's per-batch re-routing) in real ranks: a replicated expert's rows
+  # split to level the ranks' predicted finishing times — the slow rank's share shrinks, the bits
+  # stay the one-process ones.
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+    mpirun -np 2 --oversubscribe --mca btl self,vader \
+    "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+    --json --expert-parallel --placement speed --placement-loads "$WORK/loads.json" --slow-rank 1:3 --slots-per-rank 3 \
+    --router balanced --ep-stats "$WORK/ep_bal.jsonl" >"$WORK/ep_bal.json" 2>"$WORK/ep_bal.err" </dev/null
+  bal_rows=$(python3 -c "
+import json, sys
+rows = [0, 0]
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    rows[d['rank']] += d['rows']
+print('yes' if rows[1] < rows[0] else 'no')" "$WORK/ep_bal.jsonl" 2>/dev/null)
+  if cmp -s "$WORK/ep1.json" "$WORK/ep_bal.json" && [[ $bal_rows == yes ]]; then
+    pass "generate --expert-parallel --router balanced (a rank 3x slower): fewer rows on the slow rank, the one-process bits"
+  else
+    fail "--router balanced: bal_rows=$bal_rows $(cat "$WORK/ep_bal.err")"
+  fi
   # Data-parallel attention: each rank its own sample (seed + rank; a stop string ends them at
   # different lengths, so ranks idle while others finish), the MoE layers' rows traded with
   # MPI_Alltoallv; rank 0's output is the one-process outputs of seeds 5, 6 (, 7) in rank order.
@@ -695,6 +715,12 @@ expect_error "serve --expert-parallel needs experts" "--expert-parallel: $WORK/r
   "$CONCORD" serve --model "$WORK/run" --expert-parallel
 expect_error "serve --expert-parallel mirrors plain steps" "not with the prefix cache, --disaggregate or a draft model" \
   "$CONCORD" serve --model "$MOE_GGUF" --expert-parallel --prefix-cache-bytes 1000000
+expect_error "--router names its kinds" "unknown --router 'fair' (even, balanced)" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --router fair
+expect_error "--router balanced needs replicas" "--router balanced splits replicated experts' rows" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --router balanced
+expect_error "--ep-cost is for the balanced router" "--ep-cost is for --router balanced" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --ep-cost c.json
 expect_error "--data-parallel needs --expert-parallel" "--data-parallel is the attention of --expert-parallel" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --data-parallel
 expect_error "--data-parallel runs plain samples" "--data-parallel runs one plain sample per rank" \

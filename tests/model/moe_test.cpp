@@ -355,8 +355,9 @@ std::function<void(float*, const std::vector<ExpertParallel::RowRanges>&, int64_
 // with the contiguous split and with EPLB's placement (replicated experts' rows split among their
 // holders); every routed row is computed once; a backward is refused.
 TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
-  for (const bool replicas : {false, true})
+  for (const int mode : {0, 1, 2})  // contiguous; replicas split evenly; replicas split by a hook
   for (const char* preset : {"fp32", "bf16", "mxfp8"}) {
+    const bool replicas = mode > 0;
     const ModelConfig c = moe_config(true, 5, 2);
     Model m(c, PrecisionPolicy::preset(preset));
     randomize(m, 21);
@@ -382,6 +383,23 @@ TEST(Moe, ExpertParallelRanksGiveTheSingleModelsBits) {
             const serve_placement::Placement pl = serve_placement::eplb(load, ranks, 2);
             ep->rank_experts.assign(static_cast<size_t>(c.applications()), {});
             for (auto& per_app : ep->rank_experts) per_app = serve_placement::rank_slots(pl);
+          }
+          if (mode == 2) {  // an uneven split: a replicated expert's first holder takes a third, its last the rest
+            const auto slots = ep->rank_experts[0];
+            ep->split = [slots, ranks](int64_t, const std::vector<int64_t>& counts) {
+              std::vector<std::vector<std::pair<int64_t, int64_t>>> out(counts.size());
+              for (size_t e = 0; e < counts.size(); ++e) {
+                std::vector<int64_t> holders;
+                for (int q = 0; q < ranks; ++q)
+                  if (std::find(slots[static_cast<size_t>(q)].begin(), slots[static_cast<size_t>(q)].end(),
+                                static_cast<int64_t>(e)) != slots[static_cast<size_t>(q)].end())
+                    holders.push_back(q);
+                const int64_t first = holders.size() > 1 ? counts[e] / 3 : 0;
+                if (first > 0) out[e].push_back({holders.front(), first});
+                if (counts[e] - first > 0) out[e].push_back({holders.back(), counts[e] - first});
+              }
+              return out;
+            };
           }
           mine.set_expert_parallel(ep);
           got[static_cast<size_t>(r)].resize(want.size());

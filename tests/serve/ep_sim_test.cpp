@@ -86,6 +86,53 @@ TEST(EpSim, BalancedRouterIsNeverSlowerThanTheEvenSplit) {
   }
 }
 
+// The whole-row split real ranks run (row_shares): every expert's rows to its holders, in
+// ascending rank order, summing to its count; the balanced router's shares within a row of the
+// fractional ones; the even router's are the even split's.
+TEST(EpSim, RowSharesGiveEveryRowToAHolderInWholeRows) {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t E = 4 + static_cast<int64_t>(rng() % 13), R = 2 + static_cast<int64_t>(rng() % 5);
+    const int64_t s = (E + R - 1) / R + 1 + static_cast<int64_t>(rng() % 2);
+    std::vector<double> plan(static_cast<size_t>(E));
+    std::vector<int64_t> counts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      plan[static_cast<size_t>(e)] = 1.0 + static_cast<double>(rng() % 100);
+      counts[static_cast<size_t>(e)] = static_cast<int64_t>(rng() % 60);
+    }
+    std::vector<double> speed(static_cast<size_t>(R), 1.0);
+    speed[rng() % static_cast<size_t>(R)] = 1.0 / 3.0;
+    const eplb::Placement p = eplb::eplb(plan, R, s);
+    const std::vector<std::vector<int64_t>> slots = eplb::rank_slots(p);
+    const CostModel c = compute_only(1e-5, 3e-6, 1e-6);
+    for (const Router router : {Router::even, Router::balanced}) {
+      const auto shares = row_shares(slots, counts, speed, c, router);
+      const RankWork w = rank_work(p, counts, speed, c, router);
+      ASSERT_EQ(static_cast<int64_t>(shares.size()), E);
+      std::vector<double> rows(static_cast<size_t>(R), 0.0);
+      for (int64_t e = 0; e < E; ++e) {
+        int64_t sum = 0, last = -1;
+        for (const auto& [r, n] : shares[static_cast<size_t>(e)]) {
+          EXPECT_GT(r, last) << "ascending ranks";
+          last = r;
+          EXPECT_GT(n, 0);
+          const auto& held = slots[static_cast<size_t>(r)];
+          EXPECT_NE(std::find(held.begin(), held.end(), e), held.end()) << "rank " << r << " does not hold expert " << e;
+          sum += n;
+          rows[static_cast<size_t>(r)] += static_cast<double>(n);
+        }
+        EXPECT_EQ(sum, counts[static_cast<size_t>(e)]) << "expert " << e;
+      }
+      // Whole rows within one row per expert of the model's shares on every rank.
+      for (int64_t r = 0; r < R; ++r)
+        EXPECT_NEAR(rows[static_cast<size_t>(r)], w.rows[static_cast<size_t>(r)], static_cast<double>(E)) << "rank " << r;
+      if (router == Router::even) {
+        for (int64_t r = 0; r < R; ++r) EXPECT_EQ(rows[static_cast<size_t>(r)], w.rows[static_cast<size_t>(r)]);
+      }
+    }
+  }
+}
+
 TEST(EpSim, TheBoundLiesUnderEveryPlacementAndRouter) {
   std::mt19937_64 rng(11);
   CostModel c = default_gpu_cost();

@@ -15,6 +15,7 @@
 
 #include "concord/audit/svg.h"
 #include "concord/cli/commands.h"
+#include "concord/cli/expert_parallel.h"
 #include "concord/cli/flags.h"
 #include "concord/io/atomic_file.h"
 #include "concord/io/json_file.h"
@@ -87,24 +88,6 @@ void write_html(const std::string& path, const std::string& title, const std::st
   io::write_file_atomic(path, fmt::format("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{0}</title><style>{1}"
                                           "</style></head><body>\n<h1>{0}</h1>\n<p>{2}</p>\n{3}</body></html>\n",
                                           audit::html_escape(title), audit::report_style(), audit::html_escape(intro), body));
-}
-
-epsim::CostModel read_cost(const std::string& path) {
-  const nlohmann::json j = io::read_json_file(path, "ep-sim", "the cost model");
-  const io::JsonValue v(j, "[ep-sim]", path);
-  epsim::CostModel c;
-  c.pass_s = v["pass_s"].number_at_least(0);
-  c.piece_s = v["piece_s"].number_at_least(0);
-  c.row_s = v["row_s"].number_at_least(0);
-  c.exchange_pass_s = v["exchange_pass_s"].number_at_least(0);
-  c.exchange_row_s = v["exchange_row_s"].number_at_least(0);
-  if (v.contains("exchange")) {
-    const std::string e = v["exchange"].string();
-    if (e != "alltoall" && e != "allgather")
-      throw InputError(fmt::format("[ep-sim] {}: 'exchange' must be alltoall or allgather, got '{}'", path, e));
-    c.alltoall = e == "alltoall";
-  }
-  return c;
 }
 
 void calibrate(const Args& a) {
@@ -237,7 +220,7 @@ void simulate(const Args& a) {
   std::vector<std::vector<std::vector<int64_t>>> plan_counts(loads.size());  // per layer, per batch
   for (const epsim::Batch& b : plan)
     for (size_t l = 0; l < b.counts.size(); ++l) plan_counts[l].push_back(b.counts[l]);
-  epsim::CostModel cost = a.cost.empty() ? epsim::default_gpu_cost() : read_cost(a.cost);
+  epsim::CostModel cost = a.cost.empty() ? epsim::default_gpu_cost() : read_ep_cost(a.cost, "ep-sim");
   if (!a.exchange.empty()) {
     if (a.exchange != "alltoall" && a.exchange != "allgather")
       throw InputError(fmt::format("[ep-sim] unknown --exchange '{}' (alltoall, allgather)", a.exchange));

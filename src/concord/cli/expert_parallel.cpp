@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "concord/io/json_file.h"
 #include "concord/numerics/check.h"
 
 namespace concord::cli {
@@ -51,6 +52,24 @@ void hold_own_experts(model::Model& m, model::ExpertParallel& ep, bool replan) {
       if (!mine && m.holds_expert(c.block_of(app), e)) m.release_expert(c.block_of(app), e);
     }
   }
+}
+
+serve::epsim::CostModel read_ep_cost(const std::string& path, const std::string& layer) {
+  const nlohmann::json j = io::read_json_file(path, layer, "the cost model");
+  const io::JsonValue v(j, "[" + layer + "]", path);
+  serve::epsim::CostModel c;
+  c.pass_s = v["pass_s"].number_at_least(0);
+  c.piece_s = v["piece_s"].number_at_least(0);
+  c.row_s = v["row_s"].number_at_least(0);
+  c.exchange_pass_s = v["exchange_pass_s"].number_at_least(0);
+  c.exchange_row_s = v["exchange_row_s"].number_at_least(0);
+  if (v.contains("exchange")) {
+    const std::string e = v["exchange"].string();
+    if (e != "alltoall" && e != "allgather")
+      throw InputError(fmt::format("[{}] {}: 'exchange' must be alltoall or allgather, got '{}'", layer, path, e));
+    c.alltoall = e == "alltoall";
+  }
+  return c;
 }
 
 }  // namespace concord::cli

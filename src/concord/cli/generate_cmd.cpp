@@ -260,7 +260,8 @@ size_t hand_over_capacity(const model::ModelConfig& c, int64_t n, int64_t block)
 void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, routing_trace, prefix_cache_dir, activation_arena = "planned";
-    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads;
+    std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads, router = "even",
+        ep_cost;
     std::vector<double> rank_speeds;
     int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
@@ -377,6 +378,14 @@ void add_generate_command(CLI::App& app) {
                    "with --placement eplb or speed: every N passes, place the experts again from the tokens routed "
                    "since the last placement and move the experts a rank newly holds from another rank over MPI, "
                    "content-checked (default 0: the placement stays; docs/moe.md)");
+  cmd->add_option("--router", a->router,
+                  "with --placement eplb or speed: how a replicated expert's rows are split among its holders each "
+                  "pass — even (default: in order, equal shares) or balanced (levelling the ranks' predicted "
+                  "finishing times under --ep-cost and the ranks' speeds, the per-batch re-routing of ep-sim's "
+                  "balanced router); the same tokens bit for bit");
+  cmd->add_option("--ep-cost", a->ep_cost,
+                  "with --router balanced: the cost model it levels with (`concord ep-sim --calibrate --cost-out`; "
+                  "default: ep-sim's GPU-like one)");
   add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
                    "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
   add_expert_cap_flags(cmd, a->cap, "tokens");
@@ -393,6 +402,13 @@ void add_generate_command(CLI::App& app) {
       throw InputError("[generate] --replan-every places the experts again with --placement eplb or speed");
     if ((a->placement != "contiguous") != !a->placement_loads.empty())
       throw InputError("[generate] --placement eplb and speed take their loads from --placement-loads (and only they do)");
+    if (a->router != "even" && a->router != "balanced")
+      throw InputError(fmt::format("[generate] unknown --router '{}' (even, balanced)", a->router));
+    if (a->router == "balanced" && a->placement == "contiguous")
+      throw InputError("[generate] --router balanced splits replicated experts' rows: use --placement eplb or speed");
+    if (!a->ep_cost.empty() && a->router != "balanced") throw InputError("[generate] --ep-cost is for --router balanced");
+    if (a->router == "balanced" && a->data_parallel)
+      throw InputError("[generate] --router balanced with --data-parallel: each rank sees only its own tokens' loads");
     if (!a->rank_speeds.empty() && a->placement != "speed")
       throw InputError("[generate] --rank-speeds is for --placement speed");
     if (a->data_parallel) {
@@ -528,6 +544,14 @@ void add_generate_command(CLI::App& app) {
           return out;
         };
         ep->rank_experts = place(loads, a->placement_loads);
+        if (a->router == "balanced") {
+          const serve::epsim::CostModel cost =
+              a->ep_cost.empty() ? serve::epsim::default_gpu_cost() : read_ep_cost(a->ep_cost, "generate");
+          ep->split = [current = ep.get(), speeds, cost](int64_t application, const std::vector<int64_t>& counts) {
+            return serve::epsim::row_shares(current->rank_experts[static_cast<size_t>(application)], counts, speeds, cost,
+                                            serve::epsim::Router::balanced);
+          };
+        }
         if (a->replan_every > 0) {
           if (mc.applications() != mc.num_hidden_layers)
             throw InputError("[generate] --replan-every: a model whose blocks run more than once moves experts per block, "

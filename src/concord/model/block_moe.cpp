@@ -286,6 +286,33 @@ class MoeBlock final : public LayerBlock {
             pieces[static_cast<size_t>(q)].push_back({b, last});
             if (q == ep->rank) mine.push_back({e, b, last});
           }
+      } else if (ep->split) {  // a placement and another split (the balanced router)
+        std::vector<int64_t> counts(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] = r.begin[static_cast<size_t>(e) + 1] - r.begin[static_cast<size_t>(e)];
+        const auto shares = ep->split(static_cast<int64_t>(app), counts);
+        if (static_cast<int64_t>(shares.size()) != E)
+          throw InputError(fmt::format("[ep] the split gave {} experts' shares, the layer has {}", shares.size(), E));
+        for (int64_t e = 0; e < E; ++e) {
+          const std::vector<int64_t>& own = ep->rank_experts[app][static_cast<size_t>(ep->rank)];
+          int64_t at = r.begin[static_cast<size_t>(e)];
+          for (const auto& [q, n] : shares[static_cast<size_t>(e)]) {
+            if (q < 0 || q >= ep->ranks || n < 0)
+              throw InputError(fmt::format("[ep] the split gave expert {} to rank {} ({} rows)", e, q, n));
+            const auto& held = ep->rank_experts[app][static_cast<size_t>(q)];
+            if (n > 0 && std::find(held.begin(), held.end(), e) == held.end())
+              throw InputError(fmt::format("[ep] the split gave expert {}'s rows to rank {}, which does not hold it", e, q));
+            if (n == 0) continue;
+            pieces[static_cast<size_t>(q)].push_back({at, at + n});
+            if (q == ep->rank) {
+              CONCORD_CHECK(std::find(own.begin(), own.end(), e) != own.end(), "a split piece of an expert not held here");
+              mine.push_back({e, at, at + n});
+            }
+            at += n;
+          }
+          if (at != r.begin[static_cast<size_t>(e) + 1])
+            throw InputError(fmt::format("[ep] the split gave expert {} {} rows of {}", e, at - r.begin[static_cast<size_t>(e)],
+                                         counts[static_cast<size_t>(e)]));
+        }
       } else {  // a placement: an expert's rows split among its holders in order
         std::vector<std::vector<int>> holders(static_cast<size_t>(E));
         for (int q = 0; q < ep->ranks; ++q)

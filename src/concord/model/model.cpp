@@ -713,9 +713,9 @@ void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
     if (!(ep->slow_factor >= 1.0)) throw InputError("[model] expert parallelism: a slow factor must be >= 1");
     if (ep->data_parallel) {
       if (!ep->alltoallv) throw InputError("[model] data-parallel attention needs an all-to-all exchange");
-      if (ep->replan_every > 0)
-        throw InputError("[model] data-parallel attention with re-placement: each rank would count only its own "
-                         "tokens' loads; choose one");
+      if (ep->replan_every > 0 || ep->split)
+        throw InputError("[model] data-parallel attention with re-placement or a balanced split: each rank sees only "
+                         "its own tokens' loads; choose one");
       if (impl_->config.recurrent())
         throw InputError("[model] data-parallel attention on a depth-recurrent model: its passes differ in depth "
                          "from rank to rank");

@@ -139,6 +139,14 @@ struct ExpertParallel {
   // under row-local quantizers; NVFP4 / per-tensor FP8 share a scale across rows and are not split
   // (the caller's check: serve::rows_quantize_alone).
   std::vector<std::vector<std::vector<int64_t>>> rank_experts;
+  // With rank_experts, another split of a replicated expert's rows among its holders (the
+  // balanced router of serve/ep_sim.h, levelling the ranks' predicted finishing times): given the
+  // application and the layer's rows per expert, per expert the (rank, rows) of its holders in
+  // ascending rank order, summing to its rows; the rows are laid out in that order. Every rank
+  // computes the same split from the same routing. Empty: the even split above.
+  std::function<std::vector<std::vector<std::pair<int64_t, int64_t>>>(int64_t application,
+                                                                      const std::vector<int64_t>& counts)>
+      split;
   // y (rows, C): expert outputs in gathered order; pieces[r] the row ranges rank r computed (this
   // rank's are filled); afterwards every rank's ranges must be filled.
   std::function<void(float* y, const std::vector<RowRanges>& pieces, int64_t C)> exchange;

@@ -55,16 +55,15 @@ Holders holders_of(const std::vector<std::vector<int64_t>>& rank_slots, int64_t 
   return h;
 }
 
-RankWork work_of(const Holders& hs, std::span<const int64_t> counts, std::span<const double> speed, const CostModel& cost,
-                 Router router) {
+// Per expert, (rank, rows) of each holder under the router (rows fractional under `balanced`).
+std::vector<std::vector<std::pair<int64_t, double>>> shares_of(const Holders& hs, std::span<const int64_t> counts,
+                                                                std::span<const double> speed, const CostModel& cost,
+                                                                Router router) {
   const int64_t R = hs.ranks;
   const auto E = static_cast<int64_t>(counts.size());
   if (E != static_cast<int64_t>(hs.in_order.size()))
     throw InputError(fmt::format("[ep-sim] counts of {} experts for a placement of {}", E, hs.in_order.size()));
   auto sp = [&](int64_t r) { return speed.empty() ? 1.0 : speed[static_cast<size_t>(r)]; };
-  RankWork w;
-  w.rows.assign(static_cast<size_t>(R), 0.0);
-  w.pieces.assign(static_cast<size_t>(R), 0.0);
   for (int64_t e = 0; e < E; ++e)
     if (counts[static_cast<size_t>(e)] > 0 && hs.in_order[static_cast<size_t>(e)].empty())
       throw InputError(fmt::format("[ep-sim] expert {} has tokens and no slot", e));
@@ -131,8 +130,17 @@ RankWork work_of(const Holders& hs, std::span<const int64_t> counts, std::span<c
         }
       }
   }
-  for (int64_t e = 0; e < E; ++e)
-    for (const auto& [r, rows] : share[static_cast<size_t>(e)]) {
+  return share;
+}
+
+RankWork work_of(const Holders& hs, std::span<const int64_t> counts, std::span<const double> speed, const CostModel& cost,
+                 Router router) {
+  const std::vector<std::vector<std::pair<int64_t, double>>> share = shares_of(hs, counts, speed, cost, router);
+  RankWork w;
+  w.rows.assign(static_cast<size_t>(hs.ranks), 0.0);
+  w.pieces.assign(static_cast<size_t>(hs.ranks), 0.0);
+  for (const auto& per_expert : share)
+    for (const auto& [r, rows] : per_expert) {
       w.rows[static_cast<size_t>(r)] += rows;
       w.pieces[static_cast<size_t>(r)] += 1;
     }
@@ -307,6 +315,46 @@ void each_json_line(const std::string& path, const std::string& what, Fn fn) {
 }
 
 }  // namespace
+
+std::vector<std::vector<std::pair<int64_t, int64_t>>> row_shares(const std::vector<std::vector<int64_t>>& rank_slots,
+                                                                   std::span<const int64_t> counts,
+                                                                   std::span<const double> speed, const CostModel& cost,
+                                                                   Router router) {
+  const auto share = shares_of(holders_of(rank_slots, static_cast<int64_t>(counts.size())), counts, speed, cost, router);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> out(share.size());
+  for (size_t e = 0; e < share.size(); ++e) {
+    // Per rank (a rank holding two replicas takes both shares), floors, then the rows left to the
+    // largest remainders (the lower rank on a tie).
+    std::vector<std::pair<int64_t, double>> by_rank;
+    for (const auto& [r, rows] : share[e]) {
+      auto it = std::find_if(by_rank.begin(), by_rank.end(), [r = r](const auto& x) { return x.first == r; });
+      if (it == by_rank.end()) {
+        by_rank.push_back({r, rows});
+      } else {
+        it->second += rows;
+      }
+    }
+    std::sort(by_rank.begin(), by_rank.end());
+    int64_t given = 0;
+    std::vector<int64_t> whole(by_rank.size());
+    for (size_t i = 0; i < by_rank.size(); ++i) {
+      whole[i] = static_cast<int64_t>(std::floor(std::max(0.0, by_rank[i].second) + 1e-9));
+      given += whole[i];
+    }
+    std::vector<size_t> order(by_rank.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return by_rank[a].second - static_cast<double>(whole[a]) > by_rank[b].second - static_cast<double>(whole[b]);
+    });
+    const int64_t n = counts[e];
+    for (size_t k = 0; given < n && !order.empty(); k = (k + 1) % order.size(), ++given) ++whole[order[k]];
+    for (size_t i = 0; given > n && i < whole.size(); ++i)  // rounding past n (never in practice)
+      while (given > n && whole[i] > 0) --whole[i], --given;
+    for (size_t i = 0; i < by_rank.size(); ++i)
+      if (whole[i] > 0) out[e].push_back({by_rank[i].first, whole[i]});
+  }
+  return out;
+}
 
 void write_trace(const std::string& path, const Trace& trace, const std::string& model) {
   std::string text = nlohmann::ordered_json{{"routing_trace", 1}, {"model", model}, {"num_experts", trace.experts},

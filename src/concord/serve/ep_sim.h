@@ -95,6 +95,15 @@ struct RankWork {
 RankWork rank_work(const eplb::Placement& p, std::span<const int64_t> counts, std::span<const double> speed,
                    const CostModel& cost, Router router);
 
+// The router's split of each expert's rows among its holders as whole rows, for real ranks: per
+// expert, (rank, rows) by ascending rank summing to its count (a rank holding two replicas takes
+// both shares; the balanced router's fractional shares rounded by largest remainder, ties to the
+// lower rank). Deterministic: every rank computes the same split from the same counts.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> row_shares(const std::vector<std::vector<int64_t>>& rank_slots,
+                                                                   std::span<const int64_t> counts,
+                                                                   std::span<const double> speed, const CostModel& cost,
+                                                                   Router router);
+
 struct LayerTime {
   double layer_s = 0, exchange_s = 0;
   std::vector<double> compute_s;  // per rank
