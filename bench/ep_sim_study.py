@@ -51,24 +51,37 @@ def run(cmd, env=None, out=None):
     return r
 
 
-def real_table(c, mpirun, model, out, loads):
-    """The real runs' layer time and waiting, one run per configuration (docs/moe.md)."""
+def real_table(c, mpirun, model, out, loads, repeats=3):
+    """The real runs' layer time and waiting, the median of `repeats` runs per configuration
+    (docs/moe.md); the balanced router levels with the calibrated cost model (out/cost.json) when
+    there is one."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     prompt = bible("Gen1:1-Gen1:10", 400)
-    rows = ["| placement | rank 1 | layer p50 µs | layer p99 µs | waiting | imbalance |", "|---|---|---:|---:|---:|---:|"]
-    for name, extra in (("contiguous", []), ("EPLB", ["--placement", "eplb", "--placement-loads", loads]),
-                        ("contiguous", ["--slow-rank", "1:3"]),
-                        ("EPLB", ["--placement", "eplb", "--placement-loads", loads, "--slow-rank", "1:3"]),
-                        ("speed-aware", ["--placement", "speed", "--placement-loads", loads, "--slow-rank", "1:3"])):
-        r = run([mpirun, "-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "-x", "OMP_NUM_THREADS", c,
-                 "generate", "--model", model, "--prompt", prompt, "--max-tokens", "40", "--temp", "0",
-                 "--prefill-chunk", "16", "--expert-parallel"] + extra, env=env)
-        line = next((l for l in r.stderr.splitlines() if l.startswith("expert parallel")), "")
-        m = re.search(r"([\d.]+)% of the MoE layers' time spent waiting.*p50 ([\d.]+) us, p99 ([\d.]+) us.*up to ([\d.]+)", line)
-        if not m:
-            sys.exit(f"ep_sim_study: no expert-parallel summary in: {line}")
-        slow = "3x slower" if "--slow-rank" in extra else "1x"
-        rows.append(f"| {name} | {slow} | {m.group(2)} | {m.group(3)} | {m.group(1)}% | {m.group(4)} |")
+    cost = os.path.join(out, "cost.json")
+    balanced = ["--router", "balanced"] + (["--ep-cost", cost] if os.path.exists(cost) else [])
+    rows = ["| placement | router | rank 1 | layer p50 µs | layer p99 µs | waiting | imbalance |",
+            "|---|---|---|---:|---:|---:|---:|"]
+    eplb = ["--placement", "eplb", "--placement-loads", loads]
+    speed = ["--placement", "speed", "--placement-loads", loads]
+    slow = ["--slow-rank", "1:3"]
+    for name, router, extra in (("contiguous", "-", []), ("EPLB", "even", eplb), ("EPLB", "balanced", eplb + balanced),
+                                ("contiguous", "-", slow), ("EPLB", "even", eplb + slow),
+                                ("EPLB", "balanced", eplb + slow + balanced), ("speed-aware", "even", speed + slow),
+                                ("speed-aware", "balanced", speed + slow + balanced)):
+        found = []
+        for _ in range(repeats):
+            r = run([mpirun, "-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "-x", "OMP_NUM_THREADS", c,
+                     "generate", "--model", model, "--prompt", prompt, "--max-tokens", "40", "--temp", "0",
+                     "--prefill-chunk", "16", "--expert-parallel"] + extra, env=env)
+            line = next((l for l in r.stderr.splitlines() if l.startswith("expert parallel")), "")
+            m = re.search(r"([\d.]+)% of the MoE layers' time spent waiting.*p50 ([\d.]+) us, p99 ([\d.]+) us.*up to ([\d.]+)",
+                          line)
+            if not m:
+                sys.exit(f"ep_sim_study: no expert-parallel summary in: {line}")
+            found.append([float(x) for x in m.groups()])
+        med = [sorted(col)[len(col) // 2] for col in zip(*found)]
+        who = "3x slower" if "--slow-rank" in extra else "1x"
+        rows.append(f"| {name} | {router} | {who} | {med[1]:.1f} | {med[2]:.1f} | {med[0]:.1f}% | {med[3]:.2f} |")
     text = "\n".join(rows) + "\n"
     with open(os.path.join(out, "real.md"), "w") as f:
         f.write(text)
