@@ -51,7 +51,7 @@ def run(cmd, env=None, out=None):
     return r
 
 
-def real_table(c, mpirun, model, out, loads, repeats=3):
+def real_table(c, mpirun, model, out, loads, repeats=5):
     """The real runs' layer time and waiting, the median of `repeats` runs per configuration
     (docs/moe.md); the balanced router levels with the calibrated cost model (out/cost.json) when
     there is one."""
@@ -63,11 +63,15 @@ def real_table(c, mpirun, model, out, loads, repeats=3):
             "|---|---|---|---:|---:|---:|---:|"]
     eplb = ["--placement", "eplb", "--placement-loads", loads]
     speed = ["--placement", "speed", "--placement-loads", loads]
+    search = ["--placement", "search", "--placement-trace", os.path.join(out, "plan.trace")] + \
+        (["--ep-cost", cost] if os.path.exists(cost) else [])
     slow = ["--slow-rank", "1:3"]
     for name, router, extra in (("contiguous", "-", []), ("EPLB", "even", eplb), ("EPLB", "balanced", eplb + balanced),
                                 ("contiguous", "-", slow), ("EPLB", "even", eplb + slow),
                                 ("EPLB", "balanced", eplb + slow + balanced), ("speed-aware", "even", speed + slow),
-                                ("speed-aware", "balanced", speed + slow + balanced)):
+                                ("speed-aware", "balanced", speed + slow + balanced),
+                                ("search", "balanced", search + ["--router", "balanced"]),
+                                ("search", "balanced", search + slow + ["--router", "balanced"])):
         found = []
         for _ in range(repeats):
             r = run([mpirun, "-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "-x", "OMP_NUM_THREADS", c,
@@ -114,7 +118,7 @@ def main():
         machine.wait_quiet("ep_sim_study")
         loads = os.path.join(out, "loads.json")
         run([c, "generate", "--model", m64, "--prompt", bible("Exo1:1-Exo1:10", 400), "--max-tokens", "100", "--temp",
-             "0", "--router-stats", loads])
+             "0", "--router-stats", loads, "--routing-trace", os.path.join(out, "plan.trace")])
         print(real_table(c, mpirun, m64, out, loads))
         return
     traces = {m64: [], m8: []}
@@ -135,7 +139,7 @@ def main():
         env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         loads = os.path.join(out, "loads.json")
         run([c, "generate", "--model", m64, "--prompt", bible("Exo1:1-Exo1:10", 400), "--max-tokens", "100", "--temp",
-             "0", "--router-stats", loads])
+             "0", "--router-stats", loads, "--routing-trace", os.path.join(out, "plan.trace")])
         prompt = bible("Gen1:1-Gen1:10", 400)
         runs = []
         for rep in (1, 2):

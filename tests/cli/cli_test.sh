@@ -686,6 +686,17 @@ print('yes' if rows[1] < rows[0] else 'no')" "$WORK/ep_bal.jsonl" 2>/dev/null)
   else
     fail "--router balanced: bal_rows=$bal_rows $(cat "$WORK/ep_bal.err")"
   fi
+  # ep-sim's tail search as a real placement, planned on another prompt's routing trace.
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt "In the beginning God created the heaven" --max-tokens 16 \
+    --routing-trace "$WORK/plan.trace" >/dev/null 2>&1
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+    mpirun -np 2 --oversubscribe --mca btl self,vader \
+    "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
+    --json --expert-parallel --placement search --placement-trace "$WORK/plan.trace" --slots-per-rank 3 \
+    --slow-rank 1:3 --router balanced >"$WORK/ep_search.json" 2>"$WORK/ep_search.err" </dev/null
+  cmp -s "$WORK/ep1.json" "$WORK/ep_search.json" && grep -q "expert parallel: 2 ranks" "$WORK/ep_search.err" \
+    && pass "generate --expert-parallel --placement search --router balanced: the one-process bits" \
+    || fail "--placement search: $(cat "$WORK/ep_search.err")"
   # Data-parallel attention: each rank its own sample (seed + rank; a stop string ends them at
   # different lengths, so ranks idle while others finish), the MoE layers' rows traded with
   # MPI_Alltoallv; rank 0's output is the one-process outputs of seeds 5, 6 (, 7) in rank order.
@@ -715,6 +726,10 @@ expect_error "serve --expert-parallel needs experts" "--expert-parallel: $WORK/r
   "$CONCORD" serve --model "$WORK/run" --expert-parallel
 expect_error "serve --expert-parallel mirrors plain steps" "not with the prefix cache, --disaggregate or a draft model" \
   "$CONCORD" serve --model "$MOE_GGUF" --expert-parallel --prefix-cache-bytes 1000000
+expect_error "--placement search needs a trace" "--placement search plans on --placement-trace" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement search
+expect_error "--placement-trace is for search" "--placement search plans on --placement-trace" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement-trace t.trace
 expect_error "--router names its kinds" "unknown --router 'fair' (even, balanced)" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --router fair
 expect_error "--router balanced needs replicas" "--router balanced splits replicated experts' rows" \
@@ -760,7 +775,7 @@ expect_error "ep-sim --calibrate needs runs" "--calibrate needs --run EP_STATS T
   "$CONCORD" ep-sim --calibrate
 expect_error "--routing-trace needs a router" "--routing-trace: $WORK/run is a" \
   "$CONCORD" generate --model "$WORK/run" --prompt hi --max-tokens 1 --routing-trace "$WORK/none.trace"
-expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb, speed)" \
+expect_error "--placement names its kinds" "unknown --placement 'random' (contiguous, eplb, speed, search)" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement random
 expect_error "--replan-every needs a placement policy" "--replan-every places the experts again with --placement eplb or speed" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --replan-every 4

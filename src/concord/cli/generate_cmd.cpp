@@ -261,7 +261,7 @@ void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, prompt, system, policy = "native", router_stats, routing_trace, prefix_cache_dir, activation_arena = "planned";
     std::string disaggregate, shm_name, slow_rank, ep_stats, placement = "contiguous", placement_loads, router = "even",
-        ep_cost;
+        ep_cost, placement_trace;
     std::vector<double> rank_speeds;
     int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
@@ -366,8 +366,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--placement", a->placement,
                   "with --expert-parallel: contiguous (default: rank r holds experts [rE/R, (r+1)E/R)), eplb "
                   "(DeepSeek's EPLB from --placement-loads: hot experts replicated, replicas packed evenly) or "
-                  "speed (the same loads, placed for ranks of unequal speed: --rank-speeds, or the --slow-rank; "
-                  "docs/moe.md, placement)");
+                  "speed (the same loads, placed for ranks of unequal speed: --rank-speeds, or the --slow-rank) or "
+                  "search (ep-sim's tail search from EPLB's or the speed-aware placement, planned on the passes of "
+                  "--placement-trace under --ep-cost and --router; docs/moe.md, placement)");
+  cmd->add_option("--placement-trace", a->placement_trace,
+                  "with --placement search: a routing trace (`concord generate --routing-trace`) whose passes the "
+                  "search plans on");
   add_real_list_flag(cmd, "--rank-speeds", a->rank_speeds, positive(),
                      "with --placement speed: each rank's relative speed, comma-separated (default: 1, and 1/FACTOR "
                      "for the --slow-rank)");
@@ -396,21 +400,24 @@ void add_generate_command(CLI::App& app) {
       throw InputError("[generate] --memory-cap with --expert-parallel: choose one (a rank already holds only its experts)");
     if ((!a->slow_rank.empty() || !a->ep_stats.empty() || a->placement != "contiguous") && !a->expert_parallel)
       throw InputError("[generate] --slow-rank, --ep-stats and --placement need --expert-parallel");
-    if (a->placement != "contiguous" && a->placement != "eplb" && a->placement != "speed")
-      throw InputError(fmt::format("[generate] unknown --placement '{}' (contiguous, eplb, speed)", a->placement));
-    if (a->replan_every > 0 && a->placement == "contiguous")
+    if (a->placement != "contiguous" && a->placement != "eplb" && a->placement != "speed" && a->placement != "search")
+      throw InputError(fmt::format("[generate] unknown --placement '{}' (contiguous, eplb, speed, search)", a->placement));
+    if (a->replan_every > 0 && a->placement != "eplb" && a->placement != "speed")
       throw InputError("[generate] --replan-every places the experts again with --placement eplb or speed");
-    if ((a->placement != "contiguous") != !a->placement_loads.empty())
+    if ((a->placement == "eplb" || a->placement == "speed") != !a->placement_loads.empty())
       throw InputError("[generate] --placement eplb and speed take their loads from --placement-loads (and only they do)");
+    if ((a->placement == "search") != !a->placement_trace.empty())
+      throw InputError("[generate] --placement search plans on --placement-trace (and only it does)");
     if (a->router != "even" && a->router != "balanced")
       throw InputError(fmt::format("[generate] unknown --router '{}' (even, balanced)", a->router));
     if (a->router == "balanced" && a->placement == "contiguous")
       throw InputError("[generate] --router balanced splits replicated experts' rows: use --placement eplb or speed");
-    if (!a->ep_cost.empty() && a->router != "balanced") throw InputError("[generate] --ep-cost is for --router balanced");
+    if (!a->ep_cost.empty() && a->router != "balanced" && a->placement != "search")
+      throw InputError("[generate] --ep-cost is for --router balanced and --placement search");
     if (a->router == "balanced" && a->data_parallel)
       throw InputError("[generate] --router balanced with --data-parallel: each rank sees only its own tokens' loads");
-    if (!a->rank_speeds.empty() && a->placement != "speed")
-      throw InputError("[generate] --rank-speeds is for --placement speed");
+    if (!a->rank_speeds.empty() && a->placement != "speed" && a->placement != "search")
+      throw InputError("[generate] --rank-speeds is for --placement speed and search");
     if (a->data_parallel) {
       if (!a->expert_parallel) throw InputError("[generate] --data-parallel is the attention of --expert-parallel");
       if (a->echo || !a->draft.spec.empty() || !a->prefix_cache_dir.empty() || !a->router_stats.empty() ||
@@ -526,7 +533,38 @@ void add_generate_command(CLI::App& app) {
         } else if (slow.rank >= 0) {
           speeds[static_cast<size_t>(slow.rank)] = 1.0 / slow.factor;
         }
-        const std::map<int64_t, std::vector<double>> loads = read_router_loads(a->placement_loads, "--placement-loads");
+        const serve::epsim::CostModel cost =
+            a->ep_cost.empty() ? serve::epsim::default_gpu_cost() : read_ep_cost(a->ep_cost, "generate");
+        const serve::epsim::Router router =
+            a->router == "balanced" ? serve::epsim::Router::balanced : serve::epsim::Router::even;
+        if (a->placement == "search") {  // planned on the trace's passes, per MoE application
+          const serve::epsim::Trace trace = serve::epsim::read_trace(a->placement_trace);
+          if (trace.experts != mc.num_experts)
+            throw InputError(fmt::format("[generate] --placement-trace {}: a trace of {} experts, the model has {}",
+                                         a->placement_trace, trace.experts, mc.num_experts));
+          const std::vector<serve::epsim::Batch> passes = serve::epsim::passes_of(trace);
+          const std::vector<std::vector<double>> trace_loads = serve::epsim::layer_loads(passes);
+          const bool uneven = std::any_of(speeds.begin(), speeds.end(), [&](double v) { return v != speeds[0]; });
+          ep->rank_experts.assign(static_cast<size_t>(mc.applications()), {});
+          for (int64_t application = 0; application < mc.applications(); ++application) {
+            if (!mc.is_moe_layer(mc.block_of(application))) continue;
+            size_t layer = trace.layers.size();
+            for (size_t l = 0; l < trace.layers.size(); ++l)
+              if (trace.layers[l].application == application) layer = l;
+            if (layer == trace.layers.size())
+              throw InputError(fmt::format("[generate] --placement-trace {}: no routing of MoE application {}",
+                                           a->placement_trace, application));
+            std::vector<std::vector<int64_t>> plan_counts;
+            for (const serve::epsim::Batch& b : passes) plan_counts.push_back(b.counts[layer]);
+            const serve::eplb::Placement start = uneven ? serve::eplb::speed_aware(trace_loads[layer], speeds, slots)
+                                                        : serve::eplb::eplb(trace_loads[layer], ep->ranks, slots);
+            ep->rank_experts[static_cast<size_t>(application)] = serve::eplb::rank_slots(serve::epsim::tail_search(
+                start, plan_counts, speeds, cost, router, 400, static_cast<uint64_t>(application)));
+          }
+        }
+        const std::map<int64_t, std::vector<double>> loads =
+            a->placement == "search" ? std::map<int64_t, std::vector<double>>{}
+                                     : read_router_loads(a->placement_loads, "--placement-loads");
         // Each MoE application's placement from its loads: per rank, the experts on its slots.
         auto place = [&mc, ranks = ep->ranks, slots, speeds, policy = a->placement](
                          const std::map<int64_t, std::vector<double>>& by_app, const std::string& source) {
@@ -543,10 +581,8 @@ void add_generate_command(CLI::App& app) {
           }
           return out;
         };
-        ep->rank_experts = place(loads, a->placement_loads);
+        if (a->placement != "search") ep->rank_experts = place(loads, a->placement_loads);
         if (a->router == "balanced") {
-          const serve::epsim::CostModel cost =
-              a->ep_cost.empty() ? serve::epsim::default_gpu_cost() : read_ep_cost(a->ep_cost, "generate");
           ep->split = [current = ep.get(), speeds, cost](int64_t application, const std::vector<int64_t>& counts) {
             return serve::epsim::row_shares(current->rank_experts[static_cast<size_t>(application)], counts, speeds, cost,
                                             serve::epsim::Router::balanced);
