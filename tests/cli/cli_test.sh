@@ -658,6 +658,20 @@ print('yes' if ok and len(apps) == 2 else 'no')" "$WORK/ep$np.jsonl" 2>/dev/null
   else
     fail "--replan-every: $(cat "$WORK/ep_moved.err")"
   fi
+  # --move-aware: with moves that cost more than any layer can save, every new placement is declined
+  # (nothing moves, the bits stay); with free moves only the placements that are faster move.
+  printf '{"pass_s": 0, "piece_s": 1e-6, "row_s": 1e-6, "exchange_pass_s": 10, "exchange_row_s": 0}' >"$WORK/dear.json"
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
+    mpirun -np 2 --oversubscribe --mca btl self,vader \
+    "$CONCORD" generate --model "$MOE_GGUF" --policy fp32 --prompt "And God said, let there be light" --max-tokens 16 \
+    --seed 5 --json --expert-parallel --placement eplb --placement-loads "$WORK/loads.json" --slots-per-rank 3 \
+    --replan-every 4 --move-aware --ep-cost "$WORK/dear.json" >"$WORK/ep_kept.json" 2>"$WORK/ep_kept.err" </dev/null
+  if cmp -s "$WORK/ep1_fp32.json" "$WORK/ep_kept.json" && grep -q "placed again 3 times, 0 experts moved" "$WORK/ep_kept.err" \
+      && grep -q "layer placements kept (the move would not pay)" "$WORK/ep_kept.err"; then
+    pass "generate --replan-every --move-aware: moves dearer than their saving are declined, the one-process bits"
+  else
+    fail "--move-aware: $(cat "$WORK/ep_kept.err")"
+  fi
   env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 \
     mpirun -np 2 --oversubscribe --mca btl self,vader \
     "$CONCORD" generate --model "$MOE_GGUF" --prompt "And God said, let there be light" --max-tokens 16 --seed 5 \
@@ -726,6 +740,8 @@ expect_error "serve --expert-parallel needs experts" "--expert-parallel: $WORK/r
   "$CONCORD" serve --model "$WORK/run" --expert-parallel
 expect_error "serve --expert-parallel mirrors plain steps" "not with the prefix cache, --disaggregate or a draft model" \
   "$CONCORD" serve --model "$MOE_GGUF" --expert-parallel --prefix-cache-bytes 1000000
+expect_error "--move-aware needs --replan-every" "--move-aware weighs --replan-every's moves" \
+  "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --move-aware
 expect_error "--placement search needs a trace" "--placement search plans on --placement-trace" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --placement search
 expect_error "--placement-trace is for search" "--placement search plans on --placement-trace" \
@@ -734,7 +750,7 @@ expect_error "--router names its kinds" "unknown --router 'fair' (even, balanced
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --router fair
 expect_error "--router balanced needs replicas" "--router balanced splits replicated experts' rows" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --router balanced
-expect_error "--ep-cost is for the balanced router" "--ep-cost is for --router balanced" \
+expect_error "--ep-cost is for the balanced router" "--ep-cost is for --router balanced, --placement search and --move-aware" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --expert-parallel --ep-cost c.json
 expect_error "--data-parallel needs --expert-parallel" "--data-parallel is the attention of --expert-parallel" \
   "$CONCORD" generate --model "$MOE_GGUF" --prompt hi --data-parallel

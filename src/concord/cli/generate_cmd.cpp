@@ -147,7 +147,8 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
   }
   const std::vector<double> moves = rl::mpi_gather_doubles(std::vector<double>{
       static_cast<double>(ep.replans), static_cast<double>(ep.moved_in), static_cast<double>(ep.moved_bytes), ep.move_s,
-      static_cast<double>(held_bytes), static_cast<double>(ep.rows_sent), static_cast<double>(ep.rows_received)});
+      static_cast<double>(held_bytes), static_cast<double>(ep.rows_sent), static_cast<double>(ep.rows_received),
+      static_cast<double>(ep.placements_kept)});
   const std::vector<double> all = rl::mpi_gather_doubles(mine);
   if (ep.rank != 0) return;
   std::string held_text;
@@ -155,7 +156,7 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
     double moved = 0, bytes = 0, seconds = 0;
     std::string per_rank, dispatched;
     for (int q = 0; q < ep.ranks; ++q) {
-      const double* v = moves.data() + static_cast<size_t>(q) * 7;
+      const double* v = moves.data() + static_cast<size_t>(q) * 8;
       moved += v[1];
       bytes += v[2];
       seconds = std::max(seconds, v[3]);
@@ -166,6 +167,8 @@ void report_expert_parallel(const model::ExpertParallel& ep, const model::ModelC
     if (ep.replan_every > 0)
       held_text += fmt::format("; placed again {:.0f} times, {:.0f} experts moved ({:.0f} KiB, each content-checked, {:.1f} ms)",
                                moves[0], moved, bytes / 1024.0, 1e3 * seconds);
+    if (ep.replan_every > 0 && ep.plan && moves[7] > 0)
+      held_text += fmt::format("; {:.0f} layer placements kept (the move would not pay)", moves[7]);
     if (ep.data_parallel)
       held_text += fmt::format("; data-parallel attention, rows sent to / received from other ranks: {}", dispatched);
   }
@@ -265,7 +268,7 @@ void add_generate_command(CLI::App& app) {
     std::vector<double> rank_speeds;
     int64_t slots_per_rank = 0, replan_every = 0;
     int rank = 0;
-    bool expert_parallel = false, data_parallel = false;
+    bool expert_parallel = false, data_parallel = false, move_aware = false;
     ExpertCapArgs cap;
     DraftArgs draft;
     std::optional<int64_t> depth, max_depth, kv_core_slots;
@@ -390,6 +393,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--ep-cost", a->ep_cost,
                   "with --router balanced: the cost model it levels with (`concord ep-sim --calibrate --cost-out`; "
                   "default: ep-sim's GPU-like one)");
+  cmd->add_flag("--move-aware", a->move_aware,
+                "with --replan-every: keep a layer's placement when moving to the new one would cost more than it "
+                "saves — the saving, the predicted layer time of the last window's rows under the current and the new "
+                "placement (--ep-cost, the ranks' speeds, --router), against the transfer of the experts it moves (the "
+                "cost model's exchange per row's bytes and per message)");
   add_integer_flag(cmd, "--slots-per-rank", a->slots_per_rank, between(0, 1 << 20),
                    "with --placement eplb: expert slots on each rank (default 0: one more than the contiguous share)");
   add_expert_cap_flags(cmd, a->cap, "tokens");
@@ -412,8 +420,9 @@ void add_generate_command(CLI::App& app) {
       throw InputError(fmt::format("[generate] unknown --router '{}' (even, balanced)", a->router));
     if (a->router == "balanced" && a->placement == "contiguous")
       throw InputError("[generate] --router balanced splits replicated experts' rows: use --placement eplb or speed");
-    if (!a->ep_cost.empty() && a->router != "balanced" && a->placement != "search")
-      throw InputError("[generate] --ep-cost is for --router balanced and --placement search");
+    if (!a->ep_cost.empty() && a->router != "balanced" && a->placement != "search" && !a->move_aware)
+      throw InputError("[generate] --ep-cost is for --router balanced, --placement search and --move-aware");
+    if (a->move_aware && a->replan_every == 0) throw InputError("[generate] --move-aware weighs --replan-every's moves");
     if (a->router == "balanced" && a->data_parallel)
       throw InputError("[generate] --router balanced with --data-parallel: each rank sees only its own tokens' loads");
     if (!a->rank_speeds.empty() && a->placement != "speed" && a->placement != "search")
@@ -593,8 +602,15 @@ void add_generate_command(CLI::App& app) {
             throw InputError("[generate] --replan-every: a model whose blocks run more than once moves experts per block, "
                              "not per application");
           ep->replan_every = a->replan_every;
-          ep->plan = [place, current = ep.get(), movable = a->placement == "eplb"](
-                         const std::vector<std::vector<int64_t>>& window) {
+          // --move-aware: a layer's move pays when the last window's rows would have taken less time
+          // under the new placement by more than its experts' transfer takes (fp32 values: gate, up
+          // and down, 3·F·C floats an expert; the link at the cost model's exchange per row of C
+          // floats, and a message per expert). Deterministic: every rank decides from the same
+          // (replicated) counts and constants.
+          const double expert_bytes = 3.0 * static_cast<double>(mc.moe_intermediate_size * mc.hidden_size) * 4.0;
+          const double byte_s = cost.exchange_row_s / (4.0 * static_cast<double>(mc.hidden_size));
+          ep->plan = [place, current = ep.get(), movable = a->placement == "eplb", move_aware = a->move_aware, speeds, cost,
+                      router, expert_bytes, byte_s](const std::vector<std::vector<int64_t>>& window) {
             std::map<int64_t, std::vector<double>> by_app;
             for (size_t i = 0; i < window.size(); ++i)
               if (!window[i].empty()) by_app[static_cast<int64_t>(i)] = std::vector<double>(window[i].begin(), window[i].end());
@@ -604,6 +620,24 @@ void add_generate_command(CLI::App& app) {
             if (movable)
               for (size_t i = 0; i < next.size(); ++i)
                 if (!next[i].empty()) next[i] = keep_most(current->rank_experts[i], std::move(next[i]));
+            if (move_aware)
+              for (size_t i = 0; i < next.size(); ++i) {
+                if (next[i].empty() || window[i].empty()) continue;
+                const std::vector<std::vector<int64_t>>& now = current->rank_experts[i];
+                int64_t moves = 0;
+                for (size_t q = 0; q < next[i].size(); ++q)
+                  for (int64_t e : next[i][q])
+                    if (std::find(now[q].begin(), now[q].end(), e) == now[q].end()) ++moves;
+                if (moves == 0) continue;
+                const double saved =
+                    serve::epsim::layer_time_of_slots(now, window[i], speeds, cost, router).layer_s -
+                    serve::epsim::layer_time_of_slots(next[i], window[i], speeds, cost, router).layer_s;
+                const double move = static_cast<double>(moves) * (cost.exchange_pass_s + expert_bytes * byte_s);
+                if (saved <= move) {
+                  next[i] = now;
+                  ++current->placements_kept;
+                }
+              }
             return next;
           };
         }

@@ -182,6 +182,7 @@ struct ExpertParallel {
   // Measured: plans made, experts received by this rank and their bytes, seconds moving them.
   int64_t replans = 0, moved_in = 0, moved_bytes = 0;
   double move_s = 0;
+  int64_t placements_kept = 0;  // layers whose new placement `plan` declined (the move would not pay)
 
   // Data-parallel attention (docs/moe.md): each rank runs its own sequences — its own batch and KV
   // cache — instead of every rank the whole batch. An MoE application sends each of this rank's

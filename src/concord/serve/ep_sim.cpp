@@ -546,6 +546,11 @@ LayerTime layer_time(const RankWork& w, std::span<const double> speed, const Cos
   return t;
 }
 
+LayerTime layer_time_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std::span<const int64_t> counts,
+                              std::span<const double> speed, const CostModel& cost, Router router) {
+  return layer_time(work_of_slots(rank_slots, counts, speed, cost, router), speed, cost);
+}
+
 Summary simulate(std::span<const Batch> batches, std::span<const eplb::Placement> placements, std::span<const double> speed,
                  const CostModel& cost, Router router) {
   Summary s;

@@ -111,6 +111,11 @@ struct LayerTime {
 };
 LayerTime layer_time(const RankWork& w, std::span<const double> speed, const CostModel& cost);
 
+// layer_time of the rows a placement's rank slots compute (rank_slots' form of a placement, as
+// model::ExpertParallel holds it) under the router.
+LayerTime layer_time_of_slots(const std::vector<std::vector<int64_t>>& rank_slots, std::span<const int64_t> counts,
+                              std::span<const double> speed, const CostModel& cost, Router router);
+
 struct Summary {
   std::vector<double> layer_s;  // every layer of every batch
   double p50 = 0, p99 = 0, mean = 0, wait_share = 0, imbalance = 0;  // imbalance: mean over layers
