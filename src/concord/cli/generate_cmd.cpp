@@ -520,6 +520,13 @@ void add_generate_command(CLI::App& app) {
       if (!loaded.model.config().moe())
         throw InputError(fmt::format("[generate] --expert-parallel: {} is a {}, which has no experts", a->model,
                                      loaded.model.config().architecture));
+      if (a->data_parallel) {  // before MPI starts: a refusal then needs no job to end
+        if (!serve::rows_quantize_alone(loaded.model.policy()))
+          throw InputError(fmt::format("[generate] --data-parallel batches each expert's rows from every rank, and the {} "
+                                       "policy quantizes rows with a shared scale (the bits would change)",
+                                       loaded.model.policy().name));
+        if (recurrent) throw InputError("[generate] --data-parallel: a depth-recurrent model's passes differ in depth");
+      }
       ep = rl::make_mpi_expert_parallel();
       SlowRank slow;  // --slow-rank's rank and factor
       if (!a->slow_rank.empty()) {
@@ -643,11 +650,6 @@ void add_generate_command(CLI::App& app) {
         }
       }
       if (a->data_parallel) {
-        if (!serve::rows_quantize_alone(loaded.model.policy()))
-          throw InputError(fmt::format("[generate] --data-parallel batches each expert's rows from every rank, and the {} "
-                                       "policy quantizes rows with a shared scale (the bits would change)",
-                                       loaded.model.policy().name));
-        if (recurrent) throw InputError("[generate] --data-parallel: a depth-recurrent model's passes differ in depth");
         ep->data_parallel = true;
         request.sampling.seed = a->seed + static_cast<uint64_t>(ep->rank);  // each rank its own sample
       }
