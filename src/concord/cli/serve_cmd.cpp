@@ -248,7 +248,14 @@ void add_serve_command(CLI::App& app) {
         }
         return;
       }
-      options.mirror = [](std::vector<uint8_t> bytes) { rl::mpi_broadcast_bytes(bytes); };
+      options.mirror = [](std::vector<uint8_t> bytes) {
+        try {
+          rl::mpi_broadcast_bytes(bytes);
+        } catch (const std::exception& e) {  // the other ranks cannot follow any more: end the job
+          std::fprintf(stderr, "concord: [serve] rank 0: %s\n", e.what());
+          rl::mpi_abort(2);
+        }
+      };
     }
     if (options.mirror) {  // rank 0 of an expert-parallel job: an error ends every rank (they wait for it)
       try {
