@@ -386,13 +386,13 @@ void add_generate_command(CLI::App& app) {
                    "since the last placement and move the experts a rank newly holds from another rank over MPI, "
                    "content-checked (default 0: the placement stays; docs/moe.md)");
   cmd->add_option("--router", a->router,
-                  "with --placement eplb or speed: how a replicated expert's rows are split among its holders each "
+                  "with --placement eplb, speed or search: how a replicated expert's rows are split among its holders each "
                   "pass — even (default: in order, equal shares) or balanced (levelling the ranks' predicted "
                   "finishing times under --ep-cost and the ranks' speeds, the per-batch re-routing of ep-sim's "
                   "balanced router); the same tokens bit for bit");
   cmd->add_option("--ep-cost", a->ep_cost,
-                  "with --router balanced: the cost model it levels with (`concord ep-sim --calibrate --cost-out`; "
-                  "default: ep-sim's GPU-like one)");
+                  "with --router balanced, --placement search or --move-aware: the cost model they predict layer times "
+                  "with (`concord ep-sim --calibrate --cost-out`; default: ep-sim's GPU-like one)");
   cmd->add_flag("--move-aware", a->move_aware,
                 "with --replan-every: keep a layer's placement when moving to the new one would cost more than it "
                 "saves — the saving, the predicted layer time of the last window's rows under the current and the new "

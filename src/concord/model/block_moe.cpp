@@ -250,6 +250,11 @@ class MoeBlock final : public LayerBlock {
     r.x = work.alloc(r.R * C);
     for (int64_t row = 0; row < r.R; ++row)
       std::memcpy(r.x + row * C, a.xn2 + int64_t{r.token[static_cast<size_t>(row)]} * C, sizeof(float) * static_cast<size_t>(C));
+    if (m.ep && m.ep->data_parallel) {  // this rank's rows to their experts' ranks and back
+      r.y = work.alloc(r.R * C);
+      dispatch_and_combine(m, p.application, &r);
+      return combine(r, T, C, work);
+    }
     r.gate = work.alloc(r.R * Fm);
     r.up = work.alloc(r.R * Fm);
     r.h = work.alloc(r.R * Fm);
@@ -266,10 +271,6 @@ class MoeBlock final : public LayerBlock {
     // Expert parallelism: this rank's pieces of the experts' rows only, then the exchange fills
     // the others' rows.
     ExpertParallel* ep = m.ep.get();
-    if (ep && ep->data_parallel) {  // this rank's rows to their experts' ranks and back
-      dispatch_and_combine(m, p.application, &r);
-      return combine(r, T, C, work);
-    }
     struct Piece {
       int64_t expert, first, last;
     };
