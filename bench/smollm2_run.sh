@@ -11,11 +11,15 @@
 #        bench_llamacpp.json, generate_ttft.json} and the table on stdout.
 # It waits (up to WAIT_MAX s, default 1800) for a quiet machine (see quiet() below: no compiler,
 # and load < 1.0 or 90% idle CPUs over 10 s); FORCE=1 skips the wait. REPEATS (default 5) for TTFT and llama.cpp.
+# LLAMACPP_VENV picks another llama.cpp build (default tools/.llamacpp-venv); with CONCORD_ISA=avx2
+# and an AVX2-only build (tools/llamacpp_env.sh with LLAMACPP_VENV=tools/.llamacpp-avx2-venv and
+# CMAKE_ARGS turning GGML_NATIVE, GGML_AVX512 and GGML_AVX_VNNI off) both sides run AVX2 kernels
+# on an AVX-512 machine (bench/README.md, "SmolLM2 on the AVX2 paths").
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build="${1:-build}"
-bin="$build/bin/real_model_bench" concord="$build/bin/concord" lpy="tools/.llamacpp-venv/bin/python"
+bin="$build/bin/real_model_bench" concord="$build/bin/concord" lpy="${LLAMACPP_VENV:-tools/.llamacpp-venv}/bin/python"
 for f in "$bin" "$concord"; do
   [[ -x "$f" ]] || { echo "bench/smollm2_run.sh: $f not found (build it: cmake --build build --target $(basename "$f"))" >&2; exit 2; }
 done
@@ -23,7 +27,7 @@ done
 model="$(scripts/smollm2-path)"
 [[ -f "$model" ]] || { echo "bench/smollm2_run.sh: $model: no model file (run scripts/setup)" >&2; exit 2; }
 export CONCORD_SMOLLM2="$model"
-out="$build/smollm2"
+out="${OUT:-$build/smollm2}"  # OUT: another folder for the results (e.g. an AVX2 sitting)
 mkdir -p "$out"
 repeats="${REPEATS:-5}" prompt="${PROMPT:-What is the capital of France?}"
 
@@ -117,6 +121,7 @@ mbytes = os.path.getsize(model)
 cpu = lc.get("cpu", "?")
 print(f"SmolLM2-135M-Instruct {Path(model).name}; CPU {cpu}; load {os.getloadavg()[0]:.2f} at the end")
 print(f"llama.cpp: llama-cpp-python {lc.get('llama_cpp_python')}; {lc.get('system_info', '')[:160]}")
+print(f"concord: CONCORD_ISA={os.environ.get('CONCORD_ISA', '(unset: the best this CPU runs)')}")
 print()
 print(f"{'test':<6} {'thr':>3} {'concord native':>14} {'concord fp32':>12} {'llama.cpp':>9} {'native/llama':>12} {'goal':>5}")
 for kind, key, test, goal in (("BM_Prefill512", "pp512_tok_s", "pp512", 3.0),

@@ -402,6 +402,36 @@ TEST(QuantGemm, SmallBatchesInOneCallEqualGenericBitForBit) {
   }
 }
 
+// Above max_rows the AVX2 set unpacks each weight group once and tiles the rows itself (2 rows a
+// tile, both 8-lane halves of a group at once, or one half when the group has <= 8 valid rows):
+// row counts around the tile and group sizes around the halves, SmolLM2's longest K, every type,
+// bit for bit against the generic kernels.
+TEST(QuantGemm, ManyRowTilesEqualGenericBitForBit) {
+  std::mt19937 gen(4141);
+  const int64_t Ns[] = {5, 8, 9, 16, 24, 31, 48};
+  const int64_t Ms[] = {5, 6, 7, 9, 66};
+  const int64_t Ks[] = {64, 1536};
+  for (BlockQuant t : kTypes) {
+    for (int64_t K : Ks) {
+      for (int64_t N : Ns) {
+        const QuantWeight w = pack_quant_weight(t, N, K, random_weight(t, N, K, static_cast<uint32_t>(gen()), true));
+        for (int64_t M : Ms) {
+          const int64_t ldx = K + 1, ldy = N + 2;
+          const auto x = random_acts(M, K, ldx, static_cast<uint32_t>(gen()), true);
+          const auto want = run(w, x, M, ldx, ldy, QuantIsa::generic);
+          for (QuantIsa isa : supported_isas()) {
+            const auto got = run(w, x, M, ldx, ldy, isa);
+            for (int64_t i = 0; i < M * ldy; ++i)
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                  << quant_isa_name(isa) << " " << block_quant_name(t) << " M=" << M << " N=" << N
+                  << " K=" << K << " at (" << i / ldy << ", " << i % ldy << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantGemm, MatchesIndependentFp64Reference) {
   std::mt19937 gen(11);
   for (BlockQuant t : kTypes) {

@@ -165,13 +165,15 @@ using QuantGroupFn = void (*)(const QuantWeight& w, int64_t g, const QuantActs& 
 struct QuantKernels {
   QuantizeRowFn quantize_row;
   QuantGroupFn group;
-  int64_t row_tile;  // activation rows a kernel call handles at once (driver's M step)
+  int64_t row_tile;  // activation rows a kernel call handles at once (driver's M step), or
+                     // kAllRows: every row in one call per group (the kernel tiles them itself)
   // The most rows one call can take. Up to this many rows (decode, speculative verification of
   // 1 + γ rows) the driver hands all of them to one call, so the weight streams once instead of
   // once per row tile; above it (prefill) it steps by row_tile. Each row's result is the same
   // bits whatever the tiling (rows are accumulated independently).
   int64_t max_rows;
 };
+inline constexpr int64_t kAllRows = INT64_MAX;
 QuantKernels quant_generic_kernels();
 QuantKernels quant_avx2_kernels();
 QuantKernels quant_avx512_kernels();
