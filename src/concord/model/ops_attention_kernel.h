@@ -8,7 +8,8 @@
 // below (the reference order, kept by the scalar path for double and for head_dim % 8 != 0):
 //   s_j = (q·k_j) · scale     8 lanes, lane l = 0 + Σ_{i ≡ l mod 8} q_i k_i (i ascending),
 //                             then ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))
-//   p_j = exp(s_j − max) / Σ exp   std::exp in F, the sum (j ascending) and the division in double
+//   p_j = exp(s_j − max) / Σ exp   std::exp in F (for float: numerics::exp_shifted, the same bits
+//                             eight at a time), the sum (j ascending) and the division in double
 //   out = 0 + Σ_j p_j v_j     j ascending, accumulated in F
 // The float path for head_dim = 8·NV holds the 8 lanes of a dot product in one 8-wide vector
 // (one AVX register, two SSE ones), runs four keys' dot products side by side (independent chains
@@ -22,6 +23,8 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+
+#include "concord/numerics/exp.h"
 
 #ifndef CONCORD_ATTENTION_NS
 #error "define CONCORD_ATTENTION_NS before including ops_attention_kernel.h"
@@ -74,7 +77,11 @@ void softmax_rows(F* scores, F* probs, int64_t probs_head_stride, int64_t n_ctx,
     const F max_score = max_fixed_lanes(p, n_ctx);
     // The exps first, then their sum (j ascending): the sum's dependency chain does not have to
     // wait on each libm call.
-    for (int64_t j = 0; j < n_ctx; ++j) p[j] = std::exp(p[j] - max_score);
+    if constexpr (std::is_same_v<F, float>) {
+      numerics::exp_shifted(p, n_ctx, max_score);  // std::exp's bits, eight at a time (exp.h)
+    } else {
+      for (int64_t j = 0; j < n_ctx; ++j) p[j] = std::exp(p[j] - max_score);
+    }
     double sum = 0.0;
     for (int64_t j = 0; j < n_ctx; ++j) sum += static_cast<double>(p[j]);
     const double inv_sum = 1.0 / sum;
