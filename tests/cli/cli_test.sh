@@ -61,6 +61,14 @@ train|--config c.json|--steps|100000000|an integer in [1, 99999999]
 train|--config c.json|--steps|1e3|an integer in [1, 99999999]
 train|--config c.json|--seed|-1|an integer in [0, 2^64 - 1]
 generate|--model m --prompt p|--max-tokens|0|an integer >= 1
+task-eval|--model m --task add|--prompts|0|an integer in [1, 100000]
+task-eval|--model m --task add|--group|0|an integer in [1, 1024]
+task-eval|--model m --task add|--max-new|0|an integer in [1, 4096]
+task-eval|--model m --task add|--show|-1|an integer in [0, 100]
+task-eval|--model m --task add|--temp|-1|a number >= 0
+task-eval|--model m --task add|--seed|-1|an integer in [0, 2^64 - 1]
+task-eval|--model m --task add|--difficulty|0|an integer in [1, 30]
+task-eval|--model m --task add|--difficulty|31|an integer in [1, 30]
 generate|--model m --prompt p|--temp|-1|a number >= 0
 generate|--model m --prompt p|--temp|nan|a number >= 0
 generate|--model m --prompt p|--temp|inf|a number >= 0
@@ -375,6 +383,16 @@ grep -q "qwen3_kjv_4096.json" "$WORK/err" && fail "the UTF-8 error names the tok
   || pass "the UTF-8 error does not blame the tokenizer file"
 expect_error "tokenize --batch names the text and its stdin offset" "stdin: not valid UTF-8 (byte 5, in text 2 of the batch)" \
   bash -c "printf 'ab\0cd\xc3(' | '$CONCORD' tokenize --batch --tokenizer '$DATA/tokenizer/qwen3_kjv_4096.json'"
+expect_error "task-eval: an unknown task, before the model loads" "[task-eval] --task divide: [rl] unknown task 'divide'" \
+  "$CONCORD" task-eval --model "$WORK/none" --task add,divide
+expect_error "task-eval: a difficulty past a task's range" "[task-eval] --task mul: [rl] task 'mul': difficulty 19 outside [1, 18]" \
+  "$CONCORD" task-eval --model "$WORK/none" --task mul --difficulty 19
+# A byte-level run (no chat template) in the completion form: the table and the JSON.
+run_rc "task-eval on a trained run" 0 "$CONCORD" task-eval --model "$WORK/run" --task add,count --difficulty 1,2 \
+    --prompts 3 --group 2 --max-new 4 --json "$WORK/taskeval.json" \
+  && grep -q "completion (first line) form" "$WORK/out" && grep -q "^count  *2 " "$WORK/out" \
+  && python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['form']=='line' and len(j['rows'])==4 and all(0<=r['reward']<=1 for r in j['rows'])" "$WORK/taskeval.json" \
+  && pass "task-eval prints a row per task and difficulty and writes the JSON" || fail "task-eval: $(cat "$WORK/out" "$WORK/err")"
 expect_error "generate names --prompt for bad UTF-8" "generate --prompt: not valid UTF-8 (byte 1)" \
   "$CONCORD" generate --model "$WORK/run" --prompt $'a\xff'
 

@@ -279,6 +279,52 @@ TEST(Tasks, RewardIsExact) {
   EXPECT_THROW(task("mul").reward(e, "14499"), InputError);
 }
 
+// The instruction an instruct model is asked (docs/tasks.md pins these texts: seed 0, difficulty
+// 4, index 0 — sort index 1, as the completion-form table).
+TEST(Tasks, InstructionsAskTheSameQuestion) {
+  EXPECT_EQ(task("add").generate(0, 0, 4).instruction, "What is 5905 + 8594? Reply with only the number.");
+  EXPECT_EQ(task("mul").generate(0, 0, 4).instruction, "What is 714 * 5233? Reply with only the number.");
+  EXPECT_EQ(task("reverse").generate(0, 0, 4).instruction,
+            "Write the letters ybtsxe in reverse order. Reply with only the letters, without spaces.");
+  EXPECT_EQ(task("sort").generate(0, 1, 4).instruction,
+            "Sort the letters iiexaw in alphabetical order. Reply with only the letters, without spaces.");
+  EXPECT_EQ(task("count").generate(0, 0, 4).instruction,
+            "How many times does the letter u appear in mulsmb? Reply with only the number.");
+  // Every task's instruction names the prompt's operands, for many examples.
+  for (const std::string& name : task_names()) {
+    for (uint64_t i = 0; i < 50; ++i) {
+      const TaskExample e = task(name).generate(3, i, 3);
+      EXPECT_FALSE(e.instruction.empty());
+      EXPECT_NE(e.instruction.find("Reply with only the"), std::string::npos) << e.instruction;
+    }
+  }
+}
+
+// The `last` form: the reply's last number (numeric tasks) or last lowercase word (letter tasks).
+TEST(Tasks, LastFormReadsTheLastNumberOrWord) {
+  const TaskExample e = task("add").generate(0, 0, 4);  // 14499
+  const Task& t = task("add");
+  for (const char* hit : {"14499", "5905 + 8594 = 14499", "The answer is 14499.", "14499\n", " **14499**",
+                          "x14499", "-14499"}) {
+    EXPECT_EQ(t.reward(e, hit, AnswerForm::last), 1.0) << "'" << hit << "'";
+  }
+  for (const char* miss : {"14499 is 5905 + 8594", "14498", "14,499", "14499.0", "144990", "", "no number",
+                           "014499"}) {
+    EXPECT_EQ(t.reward(e, miss, AnswerForm::last), 0.0) << "'" << miss << "'";
+  }
+  const TaskExample r = task("reverse").generate(0, 0, 4);  // exstby
+  const Task& rev = task("reverse");
+  for (const char* hit : {"exstby", "The reversed letters are exstby.", "EXSTBY exstby", "\"exstby\""})
+    EXPECT_EQ(rev.reward(r, hit, AnswerForm::last), 1.0) << "'" << hit << "'";
+  for (const char* miss : {"Exstby", "exstby is the answer", "e x s t b y", "ybtsxe", "exstby1x"})
+    EXPECT_EQ(rev.reward(r, miss, AnswerForm::last), 0.0) << "'" << miss << "'";
+  // The numeric tasks read digits, the letter tasks letters.
+  for (const std::string& name : task_names()) {
+    const bool numeric = name == "add" || name == "mul" || name == "count";
+    EXPECT_EQ(task(name).numeric_answer(), numeric) << name;
+  }
+}
+
 TEST(Tasks, Errors) {
   try {
     task("divide");

@@ -22,5 +22,6 @@ void add_sched_command(CLI::App& app);
 void add_ep_sim_command(CLI::App& app);
 void add_cap_plan_command(CLI::App& app);
 void add_disagg_plan_command(CLI::App& app);
+void add_task_eval_command(CLI::App& app);
 
 }  // namespace concord::cli

@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   concord::cli::add_ep_sim_command(app);
   concord::cli::add_cap_plan_command(app);
   concord::cli::add_disagg_plan_command(app);
+  concord::cli::add_task_eval_command(app);
   concord::cli::check_text_values(app);
   try {
     app.parse(argc, argv);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 
@@ -27,6 +28,7 @@
 #include "concord/rl/mismatch.h"
 #include "concord/rl/report.h"
 #include "concord/rl/tasks.h"
+#include "concord/rl/text.h"
 #include "concord/rl/warmup.h"
 #include "concord/serve/engine.h"
 #include "concord/serve/logprob.h"
@@ -56,17 +58,18 @@ TaskExample rl_example(const RlConfig& c, int64_t step, int64_t p) {
   return config_example(c, c.seed, static_cast<uint64_t>((step - 1) * c.prompts_per_step + p));
 }
 
-std::vector<int32_t> encode(std::string_view text) { return ByteTokenizer{}.encode(text); }
-
-// The completion's text as the checker sees it: bytes up to the first special token.
-std::string completion_text(std::span<const int32_t> tokens) {
-  std::string out;
-  for (int32_t t : tokens) {
-    if (t < 0 || t > 255) break;
-    out.push_back(static_cast<char>(t));
-  }
-  return out;
+// The run's prompt/completion form (rl/text.h): bytes, or init_from's tokenizer and chat
+// template. Read once per process and init_from path.
+const RlText& rl_text(const RlConfig& c) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<RlText>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<RlText>& slot = cache[c.init_from];
+  if (!slot) slot = std::make_unique<RlText>(c.init_from.empty() ? RlText() : RlText::of_model(c.init_from));
+  return *slot;
 }
+
+std::vector<int32_t> encode(const RlConfig& c, const TaskExample& e) { return rl_text(c).prompt(e); }
 
 // The sampling seed of completion j of prompt p at `step`: independent of which sampler runs it.
 uint64_t sample_seed(const RlConfig& c, int64_t step, int64_t p, int64_t j) {
@@ -163,7 +166,7 @@ int64_t longest_prompt(const RlConfig& c) {
   int64_t longest = 0;
   for (int64_t s = 1; s <= c.steps; ++s)
     for (int64_t p = 0; p < c.prompts_per_step; ++p)
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(encode(rl_example(c, s, p).prompt).size()));
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(encode(c, rl_example(c, s, p)).size()));
   return longest;
 }
 
@@ -220,14 +223,14 @@ class SamplerRole {
     const serve::SpeculationStats before = engine_.stats().speculation;
     std::vector<serve::Request> requests;
     for (int64_t p = rank_ - 1; p < c_.prompts_per_step; p += samplers_) {
-      const std::vector<int32_t> prompt = encode(rl_example(c_, step, p).prompt);
+      const std::vector<int32_t> prompt = encode(c_, rl_example(c_, step, p));
       for (int64_t j = 0; j < c_.group_size; ++j) {
         serve::Request r;
         r.prompt = prompt;
         r.sampling.temperature = static_cast<float>(c_.temperature);
         r.sampling.seed = sample_seed(c_, step, p, j);
         r.max_tokens = c_.max_new_tokens;
-        r.stop_tokens = {ByteTokenizer::kEos, '\n'};
+        r.stop_tokens = rl_text(c_).stop_tokens();
         requests.push_back(std::move(r));
         reply.rollouts.push_back({p, j, {}, {}});
       }
@@ -341,11 +344,11 @@ class HttpSamplerRole {
     std::vector<std::string> bodies(reply.rollouts.size());
     for (size_t i = 0; i < bodies.size(); ++i) {
       const Rollout& r = reply.rollouts[i];
-      bodies[i] = json{{"prompt", encode(rl_example(c_, step, r.prompt).prompt)},
+      bodies[i] = json{{"prompt", encode(c_, rl_example(c_, step, r.prompt))},
                        {"max_tokens", c_.max_new_tokens},
                        {"temperature", c_.temperature},
                        {"seed", sample_seed(c_, step, r.prompt, r.sample)},
-                       {"stop", json::array({"\n"})},
+                       {"stop", rl_text(c_).stop_strings()},
                        {"logprobs", 0},
                        {"return_tokens_as_token_ids", true}}.dump();
     }
@@ -451,7 +454,7 @@ Batch build_batch(const RlConfig& c, int64_t step, std::vector<Rollout>& rollout
   std::vector<TaskExample> examples;
   for (int64_t p = 0; p < c.prompts_per_step; ++p) {
     examples.push_back(rl_example(c, step, p));
-    prompts.push_back(encode(examples.back().prompt));
+    prompts.push_back(encode(c, examples.back()));
   }
   for (int64_t i = 0; i < b.B; ++i) {
     if (by_seq[sz(i)] == nullptr)
@@ -476,7 +479,7 @@ Batch build_batch(const RlConfig& c, int64_t step, std::vector<Rollout>& rollout
     b.first.push_back(row + pr.size() - 1);
     b.sampler.push_back(r.logprobs);
     b.completions.push_back(r.tokens);
-    b.rewards.push_back(task(e.task).reward(e, completion_text(r.tokens)));
+    b.rewards.push_back(rl_text(c).reward(e, r.tokens));
     b.tokens += static_cast<int64_t>(r.tokens.size());
   }
   return b;
@@ -676,8 +679,9 @@ void append_rollouts(std::string& text, const RlConfig& c, int64_t step, const B
     const TaskExample e = rl_example(c, step, p);
     const auto& tokens = b.completions[sz(i)];
     const json line = {{"step", step}, {"prompt", p}, {"sample", i % c.group_size},
-                       {"task", e.task}, {"prompt_text", e.prompt},
-                       {"completion", completion_text(tokens)}, {"tokens", tokens},
+                       {"task", e.task},
+                       {"prompt_text", rl_text(c).kind() == RlText::Kind::chat ? e.instruction : e.prompt},
+                       {"completion", rl_text(c).completion(tokens)}, {"tokens", tokens},
                        {"reward", b.rewards[sz(i)]}, {"advantage", learned.advantages[sz(i)]},
                        {"sampler_logprobs", b.sampler[sz(i)]},
                        {"learner_logprobs", learned.old_logp[sz(i)]}};

@@ -100,9 +100,10 @@ std::string decimal_mul(const std::string& a, const std::string& b) {
   return strip_zeros(out);
 }
 
-TaskExample example(std::string prompt, std::string answer) {
+TaskExample example(std::string prompt, std::string instruction, std::string answer) {
   TaskExample e;
   e.prompt = std::move(prompt);
+  e.instruction = std::move(instruction);
   e.answer = std::move(answer);
   return e;
 }
@@ -141,18 +142,22 @@ class TaskBase : public Task {
 class AddTask final : public TaskBase {
  public:
   AddTask() : TaskBase(TaskId::add, "add", "a+b of two numbers below 10^difficulty", 30) {}
+  bool numeric_answer() const override { return true; }
   TaskExample make(ExampleRandom& rng, int difficulty) const override {
     const std::string a = random_number(rng, difficulty), b = random_number(rng, difficulty);
-    return example(fmt::format("Q: {}+{}=\nA: ", a, b), decimal_add(a, b));
+    return example(fmt::format("Q: {}+{}=\nA: ", a, b),
+                   fmt::format("What is {} + {}? Reply with only the number.", a, b), decimal_add(a, b));
   }
 };
 
 class MulTask final : public TaskBase {
  public:
   MulTask() : TaskBase(TaskId::mul, "mul", "a*b of two numbers below 10^difficulty", 18) {}
+  bool numeric_answer() const override { return true; }
   TaskExample make(ExampleRandom& rng, int difficulty) const override {
     const std::string a = random_number(rng, difficulty), b = random_number(rng, difficulty);
-    return example(fmt::format("Q: {}*{}=\nA: ", a, b), decimal_mul(a, b));
+    return example(fmt::format("Q: {}*{}=\nA: ", a, b),
+                   fmt::format("What is {} * {}? Reply with only the number.", a, b), decimal_mul(a, b));
   }
 };
 
@@ -160,9 +165,13 @@ class ReverseTask final : public TaskBase {
  public:
   ReverseTask()
       : TaskBase(TaskId::reverse, "reverse", "reverse difficulty+2 lowercase letters", 30) {}
+  bool numeric_answer() const override { return false; }
   TaskExample make(ExampleRandom& rng, int difficulty) const override {
     const std::string s = random_letters(rng, difficulty + 2);
-    return example(fmt::format("Q: reverse {}\nA: ", s), {s.rbegin(), s.rend()});
+    return example(fmt::format("Q: reverse {}\nA: ", s),
+                   fmt::format("Write the letters {} in reverse order. Reply with only the letters, "
+                               "without spaces.", s),
+                   {s.rbegin(), s.rend()});
   }
 };
 
@@ -170,11 +179,15 @@ class SortTask final : public TaskBase {
  public:
   SortTask()
       : TaskBase(TaskId::sort, "sort", "sort difficulty+2 lowercase letters by byte value", 30) {}
+  bool numeric_answer() const override { return false; }
   TaskExample make(ExampleRandom& rng, int difficulty) const override {
     const std::string s = random_letters(rng, difficulty + 2);
     std::string sorted = s;
     std::sort(sorted.begin(), sorted.end());
-    return example(fmt::format("Q: sort {}\nA: ", s), sorted);
+    return example(fmt::format("Q: sort {}\nA: ", s),
+                   fmt::format("Sort the letters {} in alphabetical order. Reply with only the letters, "
+                               "without spaces.", s),
+                   sorted);
   }
 };
 
@@ -184,6 +197,7 @@ class CountTask final : public TaskBase {
       : TaskBase(TaskId::count, "count",
                  "occurrences of one letter in difficulty+2 letters (each is it with p = 1/4)",
                  30) {}
+  bool numeric_answer() const override { return true; }
   TaskExample make(ExampleRandom& rng, int difficulty) const override {
     const char target = rng.letter();
     std::string s;
@@ -199,7 +213,10 @@ class CountTask final : public TaskBase {
         s.push_back(other >= target ? static_cast<char>(other + 1) : other);
       }
     }
-    return example(fmt::format("Q: count {} in {}\nA: ", target, s), std::to_string(count));
+    return example(fmt::format("Q: count {} in {}\nA: ", target, s),
+                   fmt::format("How many times does the letter {} appear in {}? Reply with only the number.",
+                               target, s),
+                   std::to_string(count));
   }
 };
 
@@ -215,10 +232,19 @@ const std::array<const Task*, 5>& registry() {
 
 }  // namespace
 
-double Task::reward(const TaskExample& example, std::string_view completion) const {
+double Task::reward(const TaskExample& example, std::string_view completion, AnswerForm form) const {
   if (example.task != name())
     throw InputError(
         fmt::format("[rl] task '{}' asked to score an example of task '{}'", name(), example.task));
+  if (form == AnswerForm::last) {
+    const bool numeric = numeric_answer();
+    auto in_run = [numeric](char c) { return numeric ? (c >= '0' && c <= '9') : (c >= 'a' && c <= 'z'); };
+    size_t end = completion.size();
+    while (end > 0 && !in_run(completion[end - 1])) --end;
+    size_t begin = end;
+    while (begin > 0 && in_run(completion[begin - 1])) --begin;
+    return begin < end && completion.substr(begin, end - begin) == example.answer ? 1.0 : 0.0;
+  }
   const size_t newline = completion.find('\n');
   const std::string_view answer =
       newline == std::string_view::npos ? completion : completion.substr(0, newline);

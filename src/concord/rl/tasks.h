@@ -1,6 +1,9 @@
 // Verifiable tasks with exact rewards: a seeded prompt generator with a difficulty knob and an
 // exact checker per task. RL (issue 5) trains on them; kernel contracts slice traffic by them.
 //
+// Each example also carries `instruction`, the question as an instruct model is asked it in a
+// chat turn ("What is 4821 + 375? Reply with only the number."), scored in the reply form.
+//
 //   add       "Q: 4821+375=\nA: "          → "5196"      difficulty = digits per operand
 //   mul       "Q: 48*37=\nA: "             → "1776"      difficulty = digits per operand
 //   reverse   "Q: reverse kqzpa\nA: "      → "apzqk"     difficulty = letters (difficulty + 2)
@@ -25,10 +28,19 @@ namespace concord::rl {
 
 struct TaskExample {
   std::string task;
-  std::string prompt;
+  std::string prompt;       // the completion form: "Q: 4821+375=\nA: "
+  std::string instruction;  // the same question as a user message for an instruct model
   std::string answer;
   int difficulty = 1;
 };
+
+// How a completion is read (docs/tasks.md, "Reward"):
+//   line   the completion up to its first newline, byte for byte (the "Q: ..\nA: " form);
+//   last   an instruct model's reply to `instruction`, which answers in a sentence ("3 + 4 = 7",
+//          "The sorted letters are jlt."): its last number (a maximal run of ASCII digits) for
+//          the numeric tasks (add, mul, count), its last word of lowercase ASCII letters for the
+//          letter tasks (reverse, sort), byte for byte; no such run scores 0.
+enum class AnswerForm : uint8_t { line, last };
 
 class Task {
  public:
@@ -36,10 +48,13 @@ class Task {
   virtual std::string_view name() const = 0;
   virtual std::string_view description() const = 0;
   virtual int max_difficulty() const = 0;
+  // Whether answers are numbers (add, mul, count) or lowercase words (reverse, sort).
+  virtual bool numeric_answer() const = 0;
   // difficulty in [1, max_difficulty()], else InputError.
   virtual TaskExample generate(uint64_t seed, uint64_t index, int difficulty) const = 0;
   // 1.0 or 0.0 (see above).
-  double reward(const TaskExample& example, std::string_view completion) const;
+  double reward(const TaskExample& example, std::string_view completion,
+                AnswerForm form = AnswerForm::line) const;
 };
 
 // The task name that selects every task in turn.
