@@ -5,7 +5,8 @@
 // "stream" cases cycle over enough copies of the weight (>= 96 MiB, like a whole model's layers)
 // that it comes from DRAM; "hot" cases reuse one copy (cache-resident, like a kernel in a loop).
 // "gemm/<isa>/<shape>/m<M>" (M = 1, 8, 64, 512; every ISA path this CPU runs) reports int8
-// multiply-adds per second and their ratio to the core's int8 peak measured in the same run by
+// multiply-adds per second, their ratio to OpenBLAS sgemm at the same M and shape ("sgemm/<shape>/
+// m<M>", x_sgemm: multiply-adds per second against sgemm's) and to the core's int8 peak measured in the same run by
 // "int8_peak/<isa>": a tight loop of the instruction the kernels multiply with (AVX2 vpmaddubsw,
 // 32 u8 x s8 products per instruction; AVX-512 VNNI vpdpbusd, 64), 12 independent chains per
 // thread, each product reading its chain's last result so that nothing is hoisted (x_peak).
@@ -74,7 +75,8 @@ std::vector<float> random_acts(int64_t n, unsigned seed) {
 }
 
 // Baseline rates per (shape, threads, stream), filled by the baselines for the ratio counters.
-std::map<std::tuple<int, int, bool>, double> g_memcpy_gbs, g_sgemm_gflops;
+std::map<std::tuple<int, int, bool>, double> g_memcpy_gbs;
+std::map<std::tuple<int, int, int64_t>, double> g_sgemm_gflops;  // (shape, threads, M)
 
 int copies_for(size_t bytes, bool stream) {
   return stream ? static_cast<int>(std::max<size_t>(1, (kStreamBytes + bytes - 1) / bytes)) : 1;
@@ -135,23 +137,25 @@ void BM_decode(benchmark::State& state, int shape, bool stream) {
   state.SetLabel(std::string(concord::tensor::quant_isa_name(concord::tensor::quant_isa())));
 }
 
-void BM_sgemm(benchmark::State& state, int shape) {
+// OpenBLAS sgemm of X (M x K) · Wᵀ on fp32 weights (the dequantized weights' stand-in: sgemm's
+// speed does not depend on the values).
+void BM_sgemm(benchmark::State& state, int shape, int64_t M) {
   const int threads = static_cast<int>(state.range(0));
   openblas_set_num_threads(threads);
   const Shape& s = kShapes[shape];
-  const auto x = random_acts(kPrefillM * s.K, 2), w = random_acts(s.N * s.K, 3);
-  std::vector<float> y(static_cast<size_t>(kPrefillM * s.N));
+  const auto x = random_acts(M * s.K, 2), w = random_acts(s.N * s.K, 3);
+  std::vector<float> y(static_cast<size_t>(M * s.N));
   double seconds = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(kPrefillM),
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M),
                 static_cast<int>(s.N), static_cast<int>(s.K), 1.0f, x.data(), static_cast<int>(s.K),
                 w.data(), static_cast<int>(s.K), 0.0f, y.data(), static_cast<int>(s.N));
     benchmark::DoNotOptimize(y.data());
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const double gf = 2.0 * static_cast<double>(kPrefillM * s.N * s.K) * static_cast<double>(state.iterations()) / seconds / 1e9;
-  g_sgemm_gflops[{shape, threads, false}] = gf;
+  const double gf = 2.0 * static_cast<double>(M * s.N * s.K) * static_cast<double>(state.iterations()) / seconds / 1e9;
+  g_sgemm_gflops[{shape, threads, M}] = gf;
   state.counters["GFLOP/s"] = gf;
 }
 
@@ -171,7 +175,7 @@ void BM_prefill(benchmark::State& state, int shape) {
   }
   const double gf = 2.0 * static_cast<double>(kPrefillM * s.N * s.K) * static_cast<double>(state.iterations()) / seconds / 1e9;
   state.counters["GFLOP/s"] = gf;
-  const auto it = g_sgemm_gflops.find({shape, threads, false});
+  const auto it = g_sgemm_gflops.find({shape, threads, kPrefillM});
   if (it != g_sgemm_gflops.end()) state.counters["x_sgemm"] = gf / it->second;
   state.SetLabel(std::string(concord::tensor::quant_isa_name(concord::tensor::quant_isa())));
 }
@@ -250,8 +254,8 @@ void BM_gemm(benchmark::State& state, QuantIsa isa, int shape, int64_t M) {
   if (it != g_peak_gmacs.end()) state.counters["x_peak"] = g / it->second;
   const auto pr = g_pair_gmacs.find({static_cast<int>(isa), threads});
   if (pr != g_pair_gmacs.end()) state.counters["x_pair"] = g / pr->second;
-  const auto sg = g_sgemm_gflops.find({shape, threads, false});
-  if (M == kPrefillM && sg != g_sgemm_gflops.end()) state.counters["x_sgemm"] = 2.0 * g / sg->second;
+  const auto sg = g_sgemm_gflops.find({shape, threads, M});
+  if (sg != g_sgemm_gflops.end()) state.counters["x_sgemm"] = 2.0 * g / sg->second;
 }
 
 void register_all() {
@@ -264,8 +268,9 @@ void register_all() {
       benchmark::RegisterBenchmark(("decode/" + shape + mode).c_str(), BM_decode, i, stream)
           ->Arg(1)->Arg(2)->UseRealTime();
     }
-    benchmark::RegisterBenchmark(("sgemm_m512/" + shape).c_str(), BM_sgemm, i)
-        ->Arg(1)->Arg(2)->UseRealTime();
+    for (int64_t M : {int64_t{1}, int64_t{8}, int64_t{64}, kPrefillM})
+      benchmark::RegisterBenchmark(("sgemm/" + shape + "/m" + std::to_string(M)).c_str(), BM_sgemm, i, M)
+          ->Arg(1)->Arg(2)->UseRealTime();
     benchmark::RegisterBenchmark(("prefill_m512/" + shape).c_str(), BM_prefill, i)
         ->Arg(1)->Arg(2)->UseRealTime();
   }
