@@ -20,8 +20,8 @@
 #include "concord/numerics/check.h"
 #include "concord/numerics/philox.h"
 #include "concord/rl/tasks.h"
+#include "concord/rl/text.h"
 #include "concord/serve/engine.h"
-#include "concord/serve/text.h"
 
 namespace concord::cli {
 namespace {
@@ -44,6 +44,11 @@ uint64_t sample_seed(uint64_t seed, int64_t i, int64_t j) {
   return (static_cast<uint64_t>(r[0]) << 32) | r[1];
 }
 
+// A JSON string as a quoted line (a byte-level model's reply need not be UTF-8: U+FFFD for those bytes).
+std::string quoted(const nlohmann::json& text) {
+  return text.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 void run_task_eval(const TaskEvalOptions& o) {
   for (const std::string& name : o.tasks) {  // before the model loads: InputError naming the known tasks
     try {
@@ -55,17 +60,12 @@ void run_task_eval(const TaskEvalOptions& o) {
   }
   model::LoadedModel loaded = model::load_model(o.model, o.policy);
   if (!loaded.source.tokenizer) throw InputError(fmt::format("[task-eval] {}: the model has no tokenizer", o.model));
-  const io::Tokenizer& tokenizer = *loaded.source.tokenizer;
-  // An instruct model (a chat template) is asked the instruction in a chat turn and scored on the
-  // last number / word of its reply; --completion-form (or a model without a template) gives it
-  // "Q: ..\nA: " and scores the first line.
-  const bool chat = !o.completion_form && !loaded.source.chat_template.empty();
-  const rl::AnswerForm form = chat ? rl::AnswerForm::last : rl::AnswerForm::line;
-  std::vector<int32_t> stops = loaded.source.stop_token_ids;
-  if (!chat) {
-    const std::vector<int32_t> nl = tokenizer.encode("\n");
-    if (nl.size() == 1) stops.push_back(nl[0]);
-  }
+  // The prompts, stops and reading of replies of `concord rl --init-from` the same model
+  // (rl/text.h): an instruct model (a chat template) is asked the instruction in a chat turn and
+  // scored on the last number / word of its reply; --completion-form (or a model without a
+  // template) gives it "Q: ..\nA: " and scores the first line.
+  const rl::RlText text = rl::RlText::of_model(o.model, !o.completion_form);
+  const bool chat = text.kind() == rl::RlText::Kind::chat;
   loaded.model.prepare_weights();
   serve::Engine engine(loaded.model, {.max_sequences = std::clamp<int64_t>(o.prompts * o.group, 1, 64)});
   std::printf("task-eval: %s, policy %s, %s form, %lld prompts x %lld samples per task and difficulty, "
@@ -80,16 +80,14 @@ void run_task_eval(const TaskEvalOptions& o) {
       const std::vector<rl::TaskExample> examples = rl::generate_examples(name, o.seed, o.prompts, d);
       std::vector<serve::Request> requests;
       for (size_t i = 0; i < examples.size(); ++i) {
-        const std::string text = chat ? serve::render_chat(loaded.source.chat_template, examples[i].instruction)
-                                      : examples[i].prompt;
-        const std::vector<int32_t> prompt = tokenizer.encode_for_model(text);
+        const std::vector<int32_t> prompt = text.prompt(examples[i]);
         for (int64_t j = 0; j < o.group; ++j) {
           serve::Request r;
           r.prompt = prompt;
           r.sampling.temperature = static_cast<float>(o.temperature);
           r.sampling.seed = sample_seed(o.seed, static_cast<int64_t>(i), j);
           r.max_tokens = o.max_new;
-          r.stop_tokens = stops;
+          r.stop_tokens = text.stop_tokens();
           requests.push_back(std::move(r));
         }
       }
@@ -101,15 +99,13 @@ void run_task_eval(const TaskEvalOptions& o) {
         double group_sum = 0;
         for (int64_t j = 0; j < o.group; ++j) {
           const serve::Completion& c = done[i * static_cast<size_t>(o.group) + static_cast<size_t>(j)];
-          std::vector<int32_t> ids = c.tokens;
-          if (!ids.empty() && std::find(stops.begin(), stops.end(), ids.back()) != stops.end()) ids.pop_back();
-          const std::string text = tokenizer.decode(ids, true);
-          const double r = rl::task(examples[i].task).reward(examples[i], text, form);
+          const std::string reply = text.completion(c.tokens);
+          const double r = rl::task(examples[i].task).reward(examples[i], reply, text.form());
           group_sum += r;
           tokens += static_cast<int64_t>(c.tokens.size());
           if (static_cast<int64_t>(shown.size()) < o.show && j == 0)
             shown.push_back({{"question", chat ? examples[i].instruction : examples[i].prompt},
-                             {"answer", examples[i].answer}, {"completion", text}, {"reward", r}});
+                             {"answer", examples[i].answer}, {"completion", reply}, {"reward", r}});
         }
         reward_sum += group_sum;
         solved += group_sum > 0 ? 1 : 0;
@@ -121,8 +117,8 @@ void run_task_eval(const TaskEvalOptions& o) {
                   static_cast<double>(solved) / n, static_cast<double>(mixed) / n,
                   static_cast<double>(tokens) / (n * static_cast<double>(o.group)));
       for (const auto& s : shown)
-        std::printf("    e.g. %s -> %s (answer %s, reward %g)\n", nlohmann::json(s["question"].get<std::string>()).dump().c_str(),
-                    nlohmann::json(s["completion"].get<std::string>()).dump().c_str(),
+        std::printf("    e.g. %s -> %s (answer %s, reward %g)\n", quoted(s["question"]).c_str(),
+                    quoted(s["completion"]).c_str(),
                     s["answer"].get<std::string>().c_str(), s["reward"].get<double>());
       rows.push_back({{"task", name}, {"difficulty", d}, {"reward", reward},
                       {"pass_at_group", static_cast<double>(solved) / n}, {"mixed_groups", static_cast<double>(mixed) / n},
@@ -134,7 +130,8 @@ void run_task_eval(const TaskEvalOptions& o) {
     const nlohmann::json out = {{"model", o.model}, {"policy", o.policy}, {"form", chat ? "last" : "line"},
                                 {"prompts", o.prompts}, {"group", o.group}, {"temperature", o.temperature},
                                 {"max_new", o.max_new}, {"seed", o.seed}, {"rows", rows}};
-    io::write_file_atomic(o.json_path, out.dump(1) + "\n");
+    // A byte-level model's reply need not be UTF-8: invalid bytes become U+FFFD in the JSON.
+    io::write_file_atomic(o.json_path, out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
 }
 

@@ -14,13 +14,13 @@ using train::ByteTokenizer;
 
 RlText::RlText() : stops_{ByteTokenizer::kEos, '\n'} {}
 
-RlText RlText::of_model(const std::string& path) {
+RlText RlText::of_model(const std::string& path, bool use_chat_template) {
   model::ModelSource source = model::inspect_model(path);
   RlText t;
   if (!source.tokenizer || source.tokenizer->vocab_size() <= ByteTokenizer::vocab_size()) return t;
   t.tokenizer_ = std::make_shared<const io::Tokenizer>(std::move(*source.tokenizer));
   t.stops_ = source.stop_token_ids;
-  if (!source.chat_template.empty()) {
+  if (use_chat_template && !source.chat_template.empty()) {
     t.kind_ = Kind::chat;
     t.chat_template_ = source.chat_template;
   } else {

@@ -32,8 +32,9 @@ class RlText {
   // The byte form.
   RlText();
   // The form of a model folder (or GGUF file): bytes when it has no tokenizer or a byte-level
-  // one of at most 259 ids, else chat or tokens.
-  static RlText of_model(const std::string& path);
+  // one of at most 259 ids, else chat (when it has a chat template and `use_chat_template`) or
+  // tokens.
+  static RlText of_model(const std::string& path, bool use_chat_template = true);
 
   Kind kind() const { return kind_; }
   const char* name() const;  // "bytes", "chat", "tokens"
