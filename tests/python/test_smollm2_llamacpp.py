@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -103,8 +102,8 @@ def test_tokenize_matches_llamacpp(concord_bin, model):
 
 
 @pytest.fixture(scope="module")
-def measured(concord_bin, model):
-    out = tempfile.mkdtemp(prefix="smollm2-llamacpp-")
+def measured(concord_bin, model, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("smollm2-llamacpp-"))
     run_concord(concord_bin, "contract", "measure", "--ref", GOLDEN / "logits.safetensors",
                 "--cand", KERNEL, "--model", model, "--out", out, "--quiet")
     with open(os.path.join(out, "measurement.json"), encoding="utf-8") as f:
@@ -162,10 +161,10 @@ def golden_text(p, k):
 
 
 @pytest.fixture(scope="module")
-def fp64_dump(model):
+def fp64_dump(model, tmp_path_factory):
     """tools/gguf_fp64_reference.py's fp64 logits (NumPy on gguf-dequantized weights) of the
     golden logits' rows: the exact model, independent of both engines."""
-    out = os.path.join(tempfile.mkdtemp(prefix="smollm2-fp64-"), "fp64.safetensors")
+    out = str(tmp_path_factory.mktemp("smollm2-fp64-") / "fp64.safetensors")
     r = subprocess.run([sys.executable, str(ROOT / "tools/gguf_fp64_reference.py"), "--model", model,
                         "--dump", str(GOLDEN / "logits.safetensors"), "--out", out],
                        capture_output=True, text=True, timeout=240)
@@ -173,25 +172,25 @@ def fp64_dump(model):
     return out
 
 
-def measure_all(concord_bin, *args):
-    out = tempfile.mkdtemp(prefix="smollm2-measure-")
+def measure_all(concord_bin, tmp_dir, *args):
+    out = str(tmp_dir)
     run_concord(concord_bin, "contract", "measure", *args, "--out", out, "--quiet")
     with open(os.path.join(out, "measurement.json"), encoding="utf-8") as f:
         return next(s for s in json.load(f)["slices"] if s["slice"] == "all")
 
 
-def test_llamacpp_goldens_against_fp64_reference(concord_bin, fp64_dump):
+def test_llamacpp_goldens_against_fp64_reference(concord_bin, fp64_dump, tmp_path):
     # Both sides are dumps: concord only compares them. A wrong reference (RoPE in the NEOX
     # layout: osc 10-30) or a broken golden fails this; llama.cpp's own Q8 activations and f16 KV
     # cache measured osc 1.87, KL 0.019 at most here.
-    m = measure_all(concord_bin, "--ref", fp64_dump, "--cand", GOLDEN / "logits.safetensors")
+    m = measure_all(concord_bin, tmp_path, "--ref", fp64_dump, "--cand", GOLDEN / "logits.safetensors")
     assert m["rows"] == 40 and m["flips"] == 0
     assert m["osc"]["max"] < 3.0 and m["kl"]["max"] < 0.05 and m["kl"]["mean"] < 0.01, m
 
 
-def test_concord_fp32_matches_fp64_reference(concord_bin, model, fp64_dump):
+def test_concord_fp32_matches_fp64_reference(concord_bin, model, fp64_dump, tmp_path):
     # concord's fp32-dequant path against the exact model: fp32 rounding only.
-    m = measure_all(concord_bin, "--ref", fp64_dump, "--cand", "fp32", "--model", model)
+    m = measure_all(concord_bin, tmp_path, "--ref", fp64_dump, "--cand", "fp32", "--model", model)
     print(f"concord fp32 vs fp64 reference: osc max {m['osc']['max']:.3g}, KL max "
           f"{m['kl']['max']:.3g}", file=sys.stderr)
     assert m["flips"] == 0 and m["osc"]["max"] < 1e-3, m
