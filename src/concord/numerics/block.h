@@ -77,6 +77,9 @@ float amax_ref(const float* x, int64_t n);
 // to the reference for every descriptor; descriptors without a fast path fall back to it.
 QuantizedTensor quantize(const QuantDesc& desc, const float* x, int64_t rows, int64_t cols,
                          RandomStream rng = {});
+// The same into q, reusing its buffers (a weight re-quantized every step faults no fresh pages).
+void quantize_into(QuantizedTensor& q, const QuantDesc& desc, const float* x, int64_t rows, int64_t cols,
+                   RandomStream rng = {});
 void dequantize(const QuantizedTensor& q, float* out);
 
 // Quantize then dequantize (the values a quantized GEMM would see).

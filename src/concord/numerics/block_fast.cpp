@@ -269,17 +269,28 @@ void dequantize_blocks(const QuantizedTensor& q, float* out) {
 
 QuantizedTensor quantize(const QuantDesc& desc, const float* x, int64_t rows, int64_t cols,
                          RandomStream rng) {
-  validate(desc, rows, cols);
-  if (!has_fast_codec(desc.element)) return quantize_ref(desc, x, rows, cols, rng);
   QuantizedTensor q;
+  quantize_into(q, desc, x, rows, cols, rng);
+  return q;
+}
+
+void quantize_into(QuantizedTensor& q, const QuantDesc& desc, const float* x, int64_t rows, int64_t cols,
+                   RandomStream rng) {
+  validate(desc, rows, cols);
+  if (!has_fast_codec(desc.element)) {
+    q = quantize_ref(desc, x, rows, cols, rng);
+    return;
+  }
   q.desc = desc;
   q.rows = rows;
   q.cols = cols;
+  q.tensor_scale = 1.0f;
+  q.scales.clear();
   const auto n = static_cast<size_t>(rows * cols);
-  q.codes.assign(code_bytes(desc.element, rows * cols), 0);
+  q.codes.assign(code_bytes(desc.element, rows * cols), 0);  // keeps the capacity: no fresh pages
   if (!desc.has_scale) {
     encode_array(desc.element, desc.rounding, desc.overflow, x, q.codes.data(), n, rng);
-    return q;
+    return;
   }
   if (desc.is_per_tensor()) {
     const float amax = f32_from_bits(simd::abs_max_bits(x, n));
@@ -302,10 +313,9 @@ QuantizedTensor quantize(const QuantDesc& desc, const float* x, int64_t rows, in
                                       std::min(static_cast<size_t>(chunk), n - begin),
                                       scratch.staging.data());
                   });
-    return q;
+    return;
   }
   quantize_blocks(q, x, rng);
-  return q;
 }
 
 void dequantize(const QuantizedTensor& q, float* out) {

@@ -60,7 +60,6 @@ void prepare_operand(PreparedOperand& out, const std::optional<numerics::QuantDe
   out.packed.clear();
   out.tensor_scale = 1.0f;
   out.desc = desc;
-  out.quantized = {};
 
   const float* source = x;
   if (hadamard) {
@@ -69,6 +68,7 @@ void prepare_operand(PreparedOperand& out, const std::optional<numerics::QuantDe
     source = out.storage.data();
   }
   if (!desc) {
+    out.quantized = {};
     out.data = hadamard ? out.storage.data() : x;  // the fp32 operand itself: no copy
     out.bf16_exact = values_bf16_exact(out.data, n);
     return;
@@ -82,7 +82,7 @@ void prepare_operand(PreparedOperand& out, const std::optional<numerics::QuantDe
     oriented.axis = axis;
   }
   out.desc = oriented;
-  out.quantized = numerics::quantize(oriented, source, rows, cols, rng);
+  numerics::quantize_into(out.quantized, oriented, source, rows, cols, rng);
   // Dequantize without the per-tensor scale; keep the real one beside it (and in `quantized`).
   const float tensor_scale = out.quantized.tensor_scale;
   out.quantized.tensor_scale = 1.0f;

@@ -1,6 +1,7 @@
 #include "concord/train/fair_cast.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -80,18 +81,49 @@ double served_ulp(numerics::Format f, float s) {
 
 FairCastMeter::FairCastMeter(numerics::Format served) : format_(served) {
   (void)served_ulp(served, 1.0f);  // rejects formats without an ulp
+  const numerics::FormatTraits& t = numerics::traits(served);
+  // record()'s UlpRule builds 2^(e - mantissa_bits) as a normal double, e >= the float's -149.
+  CONCORD_CHECK(std::min(t.emin, -149) - t.mantissa_bits > -1022 && t.emin - t.mantissa_bits < 1023,
+                "fair cast: a served format whose ulp is not a normal double");
 }
 
 void FairCastMeter::begin_step(uint64_t step) {
   CONCORD_CHECK(!step_open_, "fair cast: begin_step without end_step");
   CONCORD_CHECK(step > current_step_ || (current_step_ == 0 && tensors_.empty()),
                 "fair cast: steps must increase");
+  CONCORD_CHECK(step < (uint64_t{1} << 24), "fair cast: step past 2^24 (open events are stored as int32 and checkpointed as floats)");
   current_step_ = step;
   step_open_ = true;
   weights_ = changed_ = closed_ = 0;
   dm2_ = ds2_ = err_sum_ = err_max_ = 0;
   err_hist_ = {};
 }
+
+namespace {
+
+// served_ulp without the library calls, for the meter's inner loop: the same value for every
+// float (the exponent read off the bits; float subnormals through ilogb), built as a double
+// from its bits. FairCastMeter's constructor checks that e - mantissa_bits stays a normal double.
+struct UlpRule {
+  int emin = 0, mantissa_bits = 0;
+  double operator()(float s) const {
+    const uint32_t bits = std::bit_cast<uint32_t>(s) & 0x7FFFFFFFu;
+    int e = emin;
+    if (bits >= 0x00800000u && bits < 0x7F800000u) e = std::max(static_cast<int>(bits >> 23) - 127, emin);
+    else if (bits != 0 && bits < 0x00800000u) e = std::max(std::ilogb(s), emin);
+    return std::bit_cast<double>(static_cast<uint64_t>(e - mantissa_bits + 1023) << 52);
+  }
+};
+
+// What one chunk of a record adds to the step's accumulators.
+struct ChunkSums {
+  double dm2 = 0, ds2 = 0, err_sum = 0, err_max = 0;
+  std::array<int64_t, 5> err_hist{};
+  int64_t changed = 0, closed = 0;
+  std::vector<int64_t> lag_counts;  // closed events by lag, as the meter's lag_counts_
+};
+
+}  // namespace
 
 void FairCastMeter::record(int tensor, std::span<const float> master, std::span<const float> served) {
   CONCORD_CHECK(step_open_, "fair cast: record outside begin_step/end_step");
@@ -107,36 +139,55 @@ void FairCastMeter::record(int tensor, std::span<const float> master, std::span<
     return;
   }
   CONCORD_CHECK(t.master.size() == n, "fair cast: a tensor changed size between steps");
-  const auto step = static_cast<int64_t>(current_step_);
-  for (size_t i = 0; i < n; ++i) {
-    const double dm = static_cast<double>(master[i]) - t.master[i];
-    const double ds = static_cast<double>(served[i]) - t.served[i];
-    dm2_ += dm * dm;
-    ds2_ += ds * ds;
-    const double ulp = served_ulp(format_, served[i]);
-    const double err = std::abs(static_cast<double>(served[i]) - master[i]) / ulp;
-    err_sum_ += err;
-    err_max_ = std::max(err_max_, err);
-    ++err_hist_[static_cast<size_t>(err_bin(err))];
-    // Lag: open when the drift since the last move passes half an ulp of the served value the
-    // drift was measured against, close when the served value moves.
-    if (t.opened[i] < 0 &&
-        std::abs(static_cast<double>(master[i]) - t.anchor[i]) > 0.5 * served_ulp(format_, t.served[i]))
-      t.opened[i] = step;
-    if (!same_bits(served[i], t.served[i])) {
-      ++changed_;
-      if (t.opened[i] >= 0) {
-        const auto lag = static_cast<size_t>(step - t.opened[i]);
-        if (lag >= lag_counts_.size()) lag_counts_.resize(lag + 1, 0);
-        ++lag_counts_[lag];
-        ++lag_events_;
-        ++closed_;
+  const auto step = static_cast<int32_t>(current_step_);
+  const numerics::FormatTraits& traits = numerics::traits(format_);
+  const UlpRule ulp{traits.emin, traits.mantissa_bits};
+  // Fixed chunks, summed in chunk order: the same sums whatever the thread count.
+  constexpr size_t kChunk = size_t{1} << 15;
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<ChunkSums> sums(chunks);
+#pragma omp parallel for schedule(static) if (n >= 4 * kChunk)
+  for (size_t c = 0; c < chunks; ++c) {
+    ChunkSums& cs = sums[c];
+    for (size_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+      const double dm = static_cast<double>(master[i]) - t.master[i];
+      const double ds = static_cast<double>(served[i]) - t.served[i];
+      cs.dm2 += dm * dm;
+      cs.ds2 += ds * ds;
+      const double err = std::abs(static_cast<double>(served[i]) - master[i]) / ulp(served[i]);
+      cs.err_sum += err;
+      cs.err_max = std::max(cs.err_max, err);
+      ++cs.err_hist[static_cast<size_t>(err_bin(err))];
+      // Lag: open when the drift since the last move passes half an ulp of the served value the
+      // drift was measured against, close when the served value moves.
+      if (t.opened[i] < 0 && std::abs(static_cast<double>(master[i]) - t.anchor[i]) > 0.5 * ulp(t.served[i]))
+        t.opened[i] = step;
+      if (!same_bits(served[i], t.served[i])) {
+        ++cs.changed;
+        if (t.opened[i] >= 0) {
+          const auto lag = static_cast<size_t>(step - t.opened[i]);
+          if (lag >= cs.lag_counts.size()) cs.lag_counts.resize(lag + 1, 0);
+          ++cs.lag_counts[lag];
+          ++cs.closed;
+        }
+        t.opened[i] = -1;
+        t.anchor[i] = master[i];
       }
-      t.opened[i] = -1;
-      t.anchor[i] = master[i];
+      t.master[i] = master[i];
+      t.served[i] = served[i];
     }
-    t.master[i] = master[i];
-    t.served[i] = served[i];
+  }
+  for (const ChunkSums& cs : sums) {
+    dm2_ += cs.dm2;
+    ds2_ += cs.ds2;
+    err_sum_ += cs.err_sum;
+    err_max_ = std::max(err_max_, cs.err_max);
+    for (size_t b = 0; b < err_hist_.size(); ++b) err_hist_[b] += cs.err_hist[b];
+    changed_ += cs.changed;
+    closed_ += cs.closed;
+    lag_events_ += cs.closed;
+    if (cs.lag_counts.size() > lag_counts_.size()) lag_counts_.resize(cs.lag_counts.size(), 0);
+    for (size_t l = 0; l < cs.lag_counts.size(); ++l) lag_counts_[l] += cs.lag_counts[l];
   }
   weights_ += static_cast<int64_t>(n);
 }
@@ -243,7 +294,7 @@ void FairCastMeter::restore(std::span<const NamedTensor> tensors, std::string_vi
       if (!(o == -1.0f || (o >= 0 && o <= static_cast<float>(step) && o == std::floor(o))))
         throw InputError(fmt::format("[train] fair cast state: '{}opened' holds {}, not a step in [0, {}] or -1",
                                      base, o, step));
-      t.opened[k] = static_cast<int64_t>(o);
+      t.opened[k] = static_cast<int32_t>(o);
     }
   }
   tensors_ = std::move(restored);

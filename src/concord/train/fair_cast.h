@@ -87,7 +87,7 @@ class FairCastMeter {
  private:
   struct Tensor {
     std::vector<float> master, served, anchor;
-    std::vector<int64_t> opened;  // step the open event started, or -1
+    std::vector<int32_t> opened;  // step the open event started, or -1 (steps < 2^24: checkpoints store floats)
   };
   numerics::Format format_;
   std::vector<Tensor> tensors_;
