@@ -202,10 +202,39 @@ rl|--sampler fp7|--samplers|4097|an integer in [1, 4096]
 rl|--sampler fp7|--checkpoint-every|-1|an integer >= 0
 rl|--sampler fp7|--rank|0|an integer in [1, 4096]
 rl|--sampler fp7|--speculative-tokens|0|an integer in [1, 64]
+rl|--sampler fp7|--eval-every|-1|an integer >= 0
+rl|--sampler fp7|--eval-prompts|0|an integer in [1, 4096]
+rl|--sampler fp7|--eval-prompts|4097|an integer in [1, 4096]
 TABLE
 bad_flag_values "$WORK/rl_flags.table"
 numeric_flags_covered "$WORK/rl_flags.table" INCLUDE rl
 empty_values_refused INCLUDE rl
+# Held-out evaluation: after the syncs of steps 1 and 3 and after the last step; it trains
+# nothing (the run's other metrics equal a run without it, times aside).
+if "$CONCORD" rl --quick --quiet --out "$WORK/rl_eval" --eval-every 2 --eval-prompts 4 >"$WORK/rl_eval.txt" 2>"$WORK/err" &&
+   "$CONCORD" rl --quick --quiet --out "$WORK/rl_noeval" >/dev/null 2>>"$WORK/err"; then
+  if python3 - "$WORK/rl_eval" "$WORK/rl_noeval" "$WORK/rl_eval.txt" <<'PY'
+import json, sys
+def lines(d): return [json.loads(l) for l in open(d + "/metrics.jsonl")]
+a, b = lines(sys.argv[1]), lines(sys.argv[2])
+assert [l["step"] for l in a if "eval" in l] == [1, 3], [l["step"] for l in a if "eval" in l]
+for l in a:
+    if "eval" in l:
+        e = l["eval"]
+        assert e["prompts"] == 4 and 0 <= e["reward_served"] <= 1 and 0 <= e["reward_master"] <= 1, e
+        assert 0 <= e["greedy_same"] <= 1 and e["served_length"] >= 1, e
+def strip(l):
+    return {k: v for k, v in l.items() if k != "eval" and not k.startswith("time/") and k != "sync/reports"}
+assert [strip(l) for l in a] == [strip(l) for l in b]
+s = json.load(open(sys.argv[1] + "/summary.json"))
+assert s["eval_final"]["step"] == 5 and s["eval_final"]["prompts"] == 4, s["eval_final"]
+assert "held-out (4 prompts, greedy)" in open(sys.argv[3]).read()
+PY
+  then pass "rl --eval-every: held-out greedy rewards of the served copy and the master, and it trains nothing"
+  else fail "rl --eval-every: metrics"; fi
+else
+  fail "rl --eval-every: $(head -c 300 "$WORK/err")"
+fi
 if "$CONCORD" rl --quick --quiet --out "$WORK/rl_spec" --speculative self:bf16 --speculative-tokens 2 >/dev/null 2>"$WORK/err"; then
   if python3 - "$WORK/rl_spec/metrics.jsonl" <<'PY'
 import json, sys

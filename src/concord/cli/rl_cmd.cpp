@@ -45,6 +45,7 @@ struct RlArgs {
   std::vector<std::string> faults;
   // Empty: not given (the config's value, or its default).
   std::optional<int64_t> steps, warmup_steps, prompts, group, max_new, checkpoint_every;
+  std::optional<int64_t> eval_every, eval_prompts;
   std::optional<int> difficulty, speculative_tokens;
   std::string speculative;
   std::optional<uint64_t> seed;
@@ -94,6 +95,8 @@ rl::RlConfig resolve(const RlArgs& a) {
   if (a.lr) c.lr = *a.lr;
   if (a.kl_coef) c.loss.kl_coef = *a.kl_coef;
   if (a.checkpoint_every) c.checkpoint_every = *a.checkpoint_every;
+  if (a.eval_every) c.eval_every = *a.eval_every;
+  if (a.eval_prompts) c.eval_prompts = *a.eval_prompts;
   if (!a.speculative.empty()) c.speculative = a.speculative;
   if (a.speculative_tokens) c.speculative_tokens = *a.speculative_tokens;
   for (const std::string& f : a.faults) c.faults.push_back(rl::parse_fault(f));
@@ -127,6 +130,13 @@ void print_result(const rl::RlConfig& c, const rl::RlResult& r, const std::strin
                                   r.seconds_warmup, r.warmup_cached ? " (cached)" : "", r.seconds_rollout,
                                   r.seconds_learner, r.seconds_sync, r.seconds_total).c_str());
   if (r.start_step > 0) std::printf("%s\n", fmt::format("  (resumed at step {}: the times count every process; this one ran {:.1f} s)", r.start_step, r.seconds_this_process).c_str());
+  if (r.summary.contains("eval_final")) {
+    const auto& e = r.summary.at("eval_final");
+    std::printf("%s\n", fmt::format("  held-out ({} prompts, greedy): reward {:.3f} served copy, {:.3f} fp32 master; "
+                                    "{:.0f}% of the replies the same tokens",
+                                    e.at("prompts").get<int64_t>(), e.at("reward_served").get<double>(),
+                                    e.at("reward_master").get<double>(), 100 * e.at("greedy_same").get<double>()).c_str());
+  }
   if (r.sync_failures == 0) {
     std::printf("  weight sync: every step passed the seven checks\n");
   } else {
@@ -381,6 +391,10 @@ void add_rl_command(CLI::App& app) {
                    "write a checkpoint every N steps (default 25; 0: only after the last step)");
   cmd->add_flag("--no-resume", a->no_resume,
                 "start over even when --out holds a checkpoint (default: resume from it)");
+  add_integer_flag(cmd, "--eval-every", a->eval_every, at_least(0),
+                   "held-out evaluation every N steps and after the last (0: none; docs/rl.md): greedy "
+                   "rewards of the served copy and the fp32 master, and how many replies agree");
+  add_integer_flag(cmd, "--eval-prompts", a->eval_prompts, between(1, 4096), "held-out prompts per evaluation (default 32)");
   cmd->add_flag("--quick", a->quick, "a few small steps (CI)");
   cmd->add_flag("--quiet", a->quiet, "no progress on stderr");
   cmd->add_option("--role", a->role, "internal: learner or sampler (processes --transport shm starts)")

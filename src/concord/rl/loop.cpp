@@ -58,6 +58,13 @@ TaskExample rl_example(const RlConfig& c, int64_t step, int64_t p) {
   return config_example(c, c.seed, static_cast<uint64_t>((step - 1) * c.prompts_per_step + p));
 }
 
+// Held-out prompt i: a seed stream of its own (the run's seed mixed with a constant), so that no
+// held-out prompt is drawn by index from the training stream (at a small difficulty the task's
+// problem space is small, and the same problem may still come up in both).
+TaskExample heldout_example(const RlConfig& c, int64_t i) {
+  return config_example(c, c.seed ^ 0x48454C444F555431ull, static_cast<uint64_t>(i));
+}
+
 // The run's prompt/completion form (rl/text.h): bytes, or init_from's tokenizer and chat
 // template. Read once per process and init_from path.
 const RlText& rl_text(const RlConfig& c) {
@@ -588,6 +595,72 @@ class Learner {
 
   const train::LagSummary& lag() const { return last_lag_; }
 
+  // The held-out evaluation (RlConfig::eval_every) of the served copy as the last sync() made it
+  // against the master it was made from: greedy replies to the held-out prompts from each, their
+  // mean rewards, and the replies that are the same tokens.
+  json evaluate() {
+    const auto t0 = steady::now();
+    const int64_t P = c_.eval_prompts;
+    const int64_t max_new = c_.eval_max_new_tokens > 0 ? c_.eval_max_new_tokens : c_.max_new_tokens;
+    std::vector<TaskExample> examples;
+    std::vector<std::vector<int32_t>> prompts;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < P; ++i) {
+      examples.push_back(heldout_example(c_, i));
+      prompts.push_back(rl_text(c_).prompt(examples.back()));
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts.back().size()));
+    }
+    const model::ModelConfig& mc = served_.config();
+    if (longest + max_new > mc.max_position_embeddings)
+      throw InputError(fmt::format("[rl] held-out prompts of up to {} tokens plus {} new tokens exceed the model's "
+                                   "max_position_embeddings {}", longest, max_new, mc.max_position_embeddings));
+    auto greedy = [&](model::Model& m) {
+      serve::EngineOptions o;
+      o.max_sequences = std::clamp<int64_t>(P, 1, 256);
+      o.max_context = longest + max_new;
+      serve::Engine engine(m, o);
+      std::vector<serve::Request> requests;
+      for (int64_t i = 0; i < P; ++i) {
+        serve::Request r;
+        r.prompt = prompts[sz(i)];
+        r.sampling.temperature = 0.0f;
+        r.max_tokens = max_new;
+        r.stop_tokens = rl_text(c_).stop_tokens();
+        requests.push_back(std::move(r));
+      }
+      std::vector<std::vector<int32_t>> out;
+      for (serve::Completion& done : engine.generate(std::move(requests))) out.push_back(std::move(done.tokens));
+      return out;
+    };
+    const std::vector<std::vector<int32_t>> served = greedy(served_);
+    std::vector<std::vector<int32_t>> master;
+    {
+      model::Model m(mc, model::PrecisionPolicy::from_name_or_file("fp32"));
+      set_model_weights(m, state_.masters());
+      master = greedy(m);
+    }
+    double reward_served = 0, reward_master = 0;
+    int64_t same = 0, served_tokens = 0;
+    for (int64_t i = 0; i < P; ++i) {
+      reward_served += rl_text(c_).reward(examples[sz(i)], served[sz(i)]);
+      reward_master += rl_text(c_).reward(examples[sz(i)], master[sz(i)]);
+      same += served[sz(i)] == master[sz(i)] ? 1 : 0;
+      served_tokens += static_cast<int64_t>(served[sz(i)].size());
+    }
+    const auto n = static_cast<double>(P);
+    return {{"prompts", P},
+            {"reward_served", reward_served / n},
+            {"reward_master", reward_master / n},
+            {"greedy_same", static_cast<double>(same) / n},
+            {"served_length", static_cast<double>(served_tokens) / n},
+            {"seconds", seconds_since(t0)}};
+  }
+
+  // The served copy of the final master (the export a step after the last would publish), for the
+  // run's last evaluation. Called after the last checkpoint: the export rule's state it advances
+  // is never saved.
+  void export_final(int64_t steps) { state_.export_to(served_, steps + 1); }
+
   // ---- checkpoints ----
   // The checkpoint of `at_step`: the training state (master, optimizer, export rule's state) and
   // what else a resumed learner needs as state tensors: the Fair Cast meter ("fair_cast.<i>.*")
@@ -907,6 +980,9 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
     const std::vector<uint8_t> payload = learner.sync(step, fair_cast);
     channel.publish(static_cast<uint64_t>(step), payload);
     const double learner_sync_s = seconds_since(t0);
+    // The held-out evaluation of the served copy just exported (the master of step - 1).
+    json evaluation;
+    if (config.eval_every > 0 && (step - 1) % config.eval_every == 0) evaluation = learner.evaluate();
 
     if (local) {
       const SamplerReply reply = local->step(channel);
@@ -964,6 +1040,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
     line["sync/applied"] = all_applied;
     line["sync/failed_check"] = failed.empty() ? json(nullptr) : json(failed);
     line["sync/reports"] = reports;
+    if (!evaluation.is_null()) line["eval"] = evaluation;
     if (!config.speculative.empty()) {
       // The fraction of drafts accepted, and the tokens a verification emitted on average
       // (accepted drafts + 1), over every sampler's rollouts of the step.
@@ -1024,6 +1101,12 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   result.seconds_total = seconds_before + result.seconds_this_process;
   result.summary = summarize(config, result);
   result.summary["lag"] = learner.lag().to_json();
+  if (config.eval_every > 0) {
+    // The last checkpoint is written: the final evaluation's export changes nothing it holds.
+    learner.export_final(config.steps);
+    result.summary["eval_final"] = learner.evaluate();
+    result.summary["eval_final"]["step"] = config.steps + 1;
+  }
   io::write_file_atomic(out / "summary.json", result.summary.dump(2) + "\n");
   if (config.log_rollouts) io::write_file_atomic(out / "rollouts.jsonl", rollouts_log);
   const ReportArm arm{config.name, &config, &result};

@@ -105,6 +105,15 @@ struct RlConfig {
   // metrics.jsonl gains spec/accept_rate and spec/accept_length per step.
   std::string speculative;
   int speculative_tokens = 4;
+  // Held-out evaluation (docs/rl.md, "Held-out evaluation"): every eval_every steps (0: off),
+  // right after the sync of steps 1, 1 + every, 1 + 2 every, ... and once after the last step,
+  // greedy replies to eval_prompts held-out prompts (their own seed stream, never a training
+  // prompt's index) from the served copy at the sampler preset and from the fp32 master: their
+  // rewards, and how many replies are the same tokens (checkpoint consistency: does the served
+  // copy reproduce the master's greedy outputs?). max_new_tokens 0: grpo.max_new_tokens.
+  int64_t eval_every = 0;
+  int64_t eval_prompts = 32;
+  int64_t eval_max_new_tokens = 0;
 
   // JSON layout (docs/rl.md): {"name", "model", "init_from", "base", "sampler", "learner",
   // "export", "loss_on_served", "task": {"name", "difficulty"}, "warmup": {"steps", "lr",
@@ -112,7 +121,8 @@ struct RlConfig {
   // "temperature", "ppo_epochs", "lr", "weight_decay", "grad_clip", "beta1", "beta2"}, "loss": {"clip_low",
   // "clip_high", "kl_coef", "is", "is_cap", "mask_lo", "mask_hi"}, "probe": {"sequences",
   // "length", "seed", "max_k3_kl", "osc_max"}, "faults": ["NAME@STEP", ...], "seed", "out",
-  // "log_rollouts", "checkpoint_every", "speculative": {"drafter", "draft_tokens"}};
+  // "log_rollouts", "checkpoint_every", "speculative": {"drafter", "draft_tokens"},
+  // "eval": {"every", "prompts", "max_new_tokens"}};
   // every key optional, unknown keys are errors. from_json validates everything (InputError
   // naming `source` and the key).
   static RlConfig from_json(const nlohmann::json& j, const std::string& source);

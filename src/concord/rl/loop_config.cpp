@@ -109,6 +109,14 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
         else config_error(source, fmt::format("unknown key '{}' (drafter, draft_tokens)", kr.key()));
       });
     }
+    else if (key == "eval") {
+      each_key(r, [&](const std::string& k, const Reader& kr) {
+        if (k == "every") c.eval_every = kr.integer();
+        else if (k == "prompts") c.eval_prompts = kr.integer(1);
+        else if (k == "max_new_tokens") c.eval_max_new_tokens = kr.integer();
+        else config_error(source, fmt::format("unknown key '{}' (every, prompts, max_new_tokens)", kr.key()));
+      });
+    }
     else if (key == "task") {
       each_key(r, [&](const std::string& k, const Reader& kr) {
         if (k == "name") c.task = kr.string();
@@ -184,7 +192,7 @@ RlConfig RlConfig::from_json(const json& j, const std::string& source) {
       config_error(source, fmt::format("unknown key '{}' (name, model, init_from, base, sampler, "
                                        "learner, export, loss_on_served, task, warmup, grpo, loss, "
                                        "probe, faults, seed, out, log_rollouts, "
-                                       "checkpoint_every, speculative)", key));
+                                       "checkpoint_every, speculative, eval)", key));
     }
   }
   c.validate(source);
@@ -212,6 +220,9 @@ void RlConfig::validate(const std::string& source) const {
   if (steps < 1) config_error(source, "grpo.steps must be at least 1");
   if (steps >= 100000000) config_error(source, "grpo.steps must be below 10^8 (checkpoint names)");
   if (checkpoint_every < 0) config_error(source, "checkpoint_every must be >= 0 (0: only after the last step)");
+  if (eval_every < 0) config_error(source, "eval.every must be >= 0 (0: no held-out evaluation)");
+  if (eval_prompts < 1 || eval_prompts > 4096) config_error(source, "eval.prompts must lie in [1, 4096]");
+  if (eval_max_new_tokens < 0) config_error(source, "eval.max_new_tokens must be >= 0 (0: grpo.max_new_tokens)");
   if (prompts_per_step < 1 || group_size < 2)
     config_error(source, "grpo.prompts_per_step must be >= 1 and grpo.group_size >= 2 (GRPO "
                          "compares completions within a group)");
@@ -294,6 +305,9 @@ json RlConfig::to_json() const {
           {"log_rollouts", log_rollouts},
           {"checkpoint_every", checkpoint_every}};
   if (!speculative.empty()) j["speculative"] = {{"drafter", speculative}, {"draft_tokens", speculative_tokens}};
+  // Written only when on, so that a run from before the key keeps its config identity.
+  if (eval_every > 0)
+    j["eval"] = {{"every", eval_every}, {"prompts", eval_prompts}, {"max_new_tokens", eval_max_new_tokens}};
   return j;
 }
 
