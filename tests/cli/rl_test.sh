@@ -235,6 +235,22 @@ PY
 else
   fail "rl --eval-every: $(head -c 300 "$WORK/err")"
 fi
+# rl-report: one report over finished runs; a missing or unfinished run is one line, exit 2.
+if "$CONCORD" rl-report --run "$WORK/rl_eval" --run "$WORK/rl_noeval" --title "two runs" --out "$WORK/two.html" >/dev/null 2>"$WORK/err" &&
+   python3 - "$WORK/two.html" <<'PY'
+import sys
+h = open(sys.argv[1], encoding="utf-8").read()
+assert "<title>two runs</title>" in h and "Held-out evaluation" in h and "token_mult_prob_error" in h
+assert h.count("<svg") >= 8 and h.count("<details>") == 2, h.count("<svg")
+PY
+then pass "rl-report over two runs (held-out evaluation, token_mult_prob_error)"
+else fail "rl-report: $(head -c 300 "$WORK/err")"; fi
+mkdir -p "$WORK/rl_unfinished" && cp "$WORK/rl_eval/config.json" "$WORK/rl_eval/metrics.jsonl" "$WORK/rl_unfinished/"
+expect_error "rl-report: an unfinished run" "summary.json: missing (the run has not finished)" \
+  "$CONCORD" rl-report --run "$WORK/rl_unfinished" --out "$WORK/x.html"
+expect_error "rl-report: not a directory" "not a directory" "$CONCORD" rl-report --run "$WORK/nope" --out "$WORK/x.html"
+head -c 100 "$WORK/rl_eval/metrics.jsonl" > "$WORK/rl_unfinished/metrics.jsonl"; cp "$WORK/rl_eval/summary.json" "$WORK/rl_unfinished/"
+expect_error "rl-report: a cut metrics line" "metrics.jsonl: line 1" "$CONCORD" rl-report --run "$WORK/rl_unfinished" --out "$WORK/x.html"
 if "$CONCORD" rl --quick --quiet --out "$WORK/rl_spec" --speculative self:bf16 --speculative-tokens 2 >/dev/null 2>"$WORK/err"; then
   if python3 - "$WORK/rl_spec/metrics.jsonl" <<'PY'
 import json, sys
@@ -268,5 +284,30 @@ for f in ${FAULTS//,/ }; do grep -q -- "--fault .*[ ,]$f\b" <(tr -s ' \n' ' ' <"
 grep -q -- "--task .*add, mul, reverse, sort, count, mixed" "$WORK/rl_help" && pass "rl --help names every task" \
   || fail "rl --help tasks: $(grep -- --task "$WORK/rl_help")"
 [[ ! -e "$WORK/x" ]] && pass "failed commands write nothing" || fail "output written by a failed command"
+
+# scripts/rl_smol_results.py --quick (issue 22's results script, CI smoke): every arm two steps on
+# the built-in model, the tables and the report; run again, it keeps the finished arms.
+SCRIPT="$(dirname "$0")/../../scripts/rl_smol_results.py"
+if python3 "$SCRIPT" --quick --concord "$CONCORD" --out "$WORK/smol" >"$WORK/smol.txt" 2>"$WORK/smol.err" &&
+   python3 - "$WORK/smol" <<'PY'
+import json, sys
+d = sys.argv[1]
+rows = json.load(open(d + "/results.json"))
+assert len(rows) == 11 and all(r["steps"] == 2 and r["sync_failures"] == 0 for r in rows), rows
+assert {r["export"] for r in rows if r["name"].startswith("fc-")} == {"rne", "sr", "ef"}
+md = open(d + "/results.md").read()
+for title in ("## Fair Cast", "## Matched vs mismatched precision", "## FP4 end to end", "## Weight syncs"):
+    assert title in md, title
+assert "| mxfp8 / mxfp8 | 0 | 100% lower |" in md, md  # matched: bit-identical log-probs
+assert open(d + "/report.html").read().count("<details>") == 11
+PY
+then
+  if python3 "$SCRIPT" --quick --concord "$CONCORD" --out "$WORK/smol" >/dev/null 2>"$WORK/smol.err" &&
+     [[ $(grep -c "finished earlier, kept" "$WORK/smol.err") -eq 11 ]]; then
+    pass "rl_smol_results.py --quick: 11 arms, the tables and the report; a rerun keeps every finished arm"
+  else fail "rl_smol_results.py --quick rerun: $(tail -3 "$WORK/smol.err")"; fi
+else
+  fail "rl_smol_results.py --quick: $(tail -3 "$WORK/smol.err")"
+fi
 
 finish "rl CLI"

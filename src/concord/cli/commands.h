@@ -16,6 +16,7 @@ void add_generate_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_contract_command(CLI::App& app);
 void add_rl_command(CLI::App& app);
+void add_rl_report_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_flow_command(CLI::App& app);
 void add_sched_command(CLI::App& app);

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   concord::cli::add_serve_command(app);
   concord::cli::add_contract_command(app);
   concord::cli::add_rl_command(app);
+  concord::cli::add_rl_report_command(app);
   concord::cli::add_eval_command(app);
   concord::cli::add_flow_command(app);
   concord::cli::add_sched_command(app);

@@ -33,6 +33,7 @@
 #include "concord/numerics/check.h"
 #include "concord/rl/channel.h"
 #include "concord/rl/loop.h"
+#include "concord/rl/report.h"
 #include "concord/rl/sync.h"
 #include "concord/rl/tasks.h"
 
@@ -402,6 +403,31 @@ void add_rl_command(CLI::App& app) {
   add_integer_flag(cmd, "--rank", a->rank, between(1, 4096), "internal: sampler rank")->group("");
   cmd->add_option("--shm-name", a->shm_name, "internal: shared-memory segment")->group("");
   cmd->callback([a]() { run(*a); });
+}
+
+void add_rl_report_command(CLI::App& app) {
+  struct Args {
+    std::vector<std::string> runs;
+    std::string out, title = "concord rl runs";
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "rl-report",
+      "One offline HTML report (rl/report.h: summary table, per-step plots, held-out evaluation, lag "
+      "histograms, failed syncs, configs) over finished `concord rl` runs, read from their directories.");
+  cmd->add_option("--run", a->runs, "a finished run's directory (repeatable; named by its config's name)")
+      ->required();
+  cmd->add_option("--out", a->out, "the HTML file to write")->required();
+  cmd->add_option("--title", a->title, "the report's title");
+  cmd->callback([a]() {
+    std::vector<rl::LoadedRun> runs;
+    runs.reserve(a->runs.size());
+    for (const std::string& dir : a->runs) runs.push_back(rl::load_rl_run(dir));
+    std::vector<rl::ReportArm> arms;
+    for (const rl::LoadedRun& r : runs) arms.push_back({r.config.name, &r.config, &r.result});
+    rl::write_rl_report(a->out, a->title, arms);
+    std::printf("%s\n", fmt::format("{} run{} -> {}", runs.size(), runs.size() == 1 ? "" : "s", a->out).c_str());
+  });
 }
 
 }  // namespace concord::cli

@@ -594,6 +594,7 @@ class Learner {
   }
 
   const train::LagSummary& lag() const { return last_lag_; }
+  json lag_counts() const { return meter_.state_json().at("lag_counts"); }
 
   // The held-out evaluation (RlConfig::eval_every) of the served copy as the last sync() made it
   // against the master it was made from: greedy replies to the held-out prompts from each, their
@@ -1101,6 +1102,7 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   result.seconds_total = seconds_before + result.seconds_this_process;
   result.summary = summarize(config, result);
   result.summary["lag"] = learner.lag().to_json();
+  result.summary["lag_counts"] = learner.lag_counts();  // exact: events closed after 0, 1, 2, ... steps
   if (config.eval_every > 0) {
     // The last checkpoint is written: the final evaluation's export changes nothing it holds.
     learner.export_final(config.steps);
@@ -1112,6 +1114,69 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
   const ReportArm arm{config.name, &config, &result};
   write_rl_report(out / "report.html", fmt::format("concord rl: {}", config.name), {&arm, 1});
   return result;
+}
+
+LoadedRun load_rl_run(const fs::path& dir) {
+  LoadedRun run;
+  const fs::path config_path = dir / "config.json", metrics_path = dir / "metrics.jsonl",
+                 summary_path = dir / "summary.json";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(fmt::format("[rl] {}: not a directory", dir.string()));
+  for (const fs::path& f : {config_path, metrics_path, summary_path})
+    if (!fs::exists(f, ec))
+      throw InputError(fmt::format("[rl] {}: missing ({})", f.string(),
+                                   f == summary_path ? "the run has not finished" : "not an rl run directory"));
+  run.config = RlConfig::load(config_path);
+  RlResult& r = run.result;
+  std::ifstream in(metrics_path);
+  std::string text;
+  int64_t number = 0;
+  while (std::getline(in, text)) {
+    ++number;
+    if (text.empty()) continue;
+    try {
+      RlStepMetrics m;
+      m.line = json::parse(text);
+      m.step = m.line.at("step").get<int64_t>();
+      m.reward = m.line.at("reward").get<double>();
+      m.entropy = m.line.at("entropy").get<double>();
+      if (m.step != static_cast<int64_t>(r.steps.size()) + 1)
+        throw InputError(fmt::format("step {} where step {} belongs", m.step, r.steps.size() + 1));
+      r.steps.push_back(std::move(m));
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("[rl] {}: line {}: {}", metrics_path.string(), number, e.what()));
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("[rl] {}: line {}: {}", metrics_path.string(), number, e.what()));
+    }
+  }
+  r.summary = io::read_json_file(summary_path, "rl", "the run's summary");
+  try {
+    const json& s = r.summary;
+    if (s.at("steps").get<int64_t>() != static_cast<int64_t>(r.steps.size()))
+      throw InputError(fmt::format("{} steps, but {} lines in {}", s.at("steps").get<int64_t>(), r.steps.size(),
+                                   metrics_path.string()));
+    if (r.steps.empty()) throw InputError("no steps");
+    r.warmup_reward = s.at("warmup_reward").get<double>();
+    r.initial_reward = s.at("initial_reward").get<double>();
+    r.final_reward = s.at("final_reward").get<double>();
+    r.mean_mismatch_kl = s.at("mean_k3_kl").get<double>();
+    r.lag_median = s.at("lag_median").get<double>();
+    r.lag_p90 = s.at("lag_p90").get<double>();
+    const json& sec = s.at("seconds");
+    r.seconds_warmup = sec.at("warmup").get<double>();
+    r.seconds_rollout = sec.at("rollout").get<double>();
+    r.seconds_learner = sec.at("learner").get<double>();
+    r.seconds_sync = sec.at("sync").get<double>();
+    r.seconds_total = sec.at("total").get<double>();
+    r.seconds_this_process = sec.at("this_process").get<double>();
+    r.warmup_cached = s.at("warmup_cached").get<bool>();
+    r.sync_failures = s.at("sync_failures").get<int64_t>();
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("[rl] {}: {}", summary_path.string(), e.what()));
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("[rl] {}: {}", summary_path.string(), e.what()));
+  }
+  return run;
 }
 
 }  // namespace concord::rl

@@ -179,4 +179,14 @@ RlResult run_rl(const RlConfig& config, Channel& channel, const RlOptions& optio
 // A fresh run (resume = false), as `concord demo` runs its arms.
 RlResult run_rl(const RlConfig& config, Channel& channel, bool progress = true);
 
+// A finished run read back from its directory (config.json, metrics.jsonl, summary.json), for a
+// report over several runs (`concord rl-report`). InputError naming the file and the problem
+// when one is missing, unreadable or does not fit the others (a run that has not finished has
+// no summary.json).
+struct LoadedRun {
+  RlConfig config;
+  RlResult result;
+};
+LoadedRun load_rl_run(const std::filesystem::path& dir);
+
 }  // namespace concord::rl

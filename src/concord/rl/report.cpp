@@ -63,6 +63,66 @@ std::vector<audit::Series> per_step(std::span<const ReportArm> arms, const std::
   return series;
 }
 
+void append_figure(std::string& out, const std::string& svg, const std::string& caption) {
+  fmt::format_to(std::back_inserter(out), "<figure>\n{}<figcaption>{}</figcaption>\n</figure>\n",
+                 svg, html_escape(caption));
+}
+
+// One series per arm that has a held-out evaluation: `key` of each evaluation against its step,
+// the final one (summary.json's eval_final) at steps + 1.
+std::vector<audit::Series> per_eval(std::span<const ReportArm> arms, const std::string& key) {
+  std::vector<audit::Series> series;
+  for (const ReportArm& a : arms) {
+    audit::Series s;
+    s.name = a.name;
+    for (const RlStepMetrics& m : a.result->steps) {
+      if (!m.line.contains("eval")) continue;
+      s.x.push_back(static_cast<double>(m.step));
+      s.y.push_back(number_at(m.line.at("eval"), json::json_pointer("/" + key)));
+    }
+    if (a.result->summary.contains("eval_final")) {
+      const json& e = a.result->summary.at("eval_final");
+      s.x.push_back(number_at(e, json::json_pointer("/step")));
+      s.y.push_back(number_at(e, json::json_pointer("/" + key)));
+    }
+    if (!s.x.empty()) series.push_back(std::move(s));
+  }
+  return series;
+}
+
+void append_eval(std::string& out, std::span<const ReportArm> arms, int w, int h) {
+  if (per_eval(arms, "reward_served").empty()) return;
+  out += "<h2>Held-out evaluation</h2>\n<table>\n<tr><th class=\"name\">run</th><th>prompts</th>"
+         "<th>reward, served copy</th><th>reward, fp32 master</th><th>greedy replies the same</th>"
+         "<th>same, mean over evaluations</th></tr>\n";
+  for (const ReportArm& a : arms) {
+    if (!a.result->summary.contains("eval_final")) continue;
+    const json& e = a.result->summary.at("eval_final");
+    double same = 0;
+    int n = 0;
+    for (const RlStepMetrics& m : a.result->steps)
+      if (m.line.contains("eval")) same += number_at(m.line.at("eval"), json::json_pointer("/greedy_same")), ++n;
+    same += number_at(e, json::json_pointer("/greedy_same"));
+    ++n;
+    fmt::format_to(std::back_inserter(out),
+                   "<tr><td class=\"name\">{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td><td>{:.3f}</td></tr>\n",
+                   html_escape(a.name), num(number_at(e, json::json_pointer("/prompts"))),
+                   number_at(e, json::json_pointer("/reward_served")), number_at(e, json::json_pointer("/reward_master")),
+                   number_at(e, json::json_pointer("/greedy_same")), same / n);
+  }
+  out += "</table>\n";
+  append_figure(out,
+                audit::svg_line_plot(per_eval(arms, "reward_served"),
+                                     {"held-out reward (greedy, served copy)", "step", "mean reward", false, false, w, h}),
+                "Greedy replies of the served copy to the held-out prompts, at each evaluation (the "
+                "last one after the final step).");
+  append_figure(out,
+                audit::svg_line_plot(per_eval(arms, "greedy_same"),
+                                     {"checkpoint consistency", "step", "fraction", false, false, w, h}),
+                "Fraction of held-out prompts whose greedy reply from the served copy is the same "
+                "tokens as the fp32 master's.");
+}
+
 // Steps of the longest run / 20: the smoothing window of noisy per-step plots.
 size_t smoothing_window(std::span<const ReportArm> arms) {
   size_t steps = 0;
@@ -70,10 +130,6 @@ size_t smoothing_window(std::span<const ReportArm> arms) {
   return std::max<size_t>(1, steps / 20);
 }
 
-void append_figure(std::string& out, const std::string& svg, const std::string& caption) {
-  fmt::format_to(std::back_inserter(out), "<figure>\n{}<figcaption>{}</figcaption>\n</figure>\n",
-                 svg, html_escape(caption));
-}
 
 void append_summary(std::string& out, std::span<const ReportArm> arms) {
   out +=
@@ -240,6 +296,12 @@ std::string rl_report_html(const std::string& title, std::span<const ReportArm> 
                 audit::svg_line_plot(per_step(arms, "/fair_cast/lag/median"),
                                      {"lag median (cumulative)", "step", "steps", false, false, w, h}),
                 "Fair Cast: median lag of the events closed so far.");
+  append_figure(out,
+                audit::svg_line_plot(per_step(arms, "/token_mult_prob_error"),
+                                     {"token_mult_prob_error", "step", "mean e^|Δlogp|", false, false, w, h}),
+                "NeMo-RL's token_mult_prob_error: the mean over sampled tokens of e^|Δlogp| between "
+                "sampler and learner (1: they agree).");
+  append_eval(out, arms, w, h);
   append_lag_histograms(out, arms);
   append_sync_events(out, arms);
 
