@@ -15,12 +15,14 @@ Arms (the same task, batch, steps, learning rate and held-out evaluation in ever
 A killed run resumes: a finished arm (its summary.json) is kept, an unfinished one continues from
 its last checkpoint (`concord rl` on the same --out), and the tables are rebuilt from the run
 directories. The model is exported once from the installed GGUF (scripts/smollm2-path) into
-OUT/model as fp32 masters, unless --model names a folder. Not part of CI but its --quick.
+OUT/model as fp32 masters, unless --model names a folder. A finished arm's checkpoints (~4 GB each
+on SmolLM2) are removed unless --keep-checkpoints. Not part of CI but its --quick.
 """
 import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,6 +94,8 @@ def run_arm(args, model, arm):
     with open(os.path.join(args.out, "logs", name + ".txt"), "a", encoding="utf-8") as out:
         run(cmd, stdout=out)
     log(f"{name}: {time.time() - t0:.0f} s here")
+    if not args.keep_checkpoints:  # ~4 GB each on SmolLM2 (master, AdamW moments, Fair Cast meter)
+        shutil.rmtree(os.path.join(d, "checkpoints"), ignore_errors=True)
     return d
 
 
@@ -223,6 +227,8 @@ def main():
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep a finished arm's checkpoints (default: removed; its metrics and summary stay)")
     p.add_argument("--quick", action="store_true", help="every arm, 2 steps, the small built-in model (CI smoke)")
     args = p.parse_args()
     if args.quick:
