@@ -121,7 +121,16 @@ def window(lines, key, lo, hi):
     return mean([l.get(key) for l in lines[a:b]])
 
 
-def arm_row(d):
+def reach(lines, level, width=10):
+    """The first step whose trailing mean reward over `width` steps reaches `level` (None: never)."""
+    r = [l["reward"] for l in lines]
+    for i in range(width - 1, len(r)):
+        if sum(r[i + 1 - width:i + 1]) / width >= level:
+            return lines[i]["step"]
+    return None
+
+
+def arm_row(d, level):
     s, lines = load(d)
     counts = s.get("lag_counts", [])
     evals = [l["eval"] for l in lines if "eval" in l] + ([s["eval_final"]] if "eval_final" in s else [])
@@ -130,7 +139,7 @@ def arm_row(d):
         "name": s["name"], "sampler": s["sampler"], "learner": s["learner"], "export": s["export"],
         "steps": s["steps"],
         "reward_first": window(lines, "reward", 0, 0.1), "reward_mid": window(lines, "reward", 0.45, 0.55),
-        "reward_last": window(lines, "reward", 0.9, 1.0),
+        "reward_last": window(lines, "reward", 0.9, 1.0), "reach_step": reach(lines, level),
         "k3_kl": mean([l.get("rollout_corr/k3_kl") for l in lines]),
         "token_mult_prob_error": mean([l.get("token_mult_prob_error") for l in lines]),
         "entropy": mean([l.get("entropy") for l in lines]),
@@ -166,16 +175,16 @@ def tables(args, rows):
     fc = [r for r in rows if r["name"].startswith("fc-")]
     if fc:
         out += ["## Fair Cast: bf16 served copy from fp32 masters", "",
-                "| export | seeds | reward first 10% | middle 10% | last 10% | held-out reward (served) | held-out (master) "
+                f"| export | seeds | reward first 10% | middle 10% | last 10% | steps to {args.reach:g} | held-out reward (served) | held-out (master) "
                 "| greedy same, final | greedy same, mean | lag p50 | lag p90 | events | events >= 50 steps | pending | wall s |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rule in ("rne", "sr", "ef"):
             rs = [r for r in fc if r["export"] == rule]
             if not rs:
                 continue
             col = lambda k: [r[k] for r in rs]
             out.append(f"| {rule} | {len(rs)} | {spread(col('reward_first'))} | {spread(col('reward_mid'))} | "
-                       f"{spread(col('reward_last'))} | {spread(col('heldout_served'))} | {spread(col('heldout_master'))} | "
+                       f"{spread(col('reward_last'))} | {'/'.join(str(x) if x else '-' for x in col('reach_step'))} | {spread(col('heldout_served'))} | {spread(col('heldout_master'))} | "
                        f"{spread(col('greedy_same_final'))} | {spread(col('greedy_same_mean'))} | "
                        f"{'/'.join(g3(x) for x in col('lag_median'))} | {'/'.join(g3(x) for x in col('lag_p90'))} | "
                        f"{'/'.join(str(x) for x in col('lag_events'))} | {'/'.join(str(x) for x in col('lag_events_ge_50'))} | "
@@ -197,11 +206,11 @@ def tables(args, rows):
     fp4 = [by[n] for n in ("fc-rne-s1", "fp4-nvfp4", "fp4-mxfp4") if n in by]
     if any(r["name"].startswith("fp4-") for r in fp4):
         out += ["## FP4 end to end", "",
-                "| sampler / learner | reward first 10% | last 10% | held-out reward | mean k3 KL | mean token_mult_prob_error | mean entropy | wall s |",
-                "|---|---|---|---|---|---|---|---|"]
+                f"| sampler / learner | reward first 10% | last 10% | steps to {args.reach:g} | held-out reward | mean k3 KL | mean token_mult_prob_error | mean entropy | wall s |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for r in fp4:
             out.append(f"| {r['sampler']} / {r['learner']} | {f3(r['reward_first'])} | {f3(r['reward_last'])} | "
-                       f"{f3(r['heldout_served'])} | {g3(r['k3_kl'])} | {g3(r['token_mult_prob_error'])} | "
+                       f"{r['reach_step'] or '-'} | {f3(r['heldout_served'])} | {g3(r['k3_kl'])} | {g3(r['token_mult_prob_error'])} | "
                        f"{f3(r['entropy'])} | {r['seconds']:.0f} |")
         out.append("")
     syncs = sum(r["syncs"] for r in rows)
@@ -227,6 +236,8 @@ def main():
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--reach", type=float, default=0.8,
+                   help="the tables' 'steps to R': first step whose 10-step mean reward reaches R")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep a finished arm's checkpoints (default: removed; its metrics and summary stay)")
     p.add_argument("--quick", action="store_true", help="every arm, 2 steps, the small built-in model (CI smoke)")
@@ -248,7 +259,7 @@ def main():
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     model = model_folder(args)
     dirs = [run_arm(args, model, a) for a in arms]
-    rows = [arm_row(d) for d in dirs]
+    rows = [arm_row(d, args.reach) for d in dirs]
     text = tables(args, rows)
     tmp = os.path.join(args.out, "results.md.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
