@@ -66,18 +66,42 @@ def model_folder(args):
     return folder
 
 
-def finished(d, steps):
+def expected_config(args, arm):
+    """What an arm's config.json must hold for its finished run to count as this arm's."""
+    _, sampler, learner, rule, seed = arm
+    e = {"sampler": sampler, "learner": learner, "export": rule, "seed": seed,
+         "task": {"name": args.task, "difficulty": args.difficulty},
+         "grpo/steps": args.steps, "grpo/lr": args.lr, "eval/every": args.eval_every, "eval/prompts": args.eval_prompts}
+    if not args.quick:
+        e.update({"grpo/prompts_per_step": args.prompts, "grpo/group_size": args.group,
+                  "grpo/max_new_tokens": args.max_new})
+    return e
+
+
+def finished(args, arm, d):
+    """True when d holds this arm's finished run; exits when it holds another configuration's
+    (a rerun would have to discard it: choose another --out)."""
     try:
         with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
-            return json.load(f)["steps"] == steps
-    except (OSError, ValueError, KeyError):
+            json.load(f)
+        with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
         return False
+    for key, want in expected_config(args, arm).items():
+        have = config
+        for part in key.split("/"):
+            have = have.get(part) if isinstance(have, dict) else None
+        if have != want:
+            sys.exit(f"rl_smol_results: {d} is a finished run with {key} = {have!r}, not {want!r}; "
+                     f"use another --out (or remove it)")
+    return True
 
 
 def run_arm(args, model, arm):
     name, sampler, learner, rule, seed = arm
     d = os.path.join(args.out, "arms", name)
-    if finished(d, args.steps):
+    if finished(args, arm, d):
         log(f"{name}: finished earlier, kept")
         return d
     cmd = [args.concord, "rl", "--name", name, "--sampler", sampler, "--learner", learner, "--export", rule,
