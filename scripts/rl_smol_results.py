@@ -160,7 +160,7 @@ def arm_row(d, level):
     evals = [l["eval"] for l in lines if "eval" in l] + ([s["eval_final"]] if "eval_final" in s else [])
     fin = s.get("eval_final", {})
     return {
-        "name": s["name"], "sampler": s["sampler"], "learner": s["learner"], "export": s["export"],
+        "dir": d, "name": s["name"], "sampler": s["sampler"], "learner": s["learner"], "export": s["export"],
         "steps": s["steps"],
         "reward_first": window(lines, "reward", 0, 0.1), "reward_mid": window(lines, "reward", 0.45, 0.55),
         "reward_last": window(lines, "reward", 0.9, 1.0), "reach_step": reach(lines, level),
@@ -190,6 +190,44 @@ def spread(v):
     return f"{statistics.mean(v):.3f}" + (f" ({min(v):.3f}-{max(v):.3f})" if len(v) > 1 else "")
 
 
+def curves(args, fc):
+    """The Fair Cast reward curves as tables: the mean reward of each window of steps and the
+    held-out reward at each evaluation, per rule, as the mean over seeds (min-max)."""
+    rules = [rule for rule in ("rne", "sr", "ef") if any(r["export"] == rule for r in fc)]
+    runs = {rule: [load(r["dir"])[1] for r in fc if r["export"] == rule] for rule in rules}
+    width = max(1, args.steps // 10)
+    out = [f"### Reward curves: sampled reward per {width}-step window", "",
+           "| steps | " + " | ".join(rules) + " |", "|---|" + "---|" * len(rules)]
+    for lo in range(1, args.steps + 1, width):
+        hi = min(args.steps, lo + width - 1)
+        cells = []
+        for rule in rules:
+            means = [mean([l["reward"] for l in lines if lo <= l["step"] <= hi]) for lines in runs[rule]]
+            cells.append(spread(means))
+        out.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
+    out += ["", "### Held-out reward (greedy) of the served copy and of its fp32 master at each evaluation", "",
+            "| after updates | " + " | ".join(f"{rule} served | {rule} master" for rule in rules) + " |",
+            "|---|" + "---|---|" * len(rules)]
+    evals = {}
+    for rule in rules:
+        for lines in runs[rule]:
+            for l in lines:
+                if "eval" in l:
+                    evals.setdefault(l["step"], {}).setdefault(rule, []).append(l["eval"])
+    for r in fc:  # the final evaluation, after the last step's update (summary.json)
+        s, _ = load(r["dir"])
+        if "eval_final" in s:
+            evals.setdefault(s["steps"] + 1, {}).setdefault(r["export"], []).append(s["eval_final"])
+    for step in sorted(evals):
+        cells = []
+        for rule in rules:
+            e = evals[step].get(rule, [])
+            cells += [spread([x["reward_served"] for x in e]), spread([x["reward_master"] for x in e])]
+        # an evaluation on step k's metrics line ran on the weights synced before its update
+        out.append(f"| {step - 1} | " + " | ".join(cells) + " |")
+    return out + ["", "Each cell: the mean over seeds (min-max).", ""]
+
+
 def tables(args, rows):
     by = {r["name"]: r for r in rows}
     out = [f"# RL on {'the built-in small model (--quick)' if args.quick else 'SmolLM2-135M-Instruct'}",
@@ -214,6 +252,7 @@ def tables(args, rows):
                        f"{'/'.join(str(x) for x in col('lag_events'))} | {'/'.join(str(x) for x in col('lag_events_ge_50'))} | "
                        f"{'/'.join(str(x) for x in col('lag_pending'))} | {'/'.join(f'{x:.0f}' for x in col('seconds'))} |")
         out += ["", "Spread: the mean over seeds (min-max); a/b: seed 1 / seed 2.", ""]
+        out += curves(args, fc)
     prec = [by[a[0]] for a in PRECISION if a[0] in by]
     if prec:
         ref = by.get("prec-fp8tensor-mxfp8")

@@ -296,8 +296,14 @@ rows = json.load(open(d + "/results.json"))
 assert len(rows) == 11 and all(r["steps"] == 2 and r["sync_failures"] == 0 for r in rows), rows
 assert {r["export"] for r in rows if r["name"].startswith("fc-")} == {"rne", "sr", "ef"}
 md = open(d + "/results.md").read()
-for title in ("## Fair Cast", "## Matched vs mismatched precision", "## FP4 end to end", "## Weight syncs"):
+for title in ("## Fair Cast", "### Reward curves", "### Held-out reward", "## Matched vs mismatched precision",
+              "## FP4 end to end", "## Weight syncs"):
     assert title in md, title
+# the curves: one row per step window and per evaluation (after 0, 1 and 2 updates), both seeds in each cell
+curve = md.split("### Reward curves")[1].split("###")[0]
+assert sum(1 for l in curve.splitlines() if l.startswith("| 1-1 |") or l.startswith("| 2-2 |")) == 2, curve
+held = md.split("### Held-out reward")[1].split("##")[0]
+assert [l.split(" |")[0] for l in held.splitlines() if l[:3] in ("| 0", "| 1", "| 2")] == ["| 0", "| 1", "| 2"], held
 assert "| mxfp8 / mxfp8 | 0 | 100% lower |" in md, md  # matched: bit-identical log-probs
 assert open(d + "/report.html").read().count("<details>") == 11
 PY
