@@ -116,6 +116,7 @@ class GemmTest : public ::testing::Test {
   std::vector<GemmIsa> isas() const {
     std::vector<GemmIsa> v{GemmIsa::generic};
     if (gemm_isa_supported(GemmIsa::avx2)) v.push_back(GemmIsa::avx2);
+    if (gemm_isa_supported(GemmIsa::avx512)) v.push_back(GemmIsa::avx512);
     return v;
   }
   // Runs fn under every ISA and 1 and 2 threads and expects the reference's bits each time.
@@ -152,6 +153,11 @@ std::vector<Shape> bitwise_shapes() {
   shapes.push_back({7, 3100, 9});
   shapes.push_back({149, 31, 1031});
   shapes.push_back({1, 1, 2049});
+  // The AVX-512 12 x 32 tiles: 12-row groups with 6 and 7..11 rows left, an odd panel after the
+  // pairs, a partial last panel next to a full one.
+  shapes.push_back({18, 48, 40});
+  shapes.push_back({30, 80, 77});
+  shapes.push_back({23, 47, 9});
   return shapes;
 }
 
@@ -223,7 +229,7 @@ TEST_F(GemmTest, BatchInvariantRowDoesNotDependOnMOrPosition) {
         // Every M on the fast kernel with one thread; the slow generic kernel checks the tile
         // edges and a few more; two threads only split the large M (the rest runs on one).
         for (int64_t M = 1; M <= 300;
-             M += threads == 2 ? (M < 150 ? 149 : 7) : (isa == GemmIsa::avx2 || M < 13) ? 1 : 37) {
+             M += threads == 2 ? (M < 150 ? 149 : 7) : (isa != GemmIsa::generic || M < 13) ? 1 : 37) {
           std::vector<float> A = random_values(M * K, static_cast<uint32_t>(M));
           std::vector<float> C(M * N);
           for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
@@ -434,6 +440,13 @@ TEST_F(GemmTest, IsaSelection) {
     EXPECT_STREQ(gemm_isa_name(), "avx2");
   } else {
     EXPECT_THROW(set_gemm_isa(GemmIsa::avx2), InputError);
+  }
+  if (gemm_isa_supported(GemmIsa::avx512)) {
+    EXPECT_TRUE(gemm_isa_supported(GemmIsa::avx2));
+    set_gemm_isa(GemmIsa::avx512);
+    EXPECT_STREQ(gemm_isa_name(), "avx512");
+  } else {
+    EXPECT_THROW(set_gemm_isa(GemmIsa::avx512), InputError);
   }
 }
 

@@ -132,7 +132,7 @@ void chain_f64_generic(const float* const* a, const float* p, Segment s, bool re
 
 bool use_avx2() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  return tensor::gemm_isa() == tensor::GemmIsa::avx2;
+  return tensor::gemm_isa() != tensor::GemmIsa::generic;
 #else
   return false;
 #endif

@@ -1,5 +1,6 @@
 // The batch-invariant GEMM: the scalar reference, the blocked packing driver (OpenMP over M x N
-// tiles), the generic microkernels, and the ISA dispatch. The AVX2 kernels are gemm_avx2.cpp.
+// tiles), the generic microkernels, and the ISA dispatch. The AVX2 kernels are gemm_avx2.cpp,
+// the AVX-512 wide tiles gemm_avx512.cpp.
 #include "concord/tensor/gemm.h"
 
 #include <omp.h>
@@ -155,6 +156,7 @@ struct F32Panels {
                     : pack_b_panel_f32<false>(B, ldb, k0, kc, j0, cols, out);
   }
   static detail::MicroKernelF32 kernel(const detail::MicroKernels& k) { return k.f32; }
+  static detail::WideF32 wide(const detail::MicroKernels& k) { return k.wide.f32; }
 };
 struct Bf16Panels {
   using AWord = float;
@@ -171,6 +173,7 @@ struct Bf16Panels {
                     : pack_b_panel_bf16<false>(B, ldb, k0, kc, j0, cols, out);
   }
   static detail::MicroKernelBf16 kernel(const detail::MicroKernels& k) { return k.bf16; }
+  static detail::WideBf16 wide(const detail::MicroKernels& k) { return k.wide.bf16; }
 };
 
 // Prepacked bf16 B (gemm_packed): A packed as fp32, never truncated — the bf16 panels widen
@@ -188,6 +191,7 @@ struct Bf16BPanels {
     Bf16Panels::pack_b(t, B, ldb, k0, kc, j0, cols, out);
   }
   static detail::MicroKernelBf16 kernel(const detail::MicroKernels& k) { return k.bf16; }
+  static detail::WideBf16 wide(const detail::MicroKernels& k) { return k.wide.bf16; }
 };
 
 void check_args(const char* op, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
@@ -226,6 +230,7 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
     return;
   }
   const auto kernel = P::kernel(kernels);
+  const auto wide = P::wide(kernels);  // null: every tile on `kernel`
   const int64_t kc_max = std::min(K, kKC);
   const int64_t nc_max = std::min(N, kNC);
   const int64_t nc_panels_max = (nc_max + kNR - 1) / kNR;
@@ -246,31 +251,59 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
   // The tiles of rows [ic, ic + mc) x panels [p_begin, p_end) of column block jc for one K step
   // of kc: packs the A block, then one kernel call per microtile. Panel p's words for this step
   // are at b_first + (p - p_begin) * b_stride.
+  // Rows [ir0, mc) of panel p (A packed at a_pack) on the kMR x kNR kernel.
+  auto run_narrow = [&](const AWord* a_pack, float* edge, int64_t jc, int64_t ic, int64_t mc,
+                        int64_t ir0, int64_t p, int64_t p_begin, int64_t kc, bool load_c,
+                        const BWord* b_first, int64_t b_stride) {
+    const int64_t j = jc + p * kNR;
+    const int64_t nr = std::min<int64_t>(kNR, N - j);
+    const BWord* b_panel = b_first + (p - p_begin) * b_stride;
+    for (int64_t ir = ir0; ir < mc; ir += kMR) {
+      const int64_t mr = std::min<int64_t>(kMR, mc - ir);
+      const AWord* a_panel = a_pack + ir * kc;
+      float* c = C + (ic + ir) * ldc + j;
+      if (mr == kMR && nr == kNR) {
+        kernel(kc, a_panel, b_panel, c, ldc, load_c);
+        continue;
+      }
+      // Edge tile: run the full tile on a scratch copy, write back the valid part.
+      if (load_c) {
+        for (int64_t r = 0; r < mr; ++r) std::copy_n(c + r * ldc, nr, edge + r * kNR);
+      }
+      kernel(kc, a_panel, b_panel, edge, kNR, load_c);
+      for (int64_t r = 0; r < mr; ++r) std::copy_n(edge + r * kNR, nr, c + r * ldc);
+    }
+  };
+
+  // With wide kernels, two full panels at a time run their 12-row groups as one wide tile each
+  // and the rows left (fewer than 12) on the narrow kernel, panel by panel: each C element still
+  // gets its kc steps from one kernel call, in order.
   auto run_tiles = [&](AWord* a_pack, float* edge, int64_t jc, int64_t ic, int64_t mc,
                        int64_t p_begin, int64_t p_end, int64_t pc, int64_t kc, bool load_c,
                        const BWord* b_first, int64_t b_stride) {
     P::pack_a(ta, A, lda, ic, mc, pc, kc, a_pack);
     for (int64_t p = p_begin; p < p_end; ++p) {
       const int64_t j = jc + p * kNR;
-      const int64_t nr = std::min<int64_t>(kNR, N - j);
-      const BWord* b_panel = b_first + (p - p_begin) * b_stride;
-      for (int64_t ir = 0; ir < mc; ir += kMR) {
-        const int64_t mr = std::min<int64_t>(kMR, mc - ir);
-        const AWord* a_panel = a_pack + ir * kc;
-        float* c = C + (ic + ir) * ldc + j;
-        if (mr == kMR && nr == kNR) {
-          kernel(kc, a_panel, b_panel, c, ldc, load_c);
+      int64_t ir0 = 0;  // the first row left for the narrow kernel
+      if (wide != nullptr && p + 1 < p_end && j + detail::kWideNR <= N) {
+        const BWord* b_pair = b_first + (p - p_begin) * b_stride;
+        for (; ir0 + detail::kWideMR <= mc; ir0 += detail::kWideMR) {
+          wide(kc, a_pack + ir0 * kc, kMR * kc, b_pair, b_stride, C + (ic + ir0) * ldc + j, ldc,
+               load_c);
+        }
+        if (ir0 == mc) {
+          ++p;  // both panels done
           continue;
         }
-        // Edge tile: run the full tile on a scratch copy, write back the valid part.
-        if (load_c) {
-          for (int64_t r = 0; r < mr; ++r) std::copy_n(c + r * ldc, nr, edge + r * kNR);
-        }
-        kernel(kc, a_panel, b_panel, edge, kNR, load_c);
-        for (int64_t r = 0; r < mr; ++r) std::copy_n(edge + r * kNR, nr, c + r * ldc);
       }
+      // The rows [ir0, mc) of panel p — and, when a wide pair ran, of panel p + 1 too.
+      const int64_t last = ir0 > 0 ? p + 1 : p;
+      for (int64_t q = p; q <= last; ++q) run_narrow(a_pack, edge, jc, ic, mc, ir0, q, p_begin,
+                                                      kc, load_c, b_first, b_stride);
+      p = last;
     }
   };
+
 
   // One M block and one N block (the weight-gradient shapes of small models: M = 32..144,
   // K = the batch's tokens): column slices own their C tiles for the whole K, each packing its
@@ -516,10 +549,19 @@ void generic_bf16(int64_t kc, const float* a, const uint32_t* b, float* c, int64
   }
 }
 
+// The best kernel set the CPU supports, lowered (never raised) by CONCORD_ISA; the numerics
+// kernels validate the variable's values (numerics/convert.cpp), wide16 is their AVX2 build.
 GemmIsa initial_isa() {
+  GemmIsa best = gemm_isa_supported(GemmIsa::avx512) ? GemmIsa::avx512
+                 : gemm_isa_supported(GemmIsa::avx2) ? GemmIsa::avx2
+                                                     : GemmIsa::generic;
   const char* forced = std::getenv("CONCORD_ISA");
-  if (forced != nullptr && std::string_view(forced) == "generic") return GemmIsa::generic;
-  return gemm_isa_supported(GemmIsa::avx2) ? GemmIsa::avx2 : GemmIsa::generic;
+  if (forced != nullptr) {
+    const std::string_view f(forced);
+    if (f == "generic") best = GemmIsa::generic;
+    if ((f == "avx2" || f == "wide16") && best == GemmIsa::avx512) best = GemmIsa::avx2;
+  }
+  return best;
 }
 
 std::atomic<GemmIsa>& isa_state() {
@@ -528,15 +570,25 @@ std::atomic<GemmIsa>& isa_state() {
 }
 
 detail::MicroKernels active_kernels() {
-  return isa_state().load(std::memory_order_relaxed) == GemmIsa::avx2 ? detail::avx2_kernels()
-                                                                      : detail::generic_kernels();
+  switch (isa_state().load(std::memory_order_relaxed)) {
+    case GemmIsa::avx512: {
+      detail::MicroKernels k = detail::avx2_kernels();
+      k.wide = detail::avx512_wide_kernels();
+      return k;
+    }
+    case GemmIsa::avx2:
+      return detail::avx2_kernels();
+    case GemmIsa::generic:
+      break;
+  }
+  return detail::generic_kernels();
 }
 
 }  // namespace
 
 namespace detail {
 MicroKernels generic_kernels() {
-  return {generic_f32, generic_bf16, generic_skinny_f32, generic_skinny_bf16};
+  return {generic_f32, generic_bf16, generic_skinny_f32, generic_skinny_bf16, {nullptr, nullptr}};
 }
 }  // namespace detail
 
@@ -641,16 +693,29 @@ void gemm_packed(Trans ta, int64_t M, int64_t N, int64_t K, const float* A, int6
 bool gemm_isa_supported(GemmIsa isa) {
   if (isa == GemmIsa::generic) return true;
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return isa == GemmIsa::avx2 ? avx2 : avx2 && __builtin_cpu_supports("avx512f");
 }
 
 GemmIsa gemm_isa() { return isa_state().load(std::memory_order_relaxed); }
 
-const char* gemm_isa_name() { return gemm_isa() == GemmIsa::avx2 ? "avx2" : "generic"; }
+const char* gemm_isa_name() {
+  switch (gemm_isa()) {
+    case GemmIsa::avx512:
+      return "avx512";
+    case GemmIsa::avx2:
+      return "avx2";
+    case GemmIsa::generic:
+      break;
+  }
+  return "generic";
+}
 
 void set_gemm_isa(GemmIsa isa) {
   if (!gemm_isa_supported(isa)) {
-    throw InputError("[gemm] this CPU lacks AVX2+FMA; use GemmIsa::generic");
+    throw InputError(isa == GemmIsa::avx512
+                         ? "[gemm] this CPU lacks AVX-512F (or AVX2+FMA); use GemmIsa::avx2 or generic"
+                         : "[gemm] this CPU lacks AVX2+FMA; use GemmIsa::generic");
   }
   isa_state().store(isa, std::memory_order_relaxed);
 }

@@ -12,9 +12,10 @@
 // How the fast path keeps the contract: K is blocked (the partial sum is stored to C in fp32 and
 // reloaded — exact), never split across threads or SIMD lanes; edge tiles are zero-padded in M
 // and N only (padding K would run fma(0, 0, -0) = +0 and change a -0 result); OpenMP splits the
-// M x N tiles only. Kernels: AVX2+FMA 6x16 (gemm_avx2.cpp) when the CPU has them, else a generic
-// kernel with the same blocking through std::fma (the same operation, so the same bits).
-// CONCORD_ISA=generic forces the generic kernel (as for the numerics kernels).
+// M x N tiles only. Kernels: AVX2+FMA 6x16 (gemm_avx2.cpp) when the CPU has them, with AVX-512
+// 12x32 tiles (gemm_avx512.cpp) where it has AVX-512F too, else a generic kernel with the same
+// blocking through std::fma (the same operation, so the same bits).
+// CONCORD_ISA=generic|avx2 lowers the kernel set (as for the numerics kernels).
 //
 // Shapes: op(A) is M x K — A is stored (M, K) with row stride lda when ta == no, (K, M) when
 // ta == yes; op(B) is K x N — B stored (K, N) with stride ldb when tb == no, (N, K) when yes.
@@ -98,12 +99,15 @@ void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const f
                     int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
                     bool accumulate = false);
 
-enum class GemmIsa : uint8_t { generic, avx2 };
-// Whether this CPU can run the kernel set (generic: always).
+// avx512: the AVX2 kernels plus 12 x 32 AVX-512 tiles for the blocked driver's full tiles (the
+// same per-element steps in the same order, so the same bits).
+enum class GemmIsa : uint8_t { generic, avx2, avx512 };
+// Whether this CPU can run the kernel set (generic: always; avx512 needs AVX-512F and AVX2+FMA).
 bool gemm_isa_supported(GemmIsa isa);
-// The kernel set in use: avx2 when supported unless CONCORD_ISA=generic.
+// The kernel set in use: the best the CPU supports, lowered (never raised) by
+// CONCORD_ISA=generic|avx2|avx512 (as for the numerics kernels; wide16 counts as avx2).
 GemmIsa gemm_isa();
-const char* gemm_isa_name();  // "avx2" or "generic"
+const char* gemm_isa_name();  // "avx512", "avx2" or "generic"
 // Switches the kernels (tests, benchmarks). Throws InputError if the CPU lacks the ISA. Not
 // meant to race with GEMMs running at the same time.
 void set_gemm_isa(GemmIsa isa);
@@ -138,13 +142,28 @@ using SkinnyF32 = void (*)(int rows, int panels, int64_t kc, const float* a, int
 using SkinnyBf16 = void (*)(int rows, int panels, int64_t kc, const float* a, int64_t a_rs,
                             int64_t a_ks, const uint32_t* b, int64_t panel_stride, float* c,
                             int64_t ldc, bool load_c);
+// Wide kernels (optional, AVX-512): a kWideMR x kWideNR tile = two kMR-row A panels (the second
+// at a + a_stride) against two kNR-column B panels (the second at b + b_stride), the panel layouts
+// above; per C element the same steps in the same order as the kMR x kNR kernels.
+inline constexpr int kWideMR = 2 * kMR;
+inline constexpr int kWideNR = 2 * kNR;
+using WideF32 = void (*)(int64_t kc, const float* a, int64_t a_stride, const float* b,
+                         int64_t b_stride, float* c, int64_t ldc, bool load_c);
+using WideBf16 = void (*)(int64_t kc, const float* a, int64_t a_stride, const uint32_t* b,
+                          int64_t b_stride, float* c, int64_t ldc, bool load_c);
+struct WideKernels {
+  WideF32 f32;
+  WideBf16 bf16;
+};
 struct MicroKernels {
   MicroKernelF32 f32;
   MicroKernelBf16 bf16;
   SkinnyF32 skinny_f32;
   SkinnyBf16 skinny_bf16;
+  WideKernels wide;  // null pointers: the driver uses the kMR x kNR kernels for every tile
 };
 MicroKernels generic_kernels();
 MicroKernels avx2_kernels();  // only call when gemm_isa_supported(GemmIsa::avx2)
+WideKernels avx512_wide_kernels();  // only call when gemm_isa_supported(GemmIsa::avx512)
 
 }  // namespace concord::tensor::detail

@@ -270,6 +270,8 @@ void avx2_skinny_bf16(int rows, int panels, int64_t kc, const float* a, int64_t 
 
 }  // namespace
 
-MicroKernels avx2_kernels() { return {avx2_f32, avx2_bf16, avx2_skinny_f32, avx2_skinny_bf16}; }
+MicroKernels avx2_kernels() {
+  return {avx2_f32, avx2_bf16, avx2_skinny_f32, avx2_skinny_bf16, {nullptr, nullptr}};
+}
 
 }  // namespace concord::tensor::detail
