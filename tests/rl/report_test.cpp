@@ -98,5 +98,45 @@ TEST(RlReport, MatchedPairsMismatchOfExactlyZeroIsSaidNotNoData) {
   EXPECT_NE(html.find("Above 1 is expected"), std::string::npos);
 }
 
+// Runs that differ only in seed are one arm repeated: the report gives their reward over seeds
+// (mean and range) and draws the mean and the extreme seeds' curves; an arm with one seed is not
+// grouped.
+TEST(RlReport, RunsThatDifferOnlyInSeedAreShownAsOneArmWithItsSpread) {
+  const std::vector<int64_t> counts(train::LagSummary::kBins, 1);
+  RlConfig s1, s2, other;
+  s1.seed = 1;
+  s1.name = "fc-rne-s1";
+  s2 = s1;
+  s2.seed = 2;
+  s2.name = "fc-rne-s2";
+  s2.out = "elsewhere";
+  other = s1;
+  other.lr = 2e-6;
+  RlResult r1 = synthetic_run(10, 0.0, counts), r2 = synthetic_run(10, 0.0, counts),
+           r3 = synthetic_run(10, 0.0, counts);
+  r1.initial_reward = 0.2;
+  r2.initial_reward = 0.4;
+  r1.final_reward = 0.9;
+  r2.final_reward = 1.0;
+  for (size_t i = 0; i < r2.steps.size(); ++i) r2.steps[i].line["reward"] = 0.7;
+  const std::vector<ReportArm> arms{{"fc-rne-s1", &s1, &r1}, {"fc-rne-s2", &s2, &r2},
+                                    {"low lr", &other, &r3}};
+  const std::string html = rl_report_html("t", arms);
+  const size_t at = html.find("<h2>Over seeds</h2>");
+  ASSERT_NE(at, std::string::npos) << html;
+  const std::string section = html.substr(at, html.find("<h2>", at + 5) - at);
+  EXPECT_NE(section.find("fc-rne-s1, fc-rne-s2"), std::string::npos) << section;
+  EXPECT_NE(section.find("0.300 (0.200-0.400)"), std::string::npos) << section;
+  EXPECT_NE(section.find("0.950 (0.900-1.000)"), std::string::npos) << section;
+  EXPECT_EQ(section.find("low lr"), std::string::npos) << "a single seed is not a group";
+  const std::string svg = figure_with_title(section, "reward over seeds");
+  ASSERT_FALSE(svg.empty()) << section;
+  for (const char* name : {": mean of 2 seeds", ": lowest seed", ": highest seed"})
+    EXPECT_NE(svg.find(name), std::string::npos) << name;
+  // One seed each: no section.
+  const std::vector<ReportArm> single{{"fc-rne-s1", &s1, &r1}, {"low lr", &other, &r3}};
+  EXPECT_EQ(rl_report_html("t", single).find("Over seeds"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace concord::rl

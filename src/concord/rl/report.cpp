@@ -123,6 +123,80 @@ void append_eval(std::string& out, std::span<const ReportArm> arms, int w, int h
                 "tokens as the fp32 master's.");
 }
 
+// Runs that differ only in their seed (and name and output folder) are repeats of one arm. Each
+// group of two or more: a table of its reward over seeds, and its curve as the mean over seeds
+// with the lowest and the highest seed's, step by step (each seed's trailing mean over `window`).
+void append_seed_groups(std::string& out, std::span<const ReportArm> arms, int w, int h,
+                        size_t window) {
+  std::vector<std::pair<std::string, std::vector<size_t>>> groups;  // config key, arm indices
+  for (size_t i = 0; i < arms.size(); ++i) {
+    json key = arms[i].config->to_json();
+    for (const char* k : {"seed", "name", "out", "checkpoint_every"}) key.erase(k);
+    const std::string k = key.dump();
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == k; });
+    if (g == groups.end()) groups.push_back({k, {i}});
+    else g->second.push_back(i);
+  }
+  std::erase_if(groups, [](const auto& g) { return g.second.size() < 2; });
+  if (groups.empty()) return;
+  out += "<h2>Over seeds</h2>\n<table>\n<tr><th class=\"name\">arm</th><th class=\"name\">runs</th>"
+         "<th>seeds</th><th>reward first 10%, mean (min-max)</th><th>last 10%</th>"
+         "<th>lag p90, mean (min-max)</th></tr>\n";
+  auto spread = [](const std::vector<double>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    double sum = 0;
+    for (double x : v) sum += x;
+    return fmt::format("{:.3f} ({:.3f}-{:.3f})", sum / static_cast<double>(v.size()), *lo, *hi);
+  };
+  std::vector<audit::Series> curves;
+  for (const auto& [key, members] : groups) {
+    const RlConfig& c = *arms[members[0]].config;
+    const std::string label = fmt::format("{}/{} {} lr {}", c.sampler, c.learner, c.export_rule, num(c.lr));
+    std::vector<double> first, last, p90;
+    std::vector<std::string> names;
+    size_t steps = std::numeric_limits<size_t>::max();
+    for (size_t i : members) {
+      first.push_back(arms[i].result->initial_reward);
+      last.push_back(arms[i].result->final_reward);
+      p90.push_back(arms[i].result->lag_p90);
+      names.push_back(arms[i].name);
+      steps = std::min(steps, arms[i].result->steps.size());
+    }
+    fmt::format_to(std::back_inserter(out),
+                   "<tr><td class=\"name\">{}</td><td class=\"name\">{}</td><td>{}</td><td>{}</td>"
+                   "<td>{}</td><td>{}</td></tr>\n",
+                   html_escape(label), html_escape(fmt::format("{}", fmt::join(names, ", "))),
+                   members.size(), spread(first), spread(last), spread(p90));
+    // The members' smoothed reward curves, over the steps every member has.
+    std::vector<audit::Series> runs;
+    for (size_t i : members) runs.push_back(per_step(arms.subspan(i, 1), "/reward", window)[0]);
+    audit::Series mean{label + ": mean of " + std::to_string(members.size()) + " seeds", {}, {}};
+    audit::Series lo{label + ": lowest seed", {}, {}}, hi{label + ": highest seed", {}, {}};
+    for (size_t t = 0; t < steps; ++t) {
+      double sum = 0, mn = std::numeric_limits<double>::infinity(), mx = -mn;
+      for (const audit::Series& r : runs) {
+        sum += r.y[t];
+        mn = std::min(mn, r.y[t]);
+        mx = std::max(mx, r.y[t]);
+      }
+      for (audit::Series* s : {&mean, &lo, &hi}) s->x.push_back(runs[0].x[t]);
+      mean.y.push_back(sum / static_cast<double>(runs.size()));
+      lo.y.push_back(mn);
+      hi.y.push_back(mx);
+    }
+    for (audit::Series* s : {&mean, &lo, &hi}) curves.push_back(std::move(*s));
+  }
+  out += "</table>\n<p class=\"note\">Runs whose configurations differ only in seed, name and "
+         "output folder. Reward: the sampled completions' mean over the first and the last 10% of "
+         "steps of each run, then the mean and the range over its seeds.</p>\n";
+  append_figure(out,
+                audit::svg_line_plot(curves, {"reward over seeds", "step", "mean reward", false, false,
+                                              std::max(w, 900), std::max<int>(h, 100 + 16 * static_cast<int>(curves.size()))}),
+                fmt::format("Each arm's reward{}, step by step: the mean over its seeds and the lowest "
+                            "and highest seed's.",
+                            window > 1 ? fmt::format(" (each seed's trailing mean over {} steps)", window) : ""));
+}
+
 // Steps of the longest run / 20: the smoothing window of noisy per-step plots.
 size_t smoothing_window(std::span<const ReportArm> arms) {
   size_t steps = 0;
@@ -302,6 +376,7 @@ std::string rl_report_html(const std::string& title, std::span<const ReportArm> 
                 "NeMo-RL's token_mult_prob_error: the mean over sampled tokens of e^|Δlogp| between "
                 "sampler and learner (1: they agree).");
   append_eval(out, arms, w, h);
+  append_seed_groups(out, arms, w, h, window);
   append_lag_histograms(out, arms);
   append_sync_events(out, arms);
 
