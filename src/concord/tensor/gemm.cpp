@@ -549,10 +549,20 @@ void generic_bf16(int64_t kc, const float* a, const uint32_t* b, float* c, int64
   }
 }
 
-// The best kernel set the CPU supports, lowered (never raised) by CONCORD_ISA; the numerics
-// kernels validate the variable's values (numerics/convert.cpp), wide16 is their AVX2 build.
+// AMD family 19h (Zen 3, Zen 4) executes a 512-bit FMA as two 256-bit halves: the wide tiles
+// gain nothing there and measured 3-11% slower than the AVX2 ones on one Zen 4 core
+// (bench/README.md, "GEMM"), so it keeps avx2 unless CONCORD_ISA=avx512 asks for them.
+bool wide_fma_pays() {
+  __builtin_cpu_init();
+  return !__builtin_cpu_is("amdfam19h");
+}
+
+// The best kernel set the CPU supports (avx512 only where wide_fma_pays), lowered by
+// CONCORD_ISA=generic|avx2 (wide16, the numerics kernels' AVX2 build, counts as avx2) or set to
+// avx512 by CONCORD_ISA=avx512 where the CPU has it; the numerics kernels validate the value.
 GemmIsa initial_isa() {
-  GemmIsa best = gemm_isa_supported(GemmIsa::avx512) ? GemmIsa::avx512
+  const bool avx512 = gemm_isa_supported(GemmIsa::avx512);
+  GemmIsa best = avx512 && wide_fma_pays()            ? GemmIsa::avx512
                  : gemm_isa_supported(GemmIsa::avx2) ? GemmIsa::avx2
                                                      : GemmIsa::generic;
   const char* forced = std::getenv("CONCORD_ISA");
@@ -560,6 +570,7 @@ GemmIsa initial_isa() {
     const std::string_view f(forced);
     if (f == "generic") best = GemmIsa::generic;
     if ((f == "avx2" || f == "wide16") && best == GemmIsa::avx512) best = GemmIsa::avx2;
+    if (f == "avx512" && avx512) best = GemmIsa::avx512;
   }
   return best;
 }

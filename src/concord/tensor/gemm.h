@@ -104,8 +104,10 @@ void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const f
 enum class GemmIsa : uint8_t { generic, avx2, avx512 };
 // Whether this CPU can run the kernel set (generic: always; avx512 needs AVX-512F and AVX2+FMA).
 bool gemm_isa_supported(GemmIsa isa);
-// The kernel set in use: the best the CPU supports, lowered (never raised) by
-// CONCORD_ISA=generic|avx2|avx512 (as for the numerics kernels; wide16 counts as avx2).
+// The kernel set in use: the best the CPU supports — avx512 where it has AVX-512F, except AMD
+// family 19h (Zen 4 splits 512-bit FMAs in two: avx2 measured faster there) — lowered by
+// CONCORD_ISA=generic|avx2 (wide16 counts as avx2), or avx512 wherever supported with
+// CONCORD_ISA=avx512.
 GemmIsa gemm_isa();
 const char* gemm_isa_name();  // "avx512", "avx2" or "generic"
 // Switches the kernels (tests, benchmarks). Throws InputError if the CPU lacks the ISA. Not
