@@ -550,7 +550,7 @@ void generic_bf16(int64_t kc, const float* a, const uint32_t* b, float* c, int64
 }
 
 // AMD family 19h (Zen 3, Zen 4) executes a 512-bit FMA as two 256-bit halves: the wide tiles
-// gain nothing there and measured 3-11% slower than the AVX2 ones on one Zen 4 core
+// gain nothing there and measured up to 11% slower than the AVX2 ones on one Zen 4 core
 // (bench/README.md, "GEMM"), so it keeps avx2 unless CONCORD_ISA=avx512 asks for them.
 bool wide_fma_pays() {
   __builtin_cpu_init();
