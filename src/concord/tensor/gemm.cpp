@@ -248,9 +248,6 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
 
   static thread_local AlignedBuffer<AWord> a_buffer;  // each thread's own
 
-  // The tiles of rows [ic, ic + mc) x panels [p_begin, p_end) of column block jc for one K step
-  // of kc: packs the A block, then one kernel call per microtile. Panel p's words for this step
-  // are at b_first + (p - p_begin) * b_stride.
   // Rows [ir0, mc) of panel p (A packed at a_pack) on the kMR x kNR kernel.
   auto run_narrow = [&](const AWord* a_pack, float* edge, int64_t jc, int64_t ic, int64_t mc,
                         int64_t ir0, int64_t p, int64_t p_begin, int64_t kc, bool load_c,
@@ -275,9 +272,11 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
     }
   };
 
-  // With wide kernels, two full panels at a time run their 12-row groups as one wide tile each
-  // and the rows left (fewer than 12) on the narrow kernel, panel by panel: each C element still
-  // gets its kc steps from one kernel call, in order.
+  // The tiles of rows [ic, ic + mc) x panels [p_begin, p_end) of column block jc for one K step
+  // of kc: packs the A block, then one kernel call per microtile. Panel p's words for this step
+  // are at b_first + (p - p_begin) * b_stride. With wide kernels, two full panels at a time run
+  // their 12-row groups as one wide tile each and the rows left (fewer than 12) on the narrow
+  // kernel, panel by panel: each C element still gets its kc steps from one kernel call, in order.
   auto run_tiles = [&](AWord* a_pack, float* edge, int64_t jc, int64_t ic, int64_t mc,
                        int64_t p_begin, int64_t p_end, int64_t pc, int64_t kc, bool load_c,
                        const BWord* b_first, int64_t b_stride) {
@@ -303,7 +302,6 @@ void gemm_blocked(const detail::MicroKernels& kernels, Trans ta, Trans tb, int64
       p = last;
     }
   };
-
 
   // One M block and one N block (the weight-gradient shapes of small models: M = 32..144,
   // K = the batch's tokens): column slices own their C tiles for the whole K, each packing its
