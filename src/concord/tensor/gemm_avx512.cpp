@@ -25,6 +25,14 @@ static_assert(kWideMR == 2 * kMR && kWideNR == 2 * kNR && kNR == 16,
 #define CONCORD_ZERO(r)          \
   c##r##0 = _mm512_setzero_ps(); \
   c##r##1 = _mm512_setzero_ps();
+// The 24 accumulators, from C (load_c) or zero.
+#define CONCORD_INIT_C              \
+  CONCORD_ROWS(CONCORD_DECL)        \
+  if (load_c) {                     \
+    CONCORD_ROWS(CONCORD_LOAD)      \
+  } else {                          \
+    CONCORD_ROWS(CONCORD_ZERO)      \
+  }
 #define CONCORD_STORE(r)                           \
   _mm512_storeu_ps(c + (r) * ldc, c##r##0);        \
   _mm512_storeu_ps(c + (r) * ldc + kNR, c##r##1);
@@ -33,12 +41,7 @@ void avx512_f32_wide(int64_t kc, const float* a, int64_t a_stride, const float* 
                      int64_t b_stride, float* c, int64_t ldc, bool load_c) {
   const float* a2 = a + a_stride;
   const float* b2 = b + b_stride;
-  CONCORD_ROWS(CONCORD_DECL)
-  if (load_c) {
-    CONCORD_ROWS(CONCORD_LOAD)
-  } else {
-    CONCORD_ROWS(CONCORD_ZERO)
-  }
+  CONCORD_INIT_C
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(b + k * kNR), b1 = _mm512_load_ps(b2 + k * kNR);
@@ -60,12 +63,7 @@ void avx512_bf16_wide(int64_t kc, const float* a, int64_t a_stride, const uint32
                       int64_t b_stride, float* c, int64_t ldc, bool load_c) {
   const float* a2 = a + a_stride;
   const uint32_t* b2 = b + b_stride;
-  CONCORD_ROWS(CONCORD_DECL)
-  if (load_c) {
-    CONCORD_ROWS(CONCORD_LOAD)
-  } else {
-    CONCORD_ROWS(CONCORD_ZERO)
-  }
+  CONCORD_INIT_C
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t pairs = kc / 2;
   for (int64_t q = 0; q < pairs; ++q) {
@@ -112,6 +110,7 @@ void avx512_bf16_wide(int64_t kc, const float* a, int64_t a_stride, const uint32
   CONCORD_ROWS(CONCORD_STORE)
 }
 
+#undef CONCORD_INIT_C
 #undef CONCORD_DECL
 #undef CONCORD_LOAD
 #undef CONCORD_ZERO
