@@ -7,7 +7,12 @@ per binary weight (from the optimizer's allocations, as metrics.jsonl reports th
 and peak RSS.
 
   tools/binary_tradeoff.py --concord build/bin/concord --config configs/tiny.json --steps 600 \
-      --out runs/binary-tiny [--bits 2,3,4,6,8] [--extra "ed --ed-rounding diffused"]
+      --out runs/binary-tiny [--bits 2,3,4,6,8] [--ed-range 0.125] [--arms ed2,ed3] \
+      [--extra "ed --ed-rounding diffused"]
+
+--ed-range R gives the ED(b) arms `--latent-range R` (the residual's grid spans [-R, R]; their runs
+are named edB-rR); --arms runs and tabulates only the named arms (fp32-adamw, latent-adamw, bop,
+edB or edB-rR, and the --extra names).
 
 Runs already finished in --out are reused (concord train resumes or says it is done), so the
 script can be killed and rerun. Prints the table as Markdown and writes it to OUT/tradeoff.md.
@@ -47,27 +52,44 @@ def main():
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--out", default="runs/binary-tradeoff")
     ap.add_argument("--bits", default="2,3,4,6,8")
+    ap.add_argument("--ed-range", type=float, default=None, help="--latent-range for the ED(b) arms")
+    ap.add_argument("--arms", default=None, help="only these arms, comma-separated (default: all)")
     ap.add_argument("--extra", action="append", default=[], help="another optimizer's flags, e.g. 'ed --ed-bits 4 "
                     "--ed-rounding diffused'")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     runs = [("fp32-adamw", ["--optimizer", "adamw"]), ("latent-adamw", ["--optimizer", "latent-adamw"]),
             ("bop", ["--optimizer", "bop"])]
-    runs += [(f"ed{b}", ["--optimizer", "ed", "--ed-bits", str(b)]) for b in a.bits.split(",")]
+    if a.ed_range is None:
+        runs += [(f"ed{b}", ["--optimizer", "ed", "--ed-bits", str(b)]) for b in a.bits.split(",")]
+    else:
+        r = f"{a.ed_range:g}"
+        runs += [(f"ed{b}-r{r}", ["--optimizer", "ed", "--ed-bits", str(b), "--latent-range", r])
+                 for b in a.bits.split(",")]
     for e in a.extra:
         words = e.split()
         runs.append(("-".join(w.lstrip("-") for w in words), ["--optimizer"] + words))
+    if a.arms is not None:
+        wanted = a.arms.split(",")
+        unknown = [w for w in wanted if w not in [name for name, _ in runs]]
+        if unknown:
+            sys.exit(f"binary_tradeoff.py: no arm named {', '.join(unknown)} (arms: {', '.join(n for n, _ in runs)})")
+        runs = [(name, flags) for name, flags in runs if name in wanted]
     rows = [run(a.concord, a.config, a.steps, a.out, name, flags) for name, flags in runs]
-    latent = next(r for r in rows if r["name"] == "latent-adamw")
+    latent = next((r for r in rows if r["name"] == "latent-adamw"), None)
+
+    def vs_latent(r):
+        return "" if latent is None else f"{100 * (r['bpc'] / latent['bpc'] - 1):+.2f}%"
     lines = ["| optimizer | flags | held-out BPC | vs latent | state bits / binary weight | less state than latent | "
              "sign flips | peak RSS |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["bits"] is None:
-            lines.append(f"| {r['name']} | `{r['flags']}` | {r['bpc']:.4f} | {100 * (r['bpc'] / latent['bpc'] - 1):+.2f}% "
+            lines.append(f"| {r['name']} | `{r['flags']}` | {r['bpc']:.4f} | {vs_latent(r)} "
                          f"| 32 master + 64 AdamW (not binary) | | | |")
             continue
-        lines.append(f"| {r['name']} | `{r['flags']}` | {r['bpc']:.4f} | {100 * (r['bpc'] / latent['bpc'] - 1):+.2f}% | "
-                     f"{r['bits']:.3f} | {latent['bits'] / r['bits']:.1f}x | {r['flips']} | "
+        less = "" if latent is None else f"{latent['bits'] / r['bits']:.1f}x"
+        lines.append(f"| {r['name']} | `{r['flags']}` | {r['bpc']:.4f} | {vs_latent(r)} | "
+                     f"{r['bits']:.3f} | {less} | {r['flips']} | "
                      f"{r['rss'] / 2**20:.0f} MiB |")
     table = "\n".join(lines)
     print(table)

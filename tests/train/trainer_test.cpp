@@ -282,7 +282,6 @@ TEST(Trainer, RecurrentResumedRunEqualsUninterruptedRun) {
   EXPECT_THROW(TrainConfig::from_json(bad, "t"), InputError);
 }
 
-// Every config the repository ships (configs/*.json) is a valid training config.
 // Distillation (a draft model for speculative decoding): a smaller student trained to a trained
 // teacher's distributions ends closer to it (validation KL falls), carries the teacher's
 // tokenizer, and resumes bit-identically; a student of another vocabulary is refused.
@@ -334,6 +333,7 @@ TEST(Trainer, DistilledStudentApproachesTheTeacher) {
   }
 }
 
+// Every config the repository ships (configs/*.json) is a valid training config.
 TEST(Trainer, EveryShippedConfigLoads) {
   const char* golden = std::getenv("CONCORD_GOLDEN_DIR");
   ASSERT_NE(golden, nullptr) << "CONCORD_GOLDEN_DIR is not set (ctest sets it to tests/golden)";
