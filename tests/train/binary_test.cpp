@@ -97,7 +97,8 @@ TEST(BinaryOptimizer, FirstStepBinarizesWithTheMeanAbsoluteScale) {
 
 // "Bits per weight as claimed": the state the optimizer allocated for its binary weights, divided
 // by their count, is the sign bit plus each method's per-weight state (ed: plus its one per-tensor
-// statistic); the per-row scales and their moments (96 bits a row, every method) are apart.
+// statistic, or with --ed-update factored one per row and one per column); the per-row scales and
+// their moments (96 bits a row, every method) are apart.
 TEST(BinaryOptimizer, BitsPerWeightAreTheClaimedOnesForEveryMethodAndWidth) {
   const int64_t rows = 64, cols = 96;  // rows * cols * bits is a whole number of words for every b
   Matrix w(rows, cols);
@@ -109,23 +110,26 @@ TEST(BinaryOptimizer, BitsPerWeightAreTheClaimedOnesForEveryMethodAndWidth) {
     std::string name;
     int bits;
     double want;
+    std::string update = "rms";
   };
   const double n = static_cast<double>(rows * cols);
   std::vector<Case> cases = {{"latent-adamw", 4, 1 + 96}, {"bop", 4, 1 + 32}};
   for (int b = 2; b <= 8; ++b) cases.push_back({"ed", b, 1 + b + 32 / n});
+  cases.push_back({"ed", 4, 1 + 4 + 32 * static_cast<double>(rows + cols) / n, "factored"});
   double latent_bits = 0, ed4_bits = 0;
   for (const Case& c : cases) {
     OptimizerConfig config = named(c.name);
     config.binary.bits = c.bits;
+    config.binary.update = c.update;
     auto opt = make_optimizer(config);
     opt->step(w.views(), 1e-3);
     const OptimizerMemory m = opt->memory();
     EXPECT_EQ(m.binary_weights, rows * cols);
-    EXPECT_DOUBLE_EQ(m.binary_bits_per_weight(), c.want) << c.name << " " << c.bits;
+    EXPECT_DOUBLE_EQ(m.binary_bits_per_weight(), c.want) << c.name << " " << c.bits << " " << c.update;
     EXPECT_DOUBLE_EQ(m.scale_bits_per_weight(), 96.0 / cols) << c.name;
     EXPECT_EQ(m.other_weights, 0);
     if (c.name == "latent-adamw") latent_bits = m.binary_bits_per_weight();
-    if (c.name == "ed" && c.bits == 4) ed4_bits = m.binary_bits_per_weight();
+    if (c.name == "ed" && c.bits == 4 && c.update == "rms") ed4_bits = m.binary_bits_per_weight();
   }
   // ED(4) against the latent baseline, as measured: the "at least 19x less state per weight".
   EXPECT_GE(latent_bits / ed4_bits, 19.0);
@@ -291,12 +295,15 @@ TEST(BinaryOptimizer, ThreadCountInvariantAndStateRoundTripsBitExactly) {
   struct Case {
     std::string name, rounding;
     int bits;
+    std::string update = "rms";
   };
   for (const Case& c : {Case{"latent-adamw", "stochastic", 4}, Case{"bop", "stochastic", 4},
-                        Case{"ed", "stochastic", 3}, Case{"ed", "diffused", 6}, Case{"ed", "stochastic", 0}}) {
+                        Case{"ed", "stochastic", 3}, Case{"ed", "diffused", 6}, Case{"ed", "stochastic", 0},
+                        Case{"ed", "stochastic", 4, "factored"}}) {
     OptimizerConfig config = named(c.name);
     config.binary.bits = c.bits;
     config.binary.rounding = c.rounding;
+    config.binary.update = c.update;
     config.binary.bop_threshold = 1e-5;
     // Two binary matrices (one with 33 columns: rows share packed words) and a plain vector.
     auto run = [&](int threads, int steps_before, std::vector<NamedTensor>* save, const std::vector<NamedTensor>* load) {
@@ -338,14 +345,67 @@ TEST(BinaryOptimizer, ThreadCountInvariantAndStateRoundTripsBitExactly) {
     };
     const std::vector<float> one = run(1, -1, nullptr, nullptr);
     const std::vector<float> two = run(2, -1, nullptr, nullptr);
-    EXPECT_TRUE(same_bits(one, two)) << c.name << " " << c.rounding << " " << c.bits;
+    EXPECT_TRUE(same_bits(one, two)) << c.name << " " << c.rounding << " " << c.bits << " " << c.update;
     std::vector<NamedTensor> saved;
     run(2, 5, &saved, nullptr);
     EXPECT_FALSE(saved.empty());
     const std::vector<float> resumed = run(2, 5, nullptr, &saved);
-    EXPECT_TRUE(same_bits(one, resumed)) << c.name << " " << c.rounding << " " << c.bits;
+    EXPECT_TRUE(same_bits(one, resumed)) << c.name << " " << c.rounding << " " << c.bits << " " << c.update;
   }
   omp_set_num_threads(2);
+}
+
+// --ed-update factored divides each element's gradient by the root of Adafactor's factored second
+// moment, R[r] C[k] / mean(R): for a gradient of rank one in magnitude (|g[r,k]| = rho[r] kappa[k],
+// any signs) that is |g[r,k]| itself, so every weight moves by lr, whatever its row's and column's
+// scale — where "rms" (one statistic per tensor) moves them in proportion to |g|, here over a range
+// of 10^6. Measured on the unbounded residual (bits = 0), which records the move exactly.
+TEST(BinaryOptimizer, EdFactoredMovesEveryWeightAlikeUnderARankOneGradient) {
+  const int64_t rows = 6, cols = 40;
+  const double lr = 0.01;
+  std::mt19937 rng(5);
+  Matrix w(rows, cols);
+  for (float& v : w.value) v = (rng() & 1) != 0 ? 1.0f : -1.0f;  // alpha = 1 exactly
+  std::vector<float> direction(w.grad.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k) {
+      const double rho = std::pow(10.0, static_cast<double>(r) - 3.0);   // 1e-3 .. 1e2
+      const double kappa = std::ldexp(1.0, static_cast<int>(k % 9) - 4);  // 1/16 .. 16
+      const auto i = static_cast<size_t>(r * cols + k);
+      direction[i] = (rng() & 1) != 0 ? 1.0f : -1.0f;
+      w.grad[i] = static_cast<float>(rho * kappa) * direction[i];
+    }
+  const std::vector<TensorView> tviews = {{w.name, {rows, cols}, w.value}};
+  auto residual = [&](const Optimizer& opt) {
+    for (const TensorView& v : opt.state_views(tviews))
+      if (v.name == w.name + ".residual") return std::vector<float>(v.values.begin(), v.values.end());
+    ADD_FAILURE() << "no residual";
+    return std::vector<float>{};
+  };
+  for (const char* update : {"factored", "rms"}) {
+    OptimizerConfig config = named("ed", no_clip());
+    config.binary.bits = 0;
+    config.binary.update = update;
+    const std::vector<float> init = w.value;
+    auto opt = make_optimizer(config);
+    opt->initialize(w.views());
+    const std::vector<float> before = residual(*opt);
+    opt->step(w.views(), lr);
+    const std::vector<float> after = residual(*opt);
+    double smallest = 1e300, largest = 0;
+    for (size_t i = 0; i < before.size(); ++i) {
+      const double moved = static_cast<double>(after[i]) - static_cast<double>(before[i]);
+      if (std::string(update) == "factored") {
+        EXPECT_NEAR(moved, -lr * direction[i], 1e-3 * lr) << i;
+      }
+      smallest = std::min(smallest, std::fabs(moved));
+      largest = std::max(largest, std::fabs(moved));
+    }
+    if (std::string(update) == "rms") {
+      EXPECT_GT(largest, 1e5 * smallest);
+    }
+    w.value = init;
+  }
 }
 
 TEST(BinaryOptimizer, BadSettingsAndStateAreInputErrors) {
@@ -356,6 +416,9 @@ TEST(BinaryOptimizer, BadSettingsAndStateAreInputErrors) {
   EXPECT_THROW(make_optimizer(config), InputError);
   config.binary.bits = 4;
   config.binary.rounding = "nearest";
+  EXPECT_THROW(make_optimizer(config), InputError);
+  config.binary.rounding = "stochastic";
+  config.binary.update = "adam";
   EXPECT_THROW(make_optimizer(config), InputError);
   EXPECT_THROW(make_optimizer(named("sgd")), InputError);
   BinaryConfig b;

@@ -74,7 +74,7 @@ void add_train_command(CLI::App& app) {
                   "where latent-adamw clips and the span of ed's b-bit grid (a smaller R spends ed's bits nearer the flip "
                   "threshold)");
   cmd->add_option("--ed-rounding", args->ed_rounding, "ed: how an update is rounded onto the grid: stochastic | diffused");
-  cmd->add_option("--ed-update", args->ed_update, "ed: rms (the gradient over its tensor's RMS, default) | sign (its sign) | sgd (the gradient)");
+  cmd->add_option("--ed-update", args->ed_update, "ed: rms (the gradient over its tensor's RMS, default) | factored (over its row's and column's RMS, as Adafactor) | sign (its sign) | sgd (the gradient)");
   cmd->add_flag("--no-resume", args->no_resume, "start afresh even if the run has checkpoints");
   cmd->add_flag("--quiet", args->quiet, "no progress bar");
   cmd->callback([args]() {
@@ -130,7 +130,10 @@ void add_train_command(CLI::App& app) {
                                       om.binary_bits_per_weight(),
                                       config.optimizer == "ed"
                                           ? (config.binary.bits == 0 ? std::string("an fp32 residual")
-                                                                     : fmt::format("a {}-bit residual", config.binary.bits))
+                                                                     : fmt::format("a {}-bit residual", config.binary.bits)) +
+                                                (config.binary.update == "rms"        ? ", its tensor's mean square"
+                                                 : config.binary.update == "factored" ? ", its row's and column's mean squares"
+                                                                                      : "")
                                           : config.optimizer == "bop" ? std::string("an fp32 gradient EMA")
                                                                       : std::string("an fp32 latent and its two moments"),
                                       om.scale_bits_per_weight(), static_cast<double>(om.total_bytes()) / (1 << 20),

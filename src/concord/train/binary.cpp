@@ -78,6 +78,7 @@ struct BinaryOptimizer::Binary {
   PackedInts residual;                             // ed, bits >= 2: the low b bits of z
   std::vector<float> residual_f32;                 // ed, bits == 0: x - s/2
   std::vector<float> grad_sq;                      // ed rms: one per tensor
+  std::vector<float> row_grad_sq, col_grad_sq;     // ed factored: one per row, one per column
 
   int64_t numel() const { return rows * cols; }
   float s(int64_t i) const { return sign.get(i) != 0 ? 1.0f : -1.0f; }
@@ -95,8 +96,8 @@ BinaryOptimizer::BinaryOptimizer(BinaryMethod method, const BinaryConfig& config
       throw InputError(fmt::format("[ed] residual bits must be 2..8 (or 0: an unbounded fp32 residual), not {}", c.bits));
     if (c.rounding != "stochastic" && c.rounding != "diffused")
       throw InputError(fmt::format("[ed] rounding '{}': use stochastic | diffused", c.rounding));
-    if (c.update != "rms" && c.update != "sgd" && c.update != "sign")
-      throw InputError(fmt::format("[ed] update '{}': use rms | sign | sgd", c.update));
+    if (c.update != "rms" && c.update != "factored" && c.update != "sgd" && c.update != "sign")
+      throw InputError(fmt::format("[ed] update '{}': use rms | factored | sign | sgd", c.update));
     if (!(c.beta2 >= 0.0 && c.beta2 < 1.0) || !(c.eps > 0.0))
       throw InputError(fmt::format("[ed] need 0 <= beta2 < 1 and eps > 0 (beta2 {}, eps {})", c.beta2, c.eps));
   }
@@ -140,6 +141,10 @@ void BinaryOptimizer::make_state(const ParamView& p) {
       else
         b.residual = PackedInts(n, config_.bits);
       if (config_.update == "rms") b.grad_sq.assign(1, 0.0f);
+      if (config_.update == "factored") {
+        b.row_grad_sq.assign(static_cast<size_t>(b.rows), 0.0f);
+        b.col_grad_sq.assign(static_cast<size_t>(b.cols), 0.0f);
+      }
       break;
   }
   const int64_t K = b.cols;
@@ -264,6 +269,7 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
   const double delta = std::ldexp(1.0, -bits);
   const bool stochastic = config_.rounding == "stochastic";
   const bool rms = config_.update == "rms";
+  const bool factored = config_.update == "factored";
   const bool sign_update = config_.update == "sign";
   const auto range_f = static_cast<float>(config_.range);
   const double bias2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t));
@@ -300,12 +306,50 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
       v = static_cast<float>(v_new);
       scale = 1.0 / (std::sqrt(v_new / bias2) + config_.eps);
     }
+    // ed factored (Adafactor's second moment): EMAs of each row's and each column's mean squared
+    // dL/ds, R and C; element (r, k) is divided by sqrt(R[r] C[k] / mean(R)) — exact for a
+    // gradient of rank one — as bias-corrected. row_factor[r] * col_factor[k] is that root.
+    std::vector<double> row_factor, col_factor;
+    if (method_ == BinaryMethod::ed && factored) {
+      std::vector<double> col_sq(static_cast<size_t>(K), 0.0);
+      constexpr int64_t kBlock = 16;  // columns per task; each column's sum runs over rows in order
+#pragma omp parallel for schedule(static) if (b.numel() >= (1 << 15))
+      for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+        for (int64_t r = 0; r < b.rows; ++r) {
+          const double a = b.alpha[static_cast<size_t>(r)];
+          for (int64_t k = k0; k < std::min(K, k0 + kBlock); ++k) {
+            const double g = static_cast<double>(grad[r * K + k]) * clip * a;
+            col_sq[static_cast<size_t>(k)] += g * g;
+          }
+        }
+      }
+      const double decay = config_.beta2;
+      double row_sum = 0.0;
+      row_factor.resize(static_cast<size_t>(b.rows));
+      for (int64_t r = 0; r < b.rows; ++r) {
+        float& v = b.row_grad_sq[static_cast<size_t>(r)];
+        v = static_cast<float>(decay * v + (1.0 - decay) * (row_sq[static_cast<size_t>(r)] / static_cast<double>(K)));
+        row_sum += v;
+      }
+      const double row_mean = row_sum / static_cast<double>(b.rows);
+      for (int64_t r = 0; r < b.rows; ++r)
+        row_factor[static_cast<size_t>(r)] =
+            row_mean > 0.0 ? std::sqrt(b.row_grad_sq[static_cast<size_t>(r)] / (row_mean * bias2)) : 0.0;
+      col_factor.resize(static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k) {
+        float& v = b.col_grad_sq[static_cast<size_t>(k)];
+        const double mean_sq = col_sq[static_cast<size_t>(k)] / static_cast<double>(b.rows);
+        v = static_cast<float>(decay * v + (1.0 - decay) * mean_sq);
+        col_factor[static_cast<size_t>(k)] = std::sqrt(static_cast<double>(v));
+      }
+    }
     // Pass 2, per group of rows (their packed words are theirs alone): the signs.
 #pragma omp parallel for schedule(static) reduction(+ : flips)
     for (int64_t gi = 0; gi < groups; ++gi) {
       for (int64_t r = gi * group; r < std::min(b.rows, (gi + 1) * group); ++r) {
         const double a = b.alpha[static_cast<size_t>(r)];
         double carry = 0.0;  // ed diffused: the rounding error carried along the row
+        const double row_f = factored ? row_factor[static_cast<size_t>(r)] : 0.0;
         for (int64_t k = 0; k < K; ++k) {
           const int64_t i = r * K + k;
           const auto ii = static_cast<size_t>(i);
@@ -327,7 +371,9 @@ double BinaryOptimizer::step(std::span<const ParamView> params, double lr) {
               break;
             }
             case BinaryMethod::ed: {
-              const double u = sign_update ? (gs > 0 ? -lr : gs < 0 ? lr : 0.0) : -lr * scale * gs;
+              double u = -lr * scale * gs;
+              if (sign_update) u = gs > 0 ? -lr : gs < 0 ? lr : 0.0;
+              if (factored) u = -lr * gs / (row_f * col_factor[static_cast<size_t>(k)] + config_.eps);
               const double ug = bits == 0 ? u : u / config_.range;  // in grid units of [-1, 1]
               if (bits == 0) {
                 const double x = (positive ? 0.5 : -0.5) + static_cast<double>(b.residual_f32[ii]) + u;
@@ -407,6 +453,8 @@ std::vector<TensorView> BinaryOptimizer::state_views(std::span<const TensorView>
     if (b.residual.size() > 0) views.push_back({param.name + ".residual", param.shape, unpack(b.residual, false)});
     if (!b.residual_f32.empty()) views.push_back({param.name + ".residual", param.shape, b.residual_f32});
     if (!b.grad_sq.empty()) views.push_back({param.name + ".grad_sq", {1}, b.grad_sq});
+    if (!b.row_grad_sq.empty()) views.push_back({param.name + ".row_grad_sq", row_shape, b.row_grad_sq});
+    if (!b.col_grad_sq.empty()) views.push_back({param.name + ".col_grad_sq", {b.cols}, b.col_grad_sq});
   }
   return views;
 }
@@ -506,6 +554,11 @@ void BinaryOptimizer::restore_state(std::span<const NamedTensor> tensors, std::s
           b.grad_sq = need("grad_sq", 1);
           expected.emplace_back("grad_sq");
         }
+        if (config_.update == "factored") {
+          b.row_grad_sq = need("row_grad_sq", b.rows);
+          b.col_grad_sq = need("col_grad_sq", b.cols);
+          expected.insert(expected.end(), {"row_grad_sq", "col_grad_sq"});
+        }
         break;
       }
     }
@@ -526,7 +579,8 @@ OptimizerMemory BinaryOptimizer::memory() const {
     out.binary_weights += b.numel();
     out.binary_bytes += b.sign.allocated_bytes() + b.residual.allocated_bytes() + vector_bytes(b.latent) +
                         vector_bytes(b.exp_avg) + vector_bytes(b.exp_avg_sq) + vector_bytes(b.bop_ema) +
-                        vector_bytes(b.residual_f32) + vector_bytes(b.grad_sq);
+                        vector_bytes(b.residual_f32) + vector_bytes(b.grad_sq) + vector_bytes(b.row_grad_sq) +
+                        vector_bytes(b.col_grad_sq);
     out.scale_bytes += vector_bytes(b.alpha) + vector_bytes(b.alpha_exp_avg) + vector_bytes(b.alpha_exp_avg_sq);
   }
   return out;

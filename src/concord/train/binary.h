@@ -29,7 +29,10 @@
 //                 halves, and what the update carried past it stays in the residual; z saturates
 //                 at the grid's ends as BinaryConnect's latent clips at +-R. The update is
 //                 u = -lr * dL/ds / (sqrt(v / (1 - beta2^t)) + eps), v an EMA of the tensor's mean
-//                 squared dL/ds ("rms": one fp32 per tensor, counted), u = -lr * sign(dL/ds)
+//                 squared dL/ds ("rms": one fp32 per tensor, counted), u = -lr * dL/ds /
+//                 (sqrt(R[r] C[k] / mean(R) / (1 - beta2^t)) + eps), R and C EMAs of each row's
+//                 and each column's mean squared dL/ds ("factored": Adafactor's second moment, a
+//                 per-element scale from rows + cols fp32s, counted), u = -lr * sign(dL/ds)
 //                 ("sign": no statistics at all), or u = -lr * dL/ds ("sgd"). State per weight:
 //                 1 + b bits (plus the per-row alpha every method has).
 //                 bits = 0 keeps the residual as an unbounded fp32 (x = s/2 + r, no grid, no
@@ -46,6 +49,7 @@
 // Checkpoints (optimizer.safetensors): "<param>.sign" (+-1), "<param>.residual" (ed: the b-bit
 // integer, or the fp32 residual when bits = 0), "<param>.latent" / ".exp_avg" / ".exp_avg_sq"
 // (latent-adamw), "<param>.bop_ema" (bop), "<param>.grad_sq" (ed rms, one value),
+// "<param>.row_grad_sq" / ".col_grad_sq" (ed factored, one per row / column),
 // "<param>.alpha" / ".alpha_exp_avg" / ".alpha_exp_avg_sq" (one per row), and the AdamW moments of
 // the other parameters. Every value is exact in fp32.
 //

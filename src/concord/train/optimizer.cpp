@@ -259,14 +259,16 @@ constexpr std::string_view kPerRowKeys[] = {"alpha", "alpha_exp_avg", "alpha_exp
 std::vector<std::string> optimizer_state_keys() {
   // Longer keys first: "alpha_exp_avg_sq" must not be read as "<param>.alpha_exp_avg" + "_sq".
   std::vector<std::string> keys = {"alpha_exp_avg_sq", "alpha_exp_avg", "exp_avg_sq", "exp_avg", "alpha",
-                                   "grad_sq", "sign", "residual", "latent", "bop_ema"};
+                                   "row_grad_sq", "col_grad_sq", "grad_sq", "sign", "residual", "latent", "bop_ema"};
   return keys;
 }
 
 std::vector<int64_t> optimizer_state_shape(std::string_view key, std::span<const int64_t> param_shape) {
   for (std::string_view k : kPerRowKeys)
     if (k == key) return {param_shape.empty() ? 0 : param_shape[0]};
-  if (key == "grad_sq") return {1};  // ed's per-tensor statistic
+  if (key == "grad_sq") return {1};  // ed rms: the per-tensor statistic
+  if (key == "row_grad_sq") return {param_shape.empty() ? 0 : param_shape[0]};  // ed factored: per row
+  if (key == "col_grad_sq") return {param_shape.size() < 2 ? 0 : param_shape[1]};  // and per column
   return {param_shape.begin(), param_shape.end()};
 }
 

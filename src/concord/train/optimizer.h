@@ -168,10 +168,10 @@ struct BinaryConfig {
   bool mlp = true;        // gate, up, down (and the experts') are binary
   int bits = 4;           // ed: the residual's bits, 2..8; 0 = an unbounded fp32 residual
   std::string rounding = "stochastic";  // ed: stochastic | diffused
-  std::string update = "rms";           // ed: rms | sign | sgd
+  std::string update = "rms";           // ed: rms | factored | sign | sgd
   double range = 1.0;                   // latent-adamw's clip / ed's grid: latents in [-range, range] (<= 1)
-  double beta2 = 0.999;                 // ed rms: the EMA of the tensor's mean squared gradient
-  double eps = 1e-8;                    // ed rms
+  double beta2 = 0.999;                 // ed rms / factored: the EMA of the mean squared gradient
+  double eps = 1e-8;                    // ed rms / factored
   double bop_gamma = 1e-3;              // bop: the EMA's rate
   double bop_threshold = 1e-6;          // bop: flip when s * m exceeds it
   uint64_t seed = 1;                    // ed stochastic rounding
