@@ -1,12 +1,13 @@
 # concord's front door. The README's Quick start uses `make demo` and `make test`.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+CUDA_BUILD ?= build-cuda
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build demo test check asan bench fuzz clean
+.PHONY: setup build demo test check asan bench fuzz cuda clean
 
 setup:
 	bash scripts/setup
@@ -28,9 +29,9 @@ test: setup build
 	OMP_WAIT_POLICY=passive ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # The inner loop (docs/development.md): build only what one layer's tests need and run them,
-# without setup or the rest of the build. LAYER is numerics, tensor, io, model, train, serve, rl,
+# without setup or the rest of the build. LAYER is numerics, cuda, tensor, io, model, train, serve, rl,
 # sched, audit, cli or python; SLOW=1 adds the tests labelled slow. Example: make check LAYER=model
-LAYERS := numerics tensor io model train serve rl sched audit cli python
+LAYERS := numerics cuda tensor io model train serve rl sched audit cli python
 check: $(BUILD)/build.ninja
 	@case " $(LAYERS) " in *" $(LAYER) "*) ;; *) \
 	  echo "make check: LAYER must be one of: $(LAYERS) (got '$(LAYER)')"; exit 2;; esac
@@ -45,6 +46,17 @@ asan: setup
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  OMP_WAIT_POLICY=passive ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -LE slow
+
+# The CUDA slice on its own (src/concord/cuda/: nvcc, sm_90, warnings as errors): compile and
+# link only — nothing CUDA runs without a GPU (its check says so and exits 77). On a GPU machine
+# tools/gpu_check.sh builds it the same way and runs it.
+cuda:
+	@if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then \
+	  echo "make cuda: no nvcc (install the CUDA toolkit); skipped"; exit 0; fi; \
+	PATH="$$PATH:/usr/local/cuda/bin" cmake -S src/concord/cuda -B $(CUDA_BUILD) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) && \
+	PATH="$$PATH:/usr/local/cuda/bin" cmake --build $(CUDA_BUILD) -j $(JOBS) && \
+	{ $(CUDA_BUILD)/bin/cuda_check; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 77 ]; }
 
 # libFuzzer targets for the GGUF, safetensors and logit-dump readers (clang, ASan + UBSan), each
 # run for FUZZ_SECONDS on a fresh seed corpus written by concord's own writers (docs/gguf.md).

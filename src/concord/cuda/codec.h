@@ -13,16 +13,13 @@
 // rules are the ones stated in numerics/rounding.h, format.h, quant_desc.h and block.h.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #if defined(__CUDACC__)
 #define CONCORD_HD __host__ __device__ __forceinline__
 #else
 #define CONCORD_HD inline
-#endif
-
-#if !defined(__CUDA_ARCH__)
-#include <bit>
 #endif
 
 namespace concord::cuda {
@@ -71,6 +68,19 @@ CONCORD_HD float div_rn(float a, float b) {
   return __fdiv_rn(a, b);
 #else
   return a / b;
+#endif
+}
+// x * m as the CPU reference computes it, NaNs included: x86's multiply returns its first NaN
+// operand (quieted, sign kept) where an NVIDIA GPU returns the canonical NaN 0x7FFFFFFF — and the
+// sign of a NaN decides its code (e4m3 0xFF vs 0x7F; e2m1 has no NaN and keeps the sign: -0).
+CONCORD_HD float mul_as_cpu(float x, float m) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t xb = __float_as_uint(x), mb = __float_as_uint(m);
+  if ((xb & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float(xb | 0x400000u);
+  if ((mb & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float(mb | 0x400000u);
+  return __fmul_rn(x, m);
+#else
+  return x * m;
 #endif
 }
 // fmin with C's rule: a NaN operand loses to a number.
