@@ -304,6 +304,9 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 void copy_device(void* dst, const void* src, size_t n) {
   CONCORD_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice));
 }
+void copy_to_host(void* host, const void* device, size_t n) {
+  CONCORD_CUDA_OK(cudaMemcpy(host, device, n, cudaMemcpyDeviceToHost));
+}
 void synchronize() { CONCORD_CUDA_OK(cudaDeviceSynchronize()); }
 
 DeviceTimer::DeviceTimer() {

@@ -81,6 +81,7 @@ void quantize_async(const numerics::QuantDesc& desc, const float* x, int64_t row
 
 // A device-to-device copy of n bytes (the bandwidth baseline), and a wait for the device.
 void copy_device(void* dst, const void* src, size_t n);
+void copy_to_host(void* host, const void* device, size_t n);  // waits for the device first
 void synchronize();
 
 // Device time between start() and stop_ms(), with CUDA events on the default stream.
