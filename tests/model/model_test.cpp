@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "concord/model/model.h"
 #include "concord/numerics/block.h"
 #include "concord/numerics/check.h"
+#include "concord/tensor/gemm.h"
 #include "concord/tensor/qgemm.h"
 
 namespace concord::model {
@@ -173,6 +175,27 @@ TEST(Model, CausalityEarlierLogitsIgnoreLaterTokens) {
   m.forward(tokens, 1, T, b);
   EXPECT_TRUE(bitwise_equal(a.data(), b.data(), static_cast<size_t>(10 * V)));
   EXPECT_FALSE(bitwise_equal(a.data() + 10 * V, b.data() + 10 * V, static_cast<size_t>(V)));
+}
+
+TEST(Model, LmHeadInputTimesTheHeadIsTheLogitsBitForBit) {
+  // forward_lm_head_input's rows are what the fp32 lm_head multiplies: tensor::gemm of them by the
+  // head gives forward()'s logits exactly (the GPU contract's premise, docs/cuda.md).
+  for (bool tied : {true, false}) {
+    Model m(small_config(true, tied), PrecisionPolicy::preset("fp32"));
+    m.init_random(21);
+    const int64_t B = 2, T = 9, V = 259, C = 64;
+    const auto tokens = random_tokens(B * T, 22);
+    std::vector<float> logits(static_cast<size_t>(B * T * V)), hidden(static_cast<size_t>(B * T * C));
+    m.forward(tokens, B, T, logits);
+    m.forward_lm_head_input(tokens, B, T, hidden);
+    const auto head = std::as_const(m).param(tied ? "model.embed_tokens.weight" : "lm_head.weight");
+    std::vector<float> z(logits.size());
+    tensor::gemm(tensor::Trans::no, tensor::Trans::yes, B * T, V, C, hidden.data(), C, head.data(), C, z.data(), V);
+    EXPECT_TRUE(bitwise_equal(z.data(), logits.data(), z.size())) << (tied ? "tied" : "untied");
+  }
+  Model m(small_config(), PrecisionPolicy::preset("fp32"));
+  std::vector<float> wrong(10);
+  EXPECT_THROW(m.forward_lm_head_input(random_tokens(4, 1), 1, 4, wrong), InputError);
 }
 
 TEST(Model, TiedHeadSharesTheEmbeddingAndItsGradient) {

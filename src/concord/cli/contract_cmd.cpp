@@ -400,11 +400,64 @@ int run_check(const MeasureArgs& a) {
   return check.pass && held ? 0 : 1;
 }
 
+// A C-order 2-D .npy (version 1.0) of `descr` ('<f4', '<u2'), written atomically.
+void write_npy(const std::string& path, std::string_view descr, int64_t rows, int64_t cols,
+               std::span<const uint8_t> data) {
+  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}, {}), }}",
+                                 descr, rows, cols);
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string bytes = "\x93NUMPY";
+  bytes += '\x01';
+  bytes += '\x00';
+  bytes += static_cast<char>(dict.size() & 0xFF);
+  bytes += static_cast<char>(dict.size() >> 8);
+  bytes += dict;
+  bytes.append(reinterpret_cast<const char*>(data.data()), data.size());
+  io::write_file_atomic(path, std::string_view(bytes));
+}
+
+// Optional outputs of `dump` for the GPU contract (docs/cuda.md): the lm_head input of every
+// dumped row.
+struct DumpExtras {
+  std::string hidden;
+};
+
+void write_dump_extras(model::LoadedModel& m, std::span<const audit::EvalSequence> sequences,
+                       const std::vector<std::pair<int64_t, int64_t>>& rows, const DumpExtras& x) {
+  const int64_t C = m.model.config().hidden_size;
+  if (!x.hidden.empty()) {
+    // Model::forward's pass per sequence (teacher forcing over prompt + completion), the rows
+    // picked in the dump's order.
+    std::vector<float> out(rows.size() * static_cast<size_t>(C)), hidden;
+    int64_t cached = -1;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const auto [sequence, position] = rows[r];
+      const audit::EvalSequence& seq = sequences[static_cast<size_t>(sequence)];
+      const auto T = static_cast<int64_t>(seq.tokens.size());
+      if (sequence != cached) {
+        hidden.assign(static_cast<size_t>(T * C), 0.0f);
+        m.model.forward_lm_head_input(seq.tokens, 1, T, hidden);
+        cached = sequence;
+      }
+      CONCORD_CHECK(position >= 0 && position < T, "dump row position inside its sequence");
+      std::copy_n(hidden.begin() + position * C, C, out.begin() + static_cast<int64_t>(r) * C);
+    }
+    write_npy(x.hidden, "<f4", static_cast<int64_t>(rows.size()), C,
+              {reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float)});
+    std::printf("wrote %s: %zu rows x %lld (the lm_head's input of each dumped row)\n", x.hidden.c_str(),
+                rows.size(), static_cast<long long>(C));
+  }
+}
+
 void run_dump(const std::string& model_path, const std::string& kernel,
-              const std::string& complete_with, const SourceArgs& s, const std::string& out) {
+              const std::string& complete_with, const SourceArgs& s, const std::string& out,
+              const DumpExtras& extras = {}) {
   if (!is_dump_path(out))
     throw InputError(
         fmt::format("[contract] --out {}: a dump is a .safetensors or .npy file", out));
+  if (!extras.hidden.empty() && std::filesystem::path(extras.hidden).extension() != ".npy")
+    throw InputError(fmt::format("[contract] --hidden {}: a .npy file", extras.hidden));
   const audit::KernelVariant scorer = audit::kernel_variant(kernel);
   const audit::KernelVariant completer = audit::kernel_variant(complete_with);
   model::LoadedModel m = load(model_path, "dump", completer);
@@ -413,6 +466,7 @@ void run_dump(const std::string& model_path, const std::string& kernel,
   if (scorer.stored_weights != completer.stored_weights) m = load(model_path, "dump", scorer);
   audit::apply_kernel(m.model, scorer);
   audit::LogitDumpWriter writer(m.model.config().vocab_size);
+  std::vector<std::pair<int64_t, int64_t>> rows;  // (sequence, position) of each dumped row
   // teacher_forced_logits hands rows out per batch; report progress as sequences complete.
   Progress progress("scoring", s.quiet);
   const auto total = static_cast<int64_t>(sequences.size());
@@ -426,6 +480,7 @@ void run_dump(const std::string& model_path, const std::string& kernel,
                                    audit::RowInfo global = info;
                                    global.sequence += first;
                                    writer.add(global, z);
+                                   rows.emplace_back(global.sequence, global.position);
                                  });
     progress(first + count, total);
   }
@@ -434,6 +489,7 @@ void run_dump(const std::string& model_path, const std::string& kernel,
               out.c_str(), static_cast<long long>(writer.rows()),
               static_cast<long long>(m.model.config().vocab_size), kernel.c_str(),
               static_cast<long long>(total), complete_with.c_str());
+  write_dump_extras(m, sequences, rows, extras);
 }
 
 void add_measure_options(CLI::App* cmd, MeasureArgs& a) {
@@ -473,6 +529,7 @@ void add_contract_command(CLI::App& app) {
   struct DumpArgs {
     std::string model, kernel, complete_with = "fp32", out;
     SourceArgs source;
+    DumpExtras extras;
   };
   auto d = std::make_shared<DumpArgs>();
   CLI::App* dump = contract->add_subcommand(
@@ -484,8 +541,11 @@ void add_contract_command(CLI::App& app) {
   dump->add_option("--complete-with", d->complete_with,
                    "kernel that completes the prompts, greedy (default fp32)");
   dump->add_option("--out", d->out, "output file (.safetensors or .npy)")->required();
+  dump->add_option("--hidden", d->extras.hidden,
+                   "also write each dumped row's lm_head input (the final norm's output) as a "
+                   "(rows, hidden) float32 .npy");
   add_source_options(dump, d->source);
-  dump->callback([d]() { run_dump(d->model, d->kernel, d->complete_with, d->source, d->out); });
+  dump->callback([d]() { run_dump(d->model, d->kernel, d->complete_with, d->source, d->out, d->extras); });
 
   auto m = std::make_shared<MeasureArgs>();
   CLI::App* measure = contract->add_subcommand(

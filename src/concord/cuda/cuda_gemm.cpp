@@ -8,11 +8,15 @@
 //                          activation's per-tensor quantization) for SmolLM2-135M's and Qwen3-8B's
 //                          linear shapes at M = 1 .. 16384, each as a fraction of the peak measured
 //                          here (8192^3); the crossover M per shape
-//   cuda_gemm logits --hidden X.npy --weight W.npy --out DIR
-//                          lm_head logits of real hidden states (X: P x H float32; W: V x H bf16
-//                          bits as uint16) five ways, each written as DIR/<name>.npy (P x V
-//                          float32) for `concord contract measure`: exact-bf16 (the reference),
-//                          cublas-bf16, exact-fp8, cublas-fp8, cublas-fp8-fast
+//   cuda_gemm logits --hidden X.npy --q8-0 W.npy [--sums S.json] --out DIR
+//                          SmolLM2's lm_head on real hidden states (tools/gpu_inputs.py: X is
+//                          P x H float32, W the GGUF's Q8_0 rows): the exact fp32 product checked
+//                          against the CPU logits' row checksums (S), then five ways written as
+//                          DIR/<name>.npy (P x V float32) for `concord contract measure`:
+//                          exact-bf16, cublas-bf16, exact-fp8, cublas-fp8, cublas-fp8-fast
+//   cuda_gemm verify-inputs --hidden X.npy --q8-0 W.npy --sums S.json
+//                          no GPU needed: concord's CPU GEMM on the same inputs reproduces the
+//                          CPU logits' checksums (what the GPU's exact product must meet)
 //   --json FILE            also write the results as JSON lines
 // Without a usable GPU it prints one line saying why and exits 77.
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -357,7 +362,7 @@ struct Npy {
   std::vector<uint8_t> data;
 };
 
-// A 2-D C-order .npy (format 1.0 / 2.0) of '<f4' or '<u2'; throws naming the file.
+// A 2-D C-order .npy (format 1.0 / 2.0) of '<f4', '<u2' or '|u1'; throws naming the file.
 Npy read_npy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw concord::InputError(path + ": cannot open");
@@ -390,8 +395,8 @@ Npy read_npy(const std::string& path) {
   if (std::sscanf(shape.c_str(), " (%lld, %lld)", &r, &c) != 2) throw concord::InputError(path + ": not 2-D");
   out.rows = r;
   out.cols = c;
-  const size_t elem = out.descr == "<f4" ? 4 : out.descr == "<u2" ? 2 : 0;
-  if (elem == 0) throw concord::InputError(path + ": dtype " + out.descr + " (want <f4 or <u2)");
+  const size_t elem = out.descr == "<f4" ? 4 : out.descr == "<u2" ? 2 : out.descr == "|u1" ? 1 : 0;
+  if (elem == 0) throw concord::InputError(path + ": dtype " + out.descr + " (want <f4, <u2 or |u1)");
   out.data.resize(static_cast<size_t>(r * c) * elem);
   in.read(reinterpret_cast<char*>(out.data.data()), static_cast<std::streamsize>(out.data.size()));
   if (!in) throw concord::InputError(path + ": truncated");
@@ -414,30 +419,126 @@ void write_npy_f32(const std::string& path, const std::vector<float>& v, int64_t
   if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot write");
 }
 
-int run_logits(const std::string& hidden_path, const std::string& weight_path, const std::string& out_dir) {
-  const Npy x = read_npy(hidden_path), w = read_npy(weight_path);
-  if (x.descr != "<f4") throw concord::InputError(hidden_path + ": hidden states must be <f4");
-  if (w.descr != "<u2") throw concord::InputError(weight_path + ": the weight must be bf16 bits as <u2");
-  if (x.cols != w.cols) throw concord::InputError(hidden_path + ": hidden size " + std::to_string(x.cols) + " but " +
-                                                  weight_path + " has " + std::to_string(w.cols));
-  const int64_t P = x.rows, V = w.rows, H = x.cols;
-  std::vector<float> X(static_cast<size_t>(P * H)), Wf(static_cast<size_t>(V * H));
-  std::memcpy(X.data(), x.data.data(), X.size() * 4);
-  for (size_t i = 0; i < Wf.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(w.data[2 * i] | (w.data[2 * i + 1] << 8)) << 16;
-    Wf[i] = cu::float_of(bits);
+// The tied lm_head of the GGUF as stored (Q8_0 rows: per 32 values an fp16 scale d and 32 int8
+// codes q), decoded to fp32 d·q — exact (11 significant bits times 8), so these are the values
+// concord's fp32 kernel multiplies by.
+std::vector<float> decode_q8_0(const Npy& blocks, int64_t hidden, const std::string& path) {
+  if (blocks.descr != "|u1" || blocks.cols != hidden / 32 * 34 || hidden % 32 != 0) {
+    throw concord::InputError(path + ": want (vocab, " + std::to_string(hidden / 32 * 34) +
+                              ") uint8 Q8_0 rows for hidden size " + std::to_string(hidden));
   }
-  cu::DeviceBuffer dx = upload_floats(X), dw = upload_floats(Wf), dy(static_cast<size_t>(P * V) * 4);
+  std::vector<float> w(static_cast<size_t>(blocks.rows * hidden));
+  for (int64_t r = 0; r < blocks.rows; ++r) {
+    for (int64_t b = 0; b < hidden / 32; ++b) {
+      const uint8_t* block = blocks.data.data() + r * blocks.cols + b * 34;
+      const float d = nm::decode_ref(nm::Format::fp16, static_cast<uint32_t>(block[0] | (block[1] << 8)));
+      for (int j = 0; j < 32; ++j) {
+        const auto q = static_cast<float>(static_cast<int8_t>(block[2 + j]));
+        w[static_cast<size_t>(r * hidden + b * 32 + j)] = d * q;
+      }
+    }
+  }
+  return w;
+}
+
+// Per row: sum_i bits_i * (2i + 1) mod 2^64 (tools/gpu_inputs.py's checksum).
+uint64_t row_checksum(const float* row, int64_t n) {
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<uint64_t>(cu::bits_of(row[i])) * static_cast<uint64_t>(2 * i + 1);
+  return sum;
+}
+
+// The "sums" array of tools/gpu_inputs.py's cpu-fp32.sums.json (decimal strings).
+std::vector<uint64_t> read_sums(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw concord::InputError(path + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("\"sums\"");
+  if (at == std::string::npos) throw concord::InputError(path + ": no \"sums\"");
+  std::vector<uint64_t> out;
+  for (size_t i = text.find('[', at); i != std::string::npos && i < text.size() && text[i] != ']'; ++i) {
+    if (text[i] >= '0' && text[i] <= '9') {
+      size_t end = i;
+      while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+      out.push_back(std::stoull(text.substr(i, end - i)));
+      i = end;
+    }
+  }
+  return out;
+}
+
+// "" when every row's checksum matches the CPU's, else which rows do not.
+std::string compare_sums(const std::vector<float>& logits, int64_t P, int64_t V, const std::vector<uint64_t>& sums) {
+  if (static_cast<int64_t>(sums.size()) != P) return std::to_string(sums.size()) + " checksums for " + std::to_string(P) + " rows";
+  int64_t bad = 0, first = -1;
+  for (int64_t r = 0; r < P; ++r) {
+    if (row_checksum(logits.data() + r * V, V) != sums[static_cast<size_t>(r)]) {
+      if (bad++ == 0) first = r;
+    }
+  }
+  return bad == 0 ? "" : std::to_string(bad) + " of " + std::to_string(P) + " rows differ (first: row " + std::to_string(first) + ")";
+}
+
+struct LogitsInputs {
+  int64_t P = 0, V = 0, H = 0;
+  std::vector<float> X, W;
+  std::vector<uint64_t> sums;
+};
+
+LogitsInputs read_logits_inputs(const std::string& hidden_path, const std::string& weight_path, const std::string& sums_path) {
+  const Npy x = read_npy(hidden_path);
+  if (x.descr != "<f4") throw concord::InputError(hidden_path + ": hidden states must be <f4");
+  LogitsInputs in;
+  in.P = x.rows;
+  in.H = x.cols;
+  in.X.resize(static_cast<size_t>(in.P * in.H));
+  std::memcpy(in.X.data(), x.data.data(), in.X.size() * 4);
+  const Npy w = read_npy(weight_path);
+  in.W = decode_q8_0(w, in.H, weight_path);
+  in.V = w.rows;
+  if (!sums_path.empty()) in.sums = read_sums(sums_path);
+  return in;
+}
+
+// Without a GPU: concord's CPU GEMM on the same inputs reproduces the dump's logits (so the GPU's
+// exact product has a target it can meet bit for bit).
+int run_verify_inputs(const std::string& hidden_path, const std::string& weight_path, const std::string& sums_path) {
+  const LogitsInputs in = read_logits_inputs(hidden_path, weight_path, sums_path);
+  const std::vector<float> z = cpu_gemm(in.X, in.W, in.P, in.V, in.H);
+  const std::string diff = compare_sums(z, in.P, in.V, in.sums);
+  std::printf("%s  tensor::gemm(hidden, lm_head) = the CPU dump's logits, %lld rows x %lld %s\n", diff.empty() ? "PASS" : "FAIL",
+              static_cast<long long>(in.P), static_cast<long long>(in.V), diff.c_str());
+  return diff.empty() ? 0 : 1;
+}
+
+int run_logits(const std::string& hidden_path, const std::string& weight_path, const std::string& sums_path,
+               const std::string& out_dir) {
+  const LogitsInputs in = read_logits_inputs(hidden_path, weight_path, sums_path);
+  const int64_t P = in.P, V = in.V, H = in.H;
+  cu::DeviceBuffer dx = upload_floats(in.X), dw = upload_floats(in.W), dy(static_cast<size_t>(P * V) * 4);
   auto* y = static_cast<float*>(dy.data());
+  const size_t n = static_cast<size_t>(P * V);
+  int rc = 0;
+  // The exact fp32 product on the GPU against the CPU's logits (checksums of every row's bits).
+  cu::exact_gemm(static_cast<float*>(dx.data()), static_cast<float*>(dw.data()), y, P, V, H);
+  if (!in.sums.empty()) {
+    const std::string diff = compare_sums(download_floats(y, n), P, V, in.sums);
+    std::printf("%s  GPU exact fp32 lm_head = concord's CPU logits (SmolLM2-135M, %lld rows x %lld) %s\n",
+                diff.empty() ? "PASS" : "FAIL", static_cast<long long>(P), static_cast<long long>(V), diff.c_str());
+    if (g_json != nullptr) {
+      std::fprintf(g_json, "{\"check\": \"gpu exact fp32 lm_head = cpu logits\", \"rows\": %lld, \"pass\": %s}\n",
+                   static_cast<long long>(P), diff.empty() ? "true" : "false");
+    }
+    if (!diff.empty()) rc = 1;
+  }
   const nm::QuantDesc bf16 = nm::QuantDesc::elementwise(nm::Format::bf16, nm::Rounding::rne, nm::Overflow::ieee);
   const nm::QuantDesc fp8 = nm::QuantDesc::per_tensor(nm::Format::e4m3);
   cu::DeviceQuantized qx, qw, fx, fw;
   cu::quantize(bf16, static_cast<float*>(dx.data()), P, H, {}, qx);
-  cu::quantize(bf16, static_cast<float*>(dw.data()), V, H, {}, qw);  // exact: W is bf16 already
+  cu::quantize(bf16, static_cast<float*>(dw.data()), V, H, {}, qw);
   cu::quantize(fp8, static_cast<float*>(dx.data()), P, H, {}, fx);
   cu::quantize(fp8, static_cast<float*>(dw.data()), V, H, {}, fw);
   cu::Blas blas;
-  const size_t n = static_cast<size_t>(P * V);
   auto save = [&](const char* name) {
     const std::string path = out_dir + "/" + name + ".npy";
     write_npy_f32(path, download_floats(y, n), P, V);
@@ -457,7 +558,7 @@ int run_logits(const std::string& hidden_path, const std::string& weight_path, c
                   static_cast<const uint8_t*>(fw.codes.data()), cu::tensor_scale_of(fw), y, cu::OutType::f32, P, V, H, fast);
     save(fast ? "cublas-fp8-fast" : "cublas-fp8");
   }
-  return 0;
+  return rc;
 }
 
 }  // namespace
@@ -465,11 +566,12 @@ int run_logits(const std::string& hidden_path, const std::string& weight_path, c
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: cuda_gemm check|bench [--quick]|logits --hidden X.npy --weight W.npy --out DIR [--json FILE]\n");
+                 "usage: cuda_gemm check | bench [--quick] | logits --hidden X.npy --q8-0 W.npy [--sums S.json] --out DIR\n"
+                 "       | verify-inputs --hidden X.npy --q8-0 W.npy --sums S.json   [--json FILE]\n");
     return 2;
   }
   const std::string mode = argv[1];
-  std::string json_path, hidden, weight, out_dir;
+  std::string json_path, hidden, weight, out_dir, sums;
   bool quick = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -482,7 +584,8 @@ int main(int argc, char** argv) {
     };
     if (a == "--json") json_path = value();
     else if (a == "--hidden") hidden = value();
-    else if (a == "--weight") weight = value();
+    else if (a == "--q8-0") weight = value();
+    else if (a == "--sums") sums = value();
     else if (a == "--out") out_dir = value();
     else if (a == "--quick") quick = true;
     else {
@@ -490,13 +593,29 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (mode != "check" && mode != "bench" && mode != "logits") {
-    std::fprintf(stderr, "cuda_gemm: unknown mode %s (check, bench, logits)\n", mode.c_str());
+  if (mode != "check" && mode != "bench" && mode != "logits" && mode != "verify-inputs") {
+    std::fprintf(stderr, "cuda_gemm: unknown mode %s (check, bench, logits, verify-inputs)\n", mode.c_str());
     return 2;
   }
-  if (mode == "logits" && (hidden.empty() || weight.empty() || out_dir.empty())) {
-    std::fprintf(stderr, "cuda_gemm logits: --hidden, --weight and --out are required\n");
+  if ((mode == "logits" || mode == "verify-inputs") && (hidden.empty() || weight.empty())) {
+    std::fprintf(stderr, "cuda_gemm %s: --hidden and --q8-0 are required\n", mode.c_str());
     return 2;
+  }
+  if (mode == "logits" && out_dir.empty()) {
+    std::fprintf(stderr, "cuda_gemm logits: --out is required\n");
+    return 2;
+  }
+  if (mode == "verify-inputs") {  // the CPU side alone: no device needed
+    if (sums.empty()) {
+      std::fprintf(stderr, "cuda_gemm verify-inputs: --sums is required\n");
+      return 2;
+    }
+    try {
+      return run_verify_inputs(hidden, weight, sums);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cuda_gemm: %s\n", e.what());
+      return 2;
+    }
   }
   std::string why;
   if (!cu::device_available(&why)) {
@@ -513,7 +632,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     std::printf("device: %s\n", cu::device_description().c_str());
-    rc = mode == "check" ? run_check() : mode == "bench" ? run_bench(quick) : run_logits(hidden, weight, out_dir);
+    rc = mode == "check" ? run_check() : mode == "bench" ? run_bench(quick) : run_logits(hidden, weight, sums, out_dir);
   } catch (const concord::InputError& e) {
     std::fprintf(stderr, "cuda_gemm: %s\n", e.what());
     rc = 2;

@@ -602,6 +602,16 @@ void Model::forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::
   std::memcpy(logits.data(), impl_->logits, sizeof(float) * static_cast<size_t>(B * T * V));
 }
 
+void Model::forward_lm_head_input(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> hidden) {
+  check_tokens(*impl_, tokens, B, T, "forward_lm_head_input");
+  const int64_t C = impl_->config.hidden_size;
+  if (static_cast<int64_t>(hidden.size()) != B * T * C)
+    throw InputError(fmt::format("[model] forward_lm_head_input: buffer holds {} floats, needs {}", hidden.size(),
+                                 B * T * C));
+  impl_->run_forward(tokens.data(), B, T);
+  std::memcpy(hidden.data(), impl_->xn_final, sizeof(float) * static_cast<size_t>(B * T * C));
+}
+
 double Model::moe_aux_loss() const { return impl_->moe_aux; }
 
 void Model::set_router_stats(bool on) {

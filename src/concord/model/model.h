@@ -301,6 +301,9 @@ class Model {
 
   // Logits (B*T, V) for B sequences of T tokens (positions 0..T-1).
   void forward(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> logits);
+  // The same pass's lm_head input — the final norm's output, (B*T, hidden_size): the rows the
+  // logits are (hidden · lm_headᵀ) of (concord contract dump --hidden; docs/cuda.md's contract).
+  void forward_lm_head_input(std::span<const int32_t> tokens, int64_t B, int64_t T, std::span<float> hidden);
   // Mean cross-entropy over targets >= 0 (targets < 0 are ignored), and the gradients of that
   // mean with respect to every parameter (overwritten, not accumulated). `step` seeds the
   // stochastic rounding and Hadamard signs of the backward GEMMs.
