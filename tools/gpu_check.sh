@@ -61,7 +61,10 @@ step() {  # step NAME TIMEOUT_S COMMAND... : runs it, its output into log.txt, i
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-step configure 120 cmake -S src/concord/cuda -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release || status=1
+# Warnings stay errors in CI (g++ 12 here); the GPU image's compiler may warn differently, and
+# that must not stop the run.
+step configure 120 cmake -S src/concord/cuda -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCONCORD_WERROR=OFF || status=1
 step build 300 cmake --build "$BUILD" -j "$JOBS" || status=1
 bin="$BUILD/bin"
 if [ -x "$bin/cuda_check" ] && [ -x "$bin/cuda_gemm" ]; then
@@ -75,6 +78,12 @@ if [ -x "$bin/cuda_check" ] && [ -x "$bin/cuda_gemm" ]; then
     grep -h "^PASS\|^FAIL" "$parts/logits.txt" >> "$OUT/summary.txt"
   else
     say "logits: skipped ($INPUTS/ was not carried; make it with tools/gpu_inputs.sh)"
+  fi
+  # compute-sanitizer's memcheck over the kernels on the small tensors (it works on Firecracker
+  # machines, not under gVisor: KINDS.md); reported, not counted in the status.
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/cuda_check" --quick ||
+      say "memcheck: see log.txt (not counted: compute-sanitizer may not run on this machine's runtime)"
   fi
   step bench 120 "$bin/cuda_check" --bench --json "$parts/bench.jsonl" || status=1
   step gemm-bench 240 "$bin/cuda_gemm" bench --json "$parts/gemm-bench.jsonl" || status=1
