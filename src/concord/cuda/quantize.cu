@@ -89,6 +89,21 @@ __device__ __forceinline__ int load4(const float* x, int64_t n, int64_t g, bool 
   return count;
 }
 
+// A block's scale code from its amax, and what its elements are multiplied by before the cast:
+// NVFP4's ue4m3 scale under the global scale in scratch (scratch[2] encode, scratch[1] decode), or
+// the MX rule's e8m0 scale.
+__device__ __forceinline__ uint8_t block_scale(float amax, bool nvfp4, Elem elem, MxRule rule,
+                                               const uint32_t* scratch, float& multiplier) {
+  if (nvfp4) {
+    const uint8_t code = nvfp4_scale_code(amax, float_of(scratch[2]));
+    multiplier = nvfp4_multiplier(code, float_of(scratch[1]));
+    return code;
+  }
+  const uint8_t code = mx_scale_code(amax, elem, rule);
+  multiplier = mx_multiplier(code);
+  return code;
+}
+
 // NaN-propagating tensor amax: the max of the magnitudes' bits (codec.h's abs_bits).
 __global__ void amax_kernel(const float* x, int64_t n, bool aligned, uint32_t* scratch) {
   uint32_t m = 0;
@@ -143,16 +158,8 @@ __global__ void row_block_kernel(const float* x, int64_t n, Params p, bool nvfp4
   uint32_t m = max(max(abs_bits(v[0]), abs_bits(v[1])), max(abs_bits(v[2]), abs_bits(v[3])));
   for (int off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(kFullMask, m, off));
   if (!active) return;
-  const float amax = float_of(m);
-  uint8_t scale;
   float multiplier;
-  if (nvfp4) {
-    scale = nvfp4_scale_code(amax, float_of(scratch[2]));
-    multiplier = nvfp4_multiplier(scale, float_of(scratch[1]));
-  } else {
-    scale = mx_scale_code(amax, p.elem, rule);
-    multiplier = mx_multiplier(scale);
-  }
+  const uint8_t scale = block_scale(float_of(m), nvfp4, p.elem, rule, scratch, multiplier);
   if (g % kLanes == 0) scales[(4 * g) / kBlock] = scale;
   const Words4 r = random_words(p, static_cast<uint64_t>(g));
   uint32_t c[4];
@@ -175,16 +182,8 @@ __global__ void block_generic_kernel(const float* x, int64_t rows, int64_t cols,
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t c = c0; c < c1; ++c) m = max(m, abs_bits(x[r * cols + c]));
   }
-  const float amax = float_of(m);
-  uint8_t scale;
   float multiplier;
-  if (nvfp4) {
-    scale = nvfp4_scale_code(amax, float_of(scratch[2]));
-    multiplier = nvfp4_multiplier(scale, float_of(scratch[1]));
-  } else {
-    scale = mx_scale_code(amax, p.elem, rule);
-    multiplier = mx_multiplier(scale);
-  }
+  const uint8_t scale = block_scale(float_of(m), nvfp4, p.elem, rule, scratch, multiplier);
   scales[b] = scale;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t c = c0; c < c1; ++c) {
