@@ -312,15 +312,33 @@ int run_bench(bool quick) {
   const double peak_fp8_fast = tflops(kPeak, kPeak, kPeak, time_ms([&] {
     blas.gemm_fp8(x8c, sx, w8c, sw, y.data(), cu::OutType::bf16, kPeak, kPeak, kPeak, true);
   }, 300.0));
+  // The memory side of the roofline: a device-to-device copy of the activation buffer, counting
+  // bytes read and written.
+  const size_t copy_bytes = xf.size();
+  const double bw = 2.0 * static_cast<double>(copy_bytes) /
+                    (time_ms([&] { cu::copy_device(y.data(), xf.data(), copy_bytes); }, 200.0) * 1e6);  // GB/s
   std::printf("device: %s\n", cu::device_description().c_str());
-  std::printf("measured peaks (8192^3, bf16 out): BF16 %.0f TFLOP/s, FP8 %.0f, FP8 fast-accum %.0f\n", peak_bf16,
-              peak_fp8, peak_fp8_fast);
+  std::printf("measured peaks (8192^3, bf16 out): BF16 %.0f TFLOP/s, FP8 %.0f, FP8 fast-accum %.0f; "
+              "device copy %.0f GB/s\n", peak_bf16, peak_fp8, peak_fp8_fast, bw);
   if (g_json != nullptr) {
-    std::fprintf(g_json, "{\"peak\": true, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f, \"fp8_fast_tflops\": %.1f}\n",
-                 peak_bf16, peak_fp8, peak_fp8_fast);
+    std::fprintf(g_json,
+                 "{\"peak\": true, \"bf16_tflops\": %.1f, \"fp8_tflops\": %.1f, \"fp8_fast_tflops\": %.1f, "
+                 "\"copy_gbs\": %.1f}\n", peak_bf16, peak_fp8, peak_fp8_fast, bw);
   }
-  std::printf("%-13s %-14s %6s | %9s %9s %9s %9s | %6s %6s %6s | %s\n", "model", "linear", "M", "bf16 us", "fp8 us",
-              "fp8f us", "q+fp8 us", "bf16%", "fp8%", "fp8f%", "fp8 (with quant) / bf16 speed");
+  // The roofline of each point from this run's peaks and copy bandwidth: max(FLOPs / peak, bytes /
+  // bandwidth), bytes = X and W once in their type + Y in bf16; FP8 with its quantization adds the
+  // activation's two fp32 reads (amax, cast) and its e4m3 write.
+  auto roof_us = [&](int64_t M, int64_t N, int64_t K, bool fp8_in, bool quant) {
+    const double m = static_cast<double>(M), n = static_cast<double>(N), k = static_cast<double>(K);
+    const double in = fp8_in ? 1.0 : 2.0;
+    const double flops = 2.0 * m * n * k / ((fp8_in ? peak_fp8 : peak_bf16) * 1e12);
+    const double bytes = ((m * k + n * k) * in + 2.0 * m * n) / (bw * 1e9);
+    const double extra = quant ? (8.0 * m * k + m * k) / (bw * 1e9) : 0.0;
+    return (std::max(flops, bytes) + extra) * 1e6;
+  };
+  std::printf("%-13s %-14s %6s | %9s %9s %9s %9s | %6s %6s %6s | %9s %9s | %s\n", "model", "linear", "M", "bf16 us",
+              "fp8 us", "fp8f us", "q+fp8 us", "bf16%", "fp8%", "fp8f%", "roof bf16", "roof q+8",
+              "fp8 (with quant) / bf16 speed");
   for (const Linear& l : kLinears) {
     int64_t crossover = -1;
     for (int64_t M : kTokens) {
@@ -341,16 +359,18 @@ int run_bench(bool quick) {
       }, budget);
       const double speed = t_bf16 / t_q;
       if (crossover < 0 && speed > 1.0) crossover = M;
-      std::printf("%-13s %-14s %6lld | %9.1f %9.1f %9.1f %9.1f | %5.1f%% %5.1f%% %5.1f%% | %.2fx\n", l.model, l.name,
-                  static_cast<long long>(M), t_bf16 * 1e3, t_fp8 * 1e3, t_fast * 1e3, t_q * 1e3,
+      const double roof_bf16 = roof_us(M, l.N, l.K, false, false), roof_q = roof_us(M, l.N, l.K, true, true);
+      std::printf("%-13s %-14s %6lld | %9.1f %9.1f %9.1f %9.1f | %5.1f%% %5.1f%% %5.1f%% | %9.1f %9.1f | %.2fx\n",
+                  l.model, l.name, static_cast<long long>(M), t_bf16 * 1e3, t_fp8 * 1e3, t_fast * 1e3, t_q * 1e3,
                   100.0 * tflops(M, l.N, l.K, t_bf16) / peak_bf16, 100.0 * tflops(M, l.N, l.K, t_fp8) / peak_fp8,
-                  100.0 * tflops(M, l.N, l.K, t_fast) / peak_fp8_fast, speed);
+                  100.0 * tflops(M, l.N, l.K, t_fast) / peak_fp8_fast, roof_bf16, roof_q, speed);
       if (g_json != nullptr) {
         std::fprintf(g_json,
                      "{\"model\": \"%s\", \"linear\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, \"bf16_ms\": %.5f, "
-                     "\"fp8_ms\": %.5f, \"fp8_fast_ms\": %.5f, \"quant_fp8_ms\": %.5f}\n",
+                     "\"fp8_ms\": %.5f, \"fp8_fast_ms\": %.5f, \"quant_fp8_ms\": %.5f, \"roof_bf16_us\": %.2f, "
+                     "\"roof_quant_fp8_us\": %.2f}\n",
                      l.model, l.name, static_cast<long long>(M), static_cast<long long>(l.N), static_cast<long long>(l.K),
-                     t_bf16, t_fp8, t_fast, t_q);
+                     t_bf16, t_fp8, t_fast, t_q, roof_bf16, roof_q);
       }
       } catch (const std::exception& e) {  // one shape cuBLASLt refuses does not end the table
         std::printf("%-13s %-14s %6lld | failed: %s\n", l.model, l.name, static_cast<long long>(M), e.what());
