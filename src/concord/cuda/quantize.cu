@@ -167,6 +167,35 @@ __global__ void row_block_kernel(const float* x, int64_t n, Params p, bool nvfp4
   store4<kStorage>(codes, g, c, 4);
 }
 
+// NVFP4's 16 x 16 blocks (rows and cols multiples of 16, x aligned): one warp a block, lane =
+// (row r of 8, column quad q of 4) holding rows r and r + 8 of its quad — each load instruction
+// reads 8 rows' 64 contiguous bytes; the amax reduced over the warp with shuffles; whole warps
+// are active or not, so the early return keeps every shuffle's warp complete.
+__global__ void nvfp4_2d_kernel(const float* x, int64_t rows, int64_t cols, Params p, const uint32_t* scratch,
+                                uint8_t* codes, uint8_t* scales) {
+  const int64_t block = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  const int64_t grid_cols = cols / 16;
+  if (block >= (rows / 16) * grid_cols) return;
+  const int lane = static_cast<int>(threadIdx.x & 31u), r = lane >> 2, q = lane & 3;
+  const int64_t i0 = ((block / grid_cols) * 16 + r) * cols + (block % grid_cols) * 16 + 4 * q;
+  const int64_t i1 = i0 + 8 * cols;
+  const float4 a = *reinterpret_cast<const float4*>(x + i0), b = *reinterpret_cast<const float4*>(x + i1);
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t m = 0;
+  for (float e : v) m = max(m, abs_bits(e));
+  for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(kFullMask, m, off));
+  float multiplier;
+  const uint8_t scale = block_scale(float_of(m), true, p.elem, MxRule::floor, scratch, multiplier);
+  if (lane == 0) scales[block] = scale;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t g = (half == 0 ? i0 : i1) / 4;
+    const Words4 words = random_words(p, static_cast<uint64_t>(g));
+    uint32_t c[4];
+    for (int k = 0; k < 4; ++k) c[k] = encode(p.elem, mul_as_cpu(v[4 * half + k], multiplier), p.round, p.over, words.w[k]);
+    store4<4>(codes, g, c, 4);
+  }
+}
+
 // Any block shape, one thread a block (consecutive threads take consecutive block columns, so
 // blocks down columns read coalesced). 16-bit codes go straight to `out`; narrower ones one byte
 // an element (4-bit ones are packed by pack_nibbles_kernel afterwards).
@@ -371,7 +400,8 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
   // other scaled layout runs one thread a block, 4-bit codes through scratch (a byte an element).
   const bool row_blocks = (desc.is_mx() || desc.is_nvfp4()) && b.rows == 1 &&
                           (b.cols == 16 || b.cols == 32) && cols % b.cols == 0 && aligned;
-  const bool generic = (desc.is_mx() || desc.is_nvfp4()) && !row_blocks;
+  const bool nvfp4_2d = desc.is_nvfp4() && b.rows == 16 && b.cols == 16 && rows % 16 == 0 && cols % 16 == 0 && aligned;
+  const bool generic = (desc.is_mx() || desc.is_nvfp4()) && !row_blocks && !nvfp4_2d;
   out.codes.resize(nm::code_bytes(desc.element, n));
   // Sized once, before any kernel writes to it (a resize may reallocate).
   out.scratch.resize(kScratchWords * sizeof(uint32_t) + (generic && storage == 4 ? static_cast<size_t>(n) : 0u));
@@ -404,6 +434,11 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
   if (row_blocks) {
     if (b.cols == 16) launch_row_block<16>(storage, x, n, p, nvfp4, rule, scratch, codes, scales);
     else launch_row_block<32>(storage, x, n, p, nvfp4, rule, scratch, codes, scales);
+    return;
+  }
+  if (nvfp4_2d) {
+    nvfp4_2d_kernel<<<blocks_for(grid_rows * grid_cols * 32), kThreads>>>(x, rows, cols, p, scratch, codes, scales);
+    CONCORD_CUDA_LAUNCHED("nvfp4_2d_kernel");
     return;
   }
   // Generic: one thread a block; 4-bit codes one byte each in scratch, then packed.
