@@ -400,64 +400,46 @@ int run_check(const MeasureArgs& a) {
   return check.pass && held ? 0 : 1;
 }
 
-// A C-order 2-D .npy (version 1.0) of `descr` ('<f4', '<u2'), written atomically.
-void write_npy(const std::string& path, std::string_view descr, int64_t rows, int64_t cols,
-               std::span<const uint8_t> data) {
-  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}, {}), }}",
-                                 descr, rows, cols);
+// `dump --hidden`: each dumped row's lm_head input (Model::forward's pass per sequence, teacher
+// forcing over prompt + completion) in the dump's row order, as a C-order (rows, hidden_size)
+// float32 .npy (version 1.0), written atomically — for the GPU contract (docs/cuda.md). (The
+// logit-dump writer does not fit: it checks each row's tokens against the row's width.)
+void write_hidden(model::LoadedModel& m, std::span<const audit::EvalSequence> sequences,
+                  const std::vector<audit::RowInfo>& rows, const std::string& path) {
+  const int64_t C = m.model.config().hidden_size;
+  std::string dict = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
+                                 rows.size(), C);
   while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
   dict += '\n';
   std::string bytes = "\x93NUMPY";
-  bytes += '\x01';
-  bytes += '\x00';
-  bytes += static_cast<char>(dict.size() & 0xFF);
-  bytes += static_cast<char>(dict.size() >> 8);
+  bytes += {'\x01', '\x00', static_cast<char>(dict.size() & 0xFF), static_cast<char>(dict.size() >> 8)};
   bytes += dict;
-  bytes.append(reinterpret_cast<const char*>(data.data()), data.size());
-  io::write_file_atomic(path, std::string_view(bytes));
-}
-
-// Optional outputs of `dump` for the GPU contract (docs/cuda.md): the lm_head input of every
-// dumped row.
-struct DumpExtras {
-  std::string hidden;
-};
-
-void write_dump_extras(model::LoadedModel& m, std::span<const audit::EvalSequence> sequences,
-                       const std::vector<std::pair<int64_t, int64_t>>& rows, const DumpExtras& x) {
-  const int64_t C = m.model.config().hidden_size;
-  if (!x.hidden.empty()) {
-    // Model::forward's pass per sequence (teacher forcing over prompt + completion), the rows
-    // picked in the dump's order.
-    std::vector<float> out(rows.size() * static_cast<size_t>(C)), hidden;
-    int64_t cached = -1;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const auto [sequence, position] = rows[r];
-      const audit::EvalSequence& seq = sequences[static_cast<size_t>(sequence)];
-      const auto T = static_cast<int64_t>(seq.tokens.size());
-      if (sequence != cached) {
-        hidden.assign(static_cast<size_t>(T * C), 0.0f);
-        m.model.forward_lm_head_input(seq.tokens, 1, T, hidden);
-        cached = sequence;
-      }
-      CONCORD_CHECK(position >= 0 && position < T, "dump row position inside its sequence");
-      std::copy_n(hidden.begin() + position * C, C, out.begin() + static_cast<int64_t>(r) * C);
+  std::vector<float> hidden;
+  int64_t cached = -1;
+  for (const audit::RowInfo& info : rows) {
+    const audit::EvalSequence& seq = sequences[static_cast<size_t>(info.sequence)];
+    const auto T = static_cast<int64_t>(seq.tokens.size());
+    if (info.sequence != cached) {
+      hidden.assign(static_cast<size_t>(T * C), 0.0f);
+      m.model.forward_lm_head_input(seq.tokens, 1, T, hidden);
+      cached = info.sequence;
     }
-    write_npy(x.hidden, "<f4", static_cast<int64_t>(rows.size()), C,
-              {reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float)});
-    std::printf("wrote %s: %zu rows x %lld (the lm_head's input of each dumped row)\n", x.hidden.c_str(),
-                rows.size(), static_cast<long long>(C));
+    CONCORD_CHECK(info.position >= 0 && info.position < T, "dump row position inside its sequence");
+    bytes.append(reinterpret_cast<const char*>(hidden.data() + info.position * C), sizeof(float) * static_cast<size_t>(C));
   }
+  io::write_file_atomic(path, std::string_view(bytes));
+  std::printf("wrote %s: %zu rows x %lld (the lm_head's input of each dumped row)\n", path.c_str(), rows.size(),
+              static_cast<long long>(C));
 }
 
 void run_dump(const std::string& model_path, const std::string& kernel,
               const std::string& complete_with, const SourceArgs& s, const std::string& out,
-              const DumpExtras& extras = {}) {
+              const std::string& hidden = {}) {
   if (!is_dump_path(out))
     throw InputError(
         fmt::format("[contract] --out {}: a dump is a .safetensors or .npy file", out));
-  if (!extras.hidden.empty() && std::filesystem::path(extras.hidden).extension() != ".npy")
-    throw InputError(fmt::format("[contract] --hidden {}: a .npy file", extras.hidden));
+  if (!hidden.empty() && std::filesystem::path(hidden).extension() != ".npy")
+    throw InputError(fmt::format("[contract] --hidden {}: a .npy file", hidden));
   const audit::KernelVariant scorer = audit::kernel_variant(kernel);
   const audit::KernelVariant completer = audit::kernel_variant(complete_with);
   model::LoadedModel m = load(model_path, "dump", completer);
@@ -466,7 +448,7 @@ void run_dump(const std::string& model_path, const std::string& kernel,
   if (scorer.stored_weights != completer.stored_weights) m = load(model_path, "dump", scorer);
   audit::apply_kernel(m.model, scorer);
   audit::LogitDumpWriter writer(m.model.config().vocab_size);
-  std::vector<std::pair<int64_t, int64_t>> rows;  // (sequence, position) of each dumped row
+  std::vector<audit::RowInfo> rows;  // each dumped row's (for --hidden)
   // teacher_forced_logits hands rows out per batch; report progress as sequences complete.
   Progress progress("scoring", s.quiet);
   const auto total = static_cast<int64_t>(sequences.size());
@@ -480,7 +462,7 @@ void run_dump(const std::string& model_path, const std::string& kernel,
                                    audit::RowInfo global = info;
                                    global.sequence += first;
                                    writer.add(global, z);
-                                   rows.emplace_back(global.sequence, global.position);
+                                   if (!hidden.empty()) rows.push_back(global);
                                  });
     progress(first + count, total);
   }
@@ -489,7 +471,7 @@ void run_dump(const std::string& model_path, const std::string& kernel,
               out.c_str(), static_cast<long long>(writer.rows()),
               static_cast<long long>(m.model.config().vocab_size), kernel.c_str(),
               static_cast<long long>(total), complete_with.c_str());
-  write_dump_extras(m, sequences, rows, extras);
+  if (!hidden.empty()) write_hidden(m, sequences, rows, hidden);
 }
 
 void add_measure_options(CLI::App* cmd, MeasureArgs& a) {
@@ -529,7 +511,7 @@ void add_contract_command(CLI::App& app) {
   struct DumpArgs {
     std::string model, kernel, complete_with = "fp32", out;
     SourceArgs source;
-    DumpExtras extras;
+    std::string hidden;
   };
   auto d = std::make_shared<DumpArgs>();
   CLI::App* dump = contract->add_subcommand(
@@ -541,11 +523,11 @@ void add_contract_command(CLI::App& app) {
   dump->add_option("--complete-with", d->complete_with,
                    "kernel that completes the prompts, greedy (default fp32)");
   dump->add_option("--out", d->out, "output file (.safetensors or .npy)")->required();
-  dump->add_option("--hidden", d->extras.hidden,
+  dump->add_option("--hidden", d->hidden,
                    "also write each dumped row's lm_head input (the final norm's output) as a "
-                   "(rows, hidden) float32 .npy");
+                   "(rows, hidden) float32 .npy in the dump's row order");
   add_source_options(dump, d->source);
-  dump->callback([d]() { run_dump(d->model, d->kernel, d->complete_with, d->source, d->out, d->extras); });
+  dump->callback([d]() { run_dump(d->model, d->kernel, d->complete_with, d->source, d->out, d->hidden); });
 
   auto m = std::make_shared<MeasureArgs>();
   CLI::App* measure = contract->add_subcommand(

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "concord/cuda/gemm.h"
 #include "concord/numerics/check.h"
@@ -114,7 +115,7 @@ Blas::Blas() : workspace_(kWorkspaceBytes) {
 }
 
 Blas::~Blas() {
-  for (auto& [key, p] : plans_) delete p;
+  plans_.clear();  // their descriptors before the handle
   cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
@@ -125,8 +126,8 @@ Blas::~Blas() {
 const Blas::Plan& Blas::plan(bool fp8, OutType out, int64_t M, int64_t N, int64_t K, bool fast_accum) {
   const auto key = std::make_tuple(fp8, static_cast<int>(out), M, N, K, fast_accum);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
-  auto* p = new Plan();
-  plans_[key] = p;
+  auto plan = std::make_unique<Plan>();  // cached only once cuBLASLt has given it an algorithm
+  Plan* p = plan.get();
   CONCORD_BLAS_OK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   CONCORD_BLAS_OK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -153,7 +154,7 @@ const Blas::Plan& Blas::plan(bool fp8, OutType out, int64_t M, int64_t N, int64_
     throw std::runtime_error("[cublasLt] no algorithm for " + std::string(fp8 ? "fp8" : "bf16") + " M=" +
                              std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
   }
-  return *p;
+  return *(plans_[key] = std::move(plan));
 }
 
 void Blas::gemm_bf16(const uint16_t* X, const uint16_t* W, void* Y, OutType out, int64_t M, int64_t N, int64_t K) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "concord/cuda/codec.h"
@@ -39,7 +40,7 @@ enum class OutType : uint8_t { f32, bf16 };
 class Blas {
  public:
   Blas();
-  ~Blas();
+  ~Blas();  // defined where Plan is complete
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
@@ -54,7 +55,7 @@ class Blas {
   const Plan& plan(bool fp8, OutType out, int64_t M, int64_t N, int64_t K, bool fast_accum);
   void* handle_ = nullptr;
   DeviceBuffer workspace_;
-  std::map<std::tuple<bool, int, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
+  std::map<std::tuple<bool, int, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace concord::cuda
