@@ -109,6 +109,10 @@ std::vector<Tensor> tensors(bool quick) {
   if (!quick) out.push_back({"random 128x2048", 128, 2048, gaussian(128, 2048)});
   out.push_back({"odd 37x101", 37, 101, gaussian(37, 101)});
   out.push_back({"misaligned 64x512", 64, 512, gaussian(64, 512), 1});
+  // Launches that end inside a warp (3x96: 72 four-element groups) or a thread block (48x80: 15
+  // NVFP4 16x16 blocks, 960 groups): the kernels' idle lanes must still join the warp's shuffles.
+  out.push_back({"partial-warp 3x96", 3, 96, gaussian(3, 96)});
+  out.push_back({"partial-block 48x80", 48, 80, gaussian(48, 80)});
 
   std::vector<float> edges;
   for (cu::Elem f : cu::kElems) {

@@ -1,12 +1,14 @@
 // GEMMs on the GPU (gemm.h): the exact-product reference kernel and cuBLASLt's BF16 / FP8.
+#if !defined(CONCORD_CUDA_EMULATE)
 #include <cublasLt.h>
-#include <cuda_runtime.h>
+#endif
 
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "concord/cuda/gemm.h"
+#include "concord/cuda/runtime.h"
 #include "concord/numerics/check.h"
 
 namespace concord::cuda {
@@ -15,13 +17,15 @@ namespace {
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("[cuda] ") + what + ": " + cudaGetErrorString(e));
 }
+#define CONCORD_CUDA_OK(call) check_cuda((call), #call)
+#if !defined(CONCORD_CUDA_EMULATE)
 void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
     throw std::runtime_error(std::string("[cublasLt] ") + what + ": status " + std::to_string(static_cast<int>(s)));
   }
 }
-#define CONCORD_CUDA_OK(call) check_cuda((call), #call)
 #define CONCORD_BLAS_OK(call) check_blas((call), #call)
+#endif
 
 constexpr int kTile = 16;   // outputs a block: kTile x kTile, one thread each
 constexpr int kChunk = 32;  // k values staged in shared memory at a time
@@ -77,13 +81,14 @@ void exact_gemm(const float* X, const float* W, float* Y, int64_t M, int64_t N, 
   if (M == 0 || N == 0) return;
   const dim3 block(kTile, kTile);
   const dim3 grid(static_cast<unsigned>((N + kTile - 1) / kTile), static_cast<unsigned>((M + kTile - 1) / kTile));
-  exact_gemm_kernel<<<grid, block>>>(X, W, Y, M, N, K, scale_x, scale_w);
+  CONCORD_LAUNCH(exact_gemm_kernel, grid, block, X, W, Y, M, N, K, scale_x, scale_w);
   CONCORD_CUDA_OK(cudaGetLastError());
 }
 
 void decode_codes(Elem f, const void* codes, int64_t n, float* out) {
   if (n == 0) return;
-  decode_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(f, static_cast<const uint8_t*>(codes), n, out);
+  CONCORD_LAUNCH(decode_kernel, static_cast<unsigned>((n + 255) / 256), 256, f, static_cast<const uint8_t*>(codes), n,
+                 out);
   CONCORD_CUDA_OK(cudaGetLastError());
 }
 
@@ -93,6 +98,20 @@ const float* tensor_scale_of(const DeviceQuantized& q) {
 }
 
 // --- cuBLASLt --------------------------------------------------------------------------------
+
+#if defined(CONCORD_CUDA_EMULATE)
+// The host emulation has no cuBLASLt: a Blas can be made, and each GEMM says why it cannot run.
+struct Blas::Plan {};
+Blas::Blas() = default;
+Blas::~Blas() = default;
+void Blas::gemm_bf16(const uint16_t*, const uint16_t*, void*, OutType, int64_t, int64_t, int64_t) {
+  throw std::runtime_error("[cuda emulation] cuBLASLt runs only on a GPU");
+}
+void Blas::gemm_fp8(const uint8_t*, const float*, const uint8_t*, const float*, void*, OutType, int64_t, int64_t,
+                    int64_t, bool) {
+  throw std::runtime_error("[cuda emulation] cuBLASLt runs only on a GPU");
+}
+#else
 
 struct Blas::Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -174,5 +193,6 @@ void Blas::gemm_fp8(const uint8_t* X, const float* scale_x, const uint8_t* W, co
   CONCORD_BLAS_OK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, W, p.a, X, p.b, &beta, Y, p.d, Y,
                                  p.d, &p.heuristic.algo, workspace_.data(), kWorkspaceBytes, nullptr));
 }
+#endif  // CONCORD_CUDA_EMULATE
 
 }  // namespace concord::cuda

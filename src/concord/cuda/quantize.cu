@@ -1,6 +1,4 @@
 // The GPU quantizers (quantize.h): kernels over concord/cuda/codec.h, launched in block.h's layout.
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -8,6 +6,7 @@
 
 #include "concord/cuda/codec.h"
 #include "concord/cuda/quantize.h"
+#include "concord/cuda/runtime.h"
 #include "concord/numerics/check.h"
 
 namespace concord::cuda {
@@ -241,15 +240,15 @@ unsigned blocks_for(int64_t threads) { return static_cast<unsigned>((threads + k
 template <int kStorage>
 void launch_cast(const float* x, int64_t n, bool aligned, const Params& p, const uint32_t* scratch,
                  uint8_t* codes) {
-  cast_kernel<kStorage><<<blocks_for((n + 3) / 4), kThreads>>>(x, n, aligned, p, scratch, codes);
+  CONCORD_LAUNCH(cast_kernel<kStorage>, blocks_for((n + 3) / 4), kThreads, x, n, aligned, p, scratch, codes);
   CONCORD_CUDA_LAUNCHED("cast_kernel");
 }
 
 template <int kBlock, int kStorage>
 void launch_row_block(const float* x, int64_t n, const Params& p, bool nvfp4, MxRule rule,
                       const uint32_t* scratch, uint8_t* codes, uint8_t* scales) {
-  row_block_kernel<kBlock, kStorage>
-      <<<blocks_for(n / 4), kThreads>>>(x, n, p, nvfp4, rule, scratch, codes, scales);
+  constexpr auto kernel = row_block_kernel<kBlock, kStorage>;
+  CONCORD_LAUNCH(kernel, blocks_for(n / 4), kThreads, x, n, p, nvfp4, rule, scratch, codes, scales);
   CONCORD_CUDA_LAUNCHED("row_block_kernel");
 }
 
@@ -280,11 +279,20 @@ bool device_available(std::string* why) {
   return true;
 }
 
+bool host_emulation() {
+#if defined(CONCORD_CUDA_EMULATE)
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string device_description() {
   int device = 0, driver = 0, runtime = 0;
   CONCORD_CUDA_OK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
   CONCORD_CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  if (host_emulation()) return prop.name;
   CONCORD_CUDA_OK(cudaDriverGetVersion(&driver));
   CONCORD_CUDA_OK(cudaRuntimeGetVersion(&runtime));
   return std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
@@ -414,9 +422,9 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
   if (desc.is_per_tensor() || nvfp4) {
     CONCORD_CUDA_OK(cudaMemsetAsync(scratch, 0, kScratchWords * sizeof(uint32_t)));
     const unsigned grid = std::min<unsigned>(blocks_for((n + 3) / 4), 4096u);
-    amax_kernel<<<grid, kThreads>>>(x, n, aligned, scratch);
+    CONCORD_LAUNCH(amax_kernel, grid, kThreads, x, n, aligned, scratch);
     CONCORD_CUDA_LAUNCHED("amax_kernel");
-    tensor_scale_kernel<<<1, 1>>>(scratch, nvfp4, elem);
+    CONCORD_LAUNCH(tensor_scale_kernel, 1, 1, scratch, nvfp4, elem);
     CONCORD_CUDA_LAUNCHED("tensor_scale_kernel");
   }
   if (!desc.has_scale || desc.is_per_tensor()) {
@@ -437,7 +445,8 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
     return;
   }
   if (nvfp4_2d) {
-    nvfp4_2d_kernel<<<blocks_for(grid_rows * grid_cols * 32), kThreads>>>(x, rows, cols, p, scratch, codes, scales);
+    CONCORD_LAUNCH(nvfp4_2d_kernel, blocks_for(grid_rows * grid_cols * 32), kThreads, x, rows, cols, p, scratch, codes,
+                 scales);
     CONCORD_CUDA_LAUNCHED("nvfp4_2d_kernel");
     return;
   }
@@ -445,12 +454,11 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
   uint8_t* target = codes;
   if (storage == 4) target = static_cast<uint8_t*>(out.scratch.data()) + kScratchWords * sizeof(uint32_t);
   const int64_t blocks = grid_rows * grid_cols;
-  block_generic_kernel<<<blocks_for(blocks), kThreads>>>(x, rows, cols, b.rows, b.cols, grid_cols, blocks,
-                                                         p, nvfp4, rule, scratch, target, storage == 16,
-                                                         scales);
+  CONCORD_LAUNCH(block_generic_kernel, blocks_for(blocks), kThreads, x, rows, cols, b.rows, b.cols, grid_cols, blocks,
+                 p, nvfp4, rule, scratch, target, storage == 16, scales);
   CONCORD_CUDA_LAUNCHED("block_generic_kernel");
   if (storage == 4) {
-    pack_nibbles_kernel<<<blocks_for((n + 1) / 2), kThreads>>>(target, n, codes);
+    CONCORD_LAUNCH(pack_nibbles_kernel, blocks_for((n + 1) / 2), kThreads, target, n, codes);
     CONCORD_CUDA_LAUNCHED("pack_nibbles_kernel");
   }
 }

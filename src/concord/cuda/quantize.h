@@ -28,6 +28,8 @@ namespace concord::cuda {
 bool device_available(std::string* why = nullptr);
 // "NVIDIA H200, driver 570.86, CUDA runtime 13000, sm_90, 132 SMs, 141 GiB".
 std::string device_description();
+// Whether this build runs its kernels in the host emulation (emulate.h) rather than on a GPU.
+bool host_emulation();
 
 // Device memory, freed with the object.
 class DeviceBuffer {
