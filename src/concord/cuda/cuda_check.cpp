@@ -74,6 +74,8 @@ std::vector<Case> cases() {
   out.push_back({"mxfp4 floor sr", with_rounding(nm::QuantDesc::mx(Format::e2m1), nm::Rounding::stochastic), seeded});
   out.push_back({"mxfp8-e4m3 floor axis0", with_axis(nm::QuantDesc::mx(Format::e4m3), 0), {}});
   out.push_back({"mxfp4 rceil axis0", with_axis(nm::QuantDesc::mx(Format::e2m1, nm::ScaleRule::rceil), 0), {}});
+  out.push_back({"mxfp8-e5m2 axis0 sr",
+                 with_axis(with_rounding(nm::QuantDesc::mx(Format::e5m2), nm::Rounding::stochastic), 0), seeded});
   out.push_back({"nvfp4 1x16", nm::QuantDesc::nvfp4({1, 16}), {}});
   out.push_back({"nvfp4 16x16", nm::QuantDesc::nvfp4({16, 16}), {}});
   out.push_back({"nvfp4 1x16 sr", with_rounding(nm::QuantDesc::nvfp4({1, 16}), nm::Rounding::stochastic), seeded});
@@ -242,6 +244,7 @@ int run_bench(std::FILE* json, int64_t mib) {
       {"mxfp8-e4m3 floor 1x32", nm::QuantDesc::mx(nm::Format::e4m3), {}},
       {"mxfp8-e4m3 rceil 1x32", nm::QuantDesc::mx(nm::Format::e4m3, nm::ScaleRule::rceil), {}},
       {"mxfp8-e4m3 floor axis0", with_axis(nm::QuantDesc::mx(nm::Format::e4m3), 0), {}},
+      {"mxfp4 floor axis0", with_axis(nm::QuantDesc::mx(nm::Format::e2m1), 0), {}},
       {"mxfp4 floor 1x32", nm::QuantDesc::mx(nm::Format::e2m1), {}},
       {"mxfp4 floor 1x32 sr", with_rounding(nm::QuantDesc::mx(nm::Format::e2m1), nm::Rounding::stochastic), seeded},
       {"nvfp4 1x16", nm::QuantDesc::nvfp4({1, 16}), {}},

@@ -588,6 +588,13 @@ int run_logits(const std::string& hidden_path, const std::string& weight_path, c
   cu::DeviceBuffer vx = decoded(qx), vw = decoded(qw), ux = decoded(fx), uw = decoded(fw);
   cu::exact_gemm(static_cast<float*>(vx.data()), static_cast<float*>(vw.data()), y, P, V, H);
   save("exact-bf16");
+  if (cu::host_emulation()) {  // the pipeline without cuBLASLt: the exact products alone
+    cu::exact_gemm(static_cast<float*>(ux.data()), static_cast<float*>(uw.data()), y, P, V, H, cu::tensor_scale_of(fx),
+                   cu::tensor_scale_of(fw));
+    save("exact-fp8");
+    std::printf("SKIP  cublas-bf16, cublas-fp8, cublas-fp8-fast (the host emulation has no cuBLASLt)\n");
+    return rc;
+  }
   blas.gemm_bf16(static_cast<const uint16_t*>(qx.codes.data()), static_cast<const uint16_t*>(qw.codes.data()), y,
                  cu::OutType::f32, P, V, H);
   save("cublas-bf16");

@@ -195,6 +195,43 @@ __global__ void nvfp4_2d_kernel(const float* x, int64_t rows, int64_t cols, Para
   }
 }
 
+// Blocks down columns (block_rows x 1: MX's axis-0 blocks, a transposed operand's), cols a
+// multiple of 4 and x aligned: a thread takes four adjacent columns of one block row — one float4
+// a row (a warp reads 512 contiguous bytes a row), the four blocks' amaxes, one Philox block per
+// row's four elements, and whole bytes stored in every storage width (so 4-bit codes need no
+// second pass). Rows are read twice (amax, then encode); the second read hits the cache.
+template <int kStorage>
+__global__ void column_quad_kernel(const float* x, int64_t rows, int64_t cols, int block_rows, Params p, bool nvfp4,
+                                   MxRule rule, const uint32_t* scratch, uint8_t* codes, uint8_t* scales) {
+  const int64_t quads = cols / 4;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t block_row = t / quads, q = t % quads;
+  const int64_t r0 = block_row * block_rows;
+  if (r0 >= rows) return;
+  const int64_t r1 = min(rows, r0 + block_rows);
+  uint32_t m[4] = {0u, 0u, 0u, 0u};
+  for (int64_t r = r0; r < r1; ++r) {
+    const float4 v = *reinterpret_cast<const float4*>(x + r * cols + 4 * q);
+    m[0] = max(m[0], abs_bits(v.x));
+    m[1] = max(m[1], abs_bits(v.y));
+    m[2] = max(m[2], abs_bits(v.z));
+    m[3] = max(m[3], abs_bits(v.w));
+  }
+  float multiplier[4];
+  for (int k = 0; k < 4; ++k) {
+    scales[block_row * cols + 4 * q + k] = block_scale(float_of(m[k]), nvfp4, p.elem, rule, scratch, multiplier[k]);
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const float4 q4 = *reinterpret_cast<const float4*>(x + r * cols + 4 * q);
+    const float v[4] = {q4.x, q4.y, q4.z, q4.w};
+    const int64_t g = r * quads + q;
+    const Words4 words = random_words(p, static_cast<uint64_t>(g));
+    uint32_t c[4];
+    for (int k = 0; k < 4; ++k) c[k] = encode(p.elem, mul_as_cpu(v[k], multiplier[k]), p.round, p.over, words.w[k]);
+    store4<kStorage>(codes, g, c, 4);
+  }
+}
+
 // Any block shape, one thread a block (consecutive threads take consecutive block columns, so
 // blocks down columns read coalesced). 16-bit codes go straight to `out`; narrower ones one byte
 // an element (4-bit ones are packed by pack_nibbles_kernel afterwards).
@@ -404,12 +441,14 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
   out.cols = cols;
   out.tensor_scale = 1.0f;
   const nm::BlockShape b = nm::effective_block(desc);
-  // The row-block kernels take 1 x 16 and 1 x 32 blocks over whole rows from an aligned x; every
-  // other scaled layout runs one thread a block, 4-bit codes through scratch (a byte an element).
+  // The row-block kernels take 1 x 16 and 1 x 32 blocks over whole rows from an aligned x, the
+  // column-quad kernel blocks down columns (cols a multiple of 4, x aligned); every other scaled
+  // layout runs one thread a block, 4-bit codes through scratch (a byte an element).
   const bool row_blocks = (desc.is_mx() || desc.is_nvfp4()) && b.rows == 1 &&
                           (b.cols == 16 || b.cols == 32) && cols % b.cols == 0 && aligned;
   const bool nvfp4_2d = desc.is_nvfp4() && b.rows == 16 && b.cols == 16 && rows % 16 == 0 && cols % 16 == 0 && aligned;
-  const bool generic = (desc.is_mx() || desc.is_nvfp4()) && !row_blocks && !nvfp4_2d;
+  const bool column_quads = (desc.is_mx() || desc.is_nvfp4()) && b.cols == 1 && cols % 4 == 0 && aligned;
+  const bool generic = (desc.is_mx() || desc.is_nvfp4()) && !row_blocks && !nvfp4_2d && !column_quads;
   out.codes.resize(nm::code_bytes(desc.element, n));
   // Sized once, before any kernel writes to it (a resize may reallocate).
   out.scratch.resize(kScratchWords * sizeof(uint32_t) + (generic && storage == 4 ? static_cast<size_t>(n) : 0u));
@@ -448,6 +487,19 @@ void quantize_async(const nm::QuantDesc& desc, const float* x, int64_t rows, int
     CONCORD_LAUNCH(nvfp4_2d_kernel, blocks_for(grid_rows * grid_cols * 32), kThreads, x, rows, cols, p, scratch, codes,
                  scales);
     CONCORD_CUDA_LAUNCHED("nvfp4_2d_kernel");
+    return;
+  }
+  if (column_quads) {
+    const unsigned grid = blocks_for(grid_rows * (cols / 4));
+    if (storage == 4) {
+      CONCORD_LAUNCH(column_quad_kernel<4>, grid, kThreads, x, rows, cols, b.rows, p, nvfp4, rule, scratch, codes, scales);
+    } else if (storage == 8) {
+      CONCORD_LAUNCH(column_quad_kernel<8>, grid, kThreads, x, rows, cols, b.rows, p, nvfp4, rule, scratch, codes, scales);
+    } else {
+      CONCORD_LAUNCH(column_quad_kernel<16>, grid, kThreads, x, rows, cols, b.rows, p, nvfp4, rule, scratch, codes,
+                     scales);
+    }
+    CONCORD_CUDA_LAUNCHED("column_quad_kernel");
     return;
   }
   // Generic: one thread a block; 4-bit codes one byte each in scratch, then packed.

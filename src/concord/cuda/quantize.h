@@ -8,9 +8,10 @@
 //
 // Kernels: 1 x 16 and 1 x 32 blocks along rows (NVFP4 and MX activations and weights) run one
 // thread per four elements with the block's amax reduced by warp shuffles — coalesced loads and
-// stores; casts run four elements a thread; NVFP4's 16 x 16 blocks one warp a block; every other
-// block shape (blocks down columns, partial edge blocks, a misaligned x) runs one thread per
-// block, 4-bit codes then packed in a second pass so no two threads share a byte. Tensor amaxes (NVFP4, per-tensor) are an atomicMax over
+// stores; casts run four elements a thread; NVFP4's 16 x 16 blocks one warp a block; blocks down
+// columns (MX axis 0) four adjacent columns a thread; every other block shape (partial edge
+// blocks, a misaligned x, odd widths) runs one thread per block, 4-bit codes then packed in a
+// second pass so no two threads share a byte. Tensor amaxes (NVFP4, per-tensor) are an atomicMax over
 // the magnitudes' bits (NaN-propagating, as amax_ref).
 //
 // This header needs no CUDA headers: pointers are device pointers, streams are opaque.
