@@ -8,6 +8,7 @@
 #   exact-fp8   vs cublas-fp8        the same FP8 operands: cuBLASLt's FP8 accumulation alone
 #   exact-fp8   vs cublas-fp8-fast   ... with fast accumulation
 #   cpu-fp32    vs exact-bf16        the bf16 rounding of X and W alone (an exact product)
+#   cpu-fp32    vs exact-fp8         the per-tensor FP8 E4M3 rounding of X and W alone (an exact product)
 #
 #   bash tools/gpu_contract.sh GPU_OUT_DIR [build-dir]     -> gpu-ref/contract/<case>/, summary on stdout
 set -euo pipefail
@@ -25,7 +26,7 @@ for f in "$gpu_out"/logits/*.npy; do  # the device's files are read-only: copy, 
 done
 side() { [[ $1 == cpu-fp32 ]] && echo gpu-ref/cpu-fp32.npy || echo "gpu-ref/logits/$1.npy"; }
 for pair in cpu-fp32:cublas-bf16 exact-bf16:cublas-bf16 cpu-fp32:cublas-fp8 exact-fp8:cublas-fp8 \
-            exact-fp8:cublas-fp8-fast cpu-fp32:exact-bf16; do
+            exact-fp8:cublas-fp8-fast cpu-fp32:exact-bf16 cpu-fp32:exact-fp8; do
   ref=${pair%%:*} cand=${pair##*:}
   echo "== $ref vs $cand"
   "$concord" contract measure --ref "$(side "$ref")" --cand "$(side "$cand")" --out "gpu-ref/contract/$ref-vs-$cand"
