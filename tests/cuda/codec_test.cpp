@@ -140,6 +140,11 @@ TEST(DeviceCodec, MxScaleCodesAndMultipliersMatchTheReferenceUnderEveryRule) {
     ASSERT_EQ(mx_multiplier(static_cast<uint8_t>(code)), std::ldexp(1.0f, 127 - code)) << code;
   }
   EXPECT_TRUE(std::isnan(mx_multiplier(0xFF)));
+  for (int code = 0; code < 256; ++code) {  // the dequantizer's side: the scale's value, bit for bit
+    ASSERT_EQ(bits_of(e8m0_value(static_cast<uint8_t>(code))),
+              bits_of(nm::decode_ref(nm::Format::e8m0, static_cast<uint32_t>(code))))
+        << code;
+  }
 }
 
 TEST(DeviceCodec, Nvfp4AndPerTensorScalesMatchTheReference) {

@@ -325,6 +325,13 @@ CONCORD_HD float mx_multiplier(uint8_t code) {
   return e >= -126 ? float_of(static_cast<uint32_t>(e + 127) << 23) : float_of(1u << (e + 149));
 }
 
+// The value an e8m0 scale code stands for, 2^(code - 127) (2^-127 an fp32 subnormal); NaN for
+// 0xFF — numerics::decode_ref(Format::e8m0, code), what a dequantized MX element is multiplied by.
+CONCORD_HD float e8m0_value(uint8_t code) {
+  if (code == 0xFF) return float_of(0x7FC00000u);
+  return code >= 1 ? float_of(static_cast<uint32_t>(code) << 23) : float_of(0x00400000u);
+}
+
 // NVFP4 (Transformer Engine): the fp32 global encode scale 448*6/amax (1 for a zero amax, FLT_MAX
 // for a NaN one), the ue4m3 block scale, and the elements' multiplier.
 CONCORD_HD float nvfp4_global_encode(float tensor_amax) {

@@ -181,6 +181,39 @@ std::string compare(const nm::QuantizedTensor& gpu, const nm::QuantizedTensor& c
   return "";
 }
 
+// The GPU's dequantization of its own (already matching) codes against numerics::dequantize with
+// tensor_scale 1 (tensor::PreparedOperand's values), and its bf16 output against those values'
+// bf16 codes (quantize_ref, RNE); "" when both are bit-identical.
+std::string compare_dequantized(const cu::DeviceQuantized& q, nm::QuantizedTensor cpu) {
+  const int64_t n = q.rows * q.cols;
+  if (n == 0) return "";
+  cpu.tensor_scale = 1.0f;
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+  nm::dequantize(cpu, want.data());
+  cu::DeviceBuffer out(static_cast<size_t>(n) * sizeof(float));
+  cu::dequantize(q, out.data());
+  out.download(got.data(), got.size() * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    if (cu::bits_of(got[static_cast<size_t>(i)]) != cu::bits_of(want[static_cast<size_t>(i)])) {
+      return "dequantized element " + std::to_string(i) + ": " + hex(cu::bits_of(got[static_cast<size_t>(i)])) +
+             " vs " + hex(cu::bits_of(want[static_cast<size_t>(i)]));
+    }
+  }
+  const nm::QuantizedTensor want16 = nm::quantize_ref(
+      nm::QuantDesc::elementwise(nm::Format::bf16, nm::Rounding::rne, nm::Overflow::ieee), want.data(), 1, n);
+  std::vector<uint16_t> got16(static_cast<size_t>(n));
+  cu::dequantize(q, out.data(), true);
+  out.download(got16.data(), got16.size() * sizeof(uint16_t));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t w = nm::get_code(nm::Format::bf16, want16.codes, i);
+    if (got16[static_cast<size_t>(i)] != w) {
+      return "dequantized bf16 element " + std::to_string(i) + ": " + hex(got16[static_cast<size_t>(i)]) + " vs " +
+             hex(w);
+    }
+  }
+  return "";
+}
+
 int run_checks(std::FILE* json, bool quick) {
   int failures = 0, passes = 0;
   const std::vector<Case> all = cases();
@@ -197,7 +230,8 @@ int run_checks(std::FILE* json, bool quick) {
     for (const Case& c : all) {
       const nm::QuantizedTensor cpu = nm::quantize_ref(c.desc, t.values.data(), t.rows, t.cols, c.rng);
       cu::quantize(c.desc, device_x, t.rows, t.cols, c.rng, q);
-      const std::string diff = compare(q.to_host(), cpu, t.values);
+      std::string diff = compare(q.to_host(), cpu, t.values);
+      if (diff.empty()) diff = compare_dequantized(q, cpu);
       std::printf("%s  %-24s %-22s %s\n", diff.empty() ? "PASS" : "FAIL", c.name.c_str(), t.name.c_str(),
                   diff.c_str());
       if (json != nullptr) {
@@ -207,7 +241,8 @@ int run_checks(std::FILE* json, bool quick) {
       (diff.empty() ? passes : failures) += 1;
     }
   }
-  std::printf("cuda_check: %d passed, %d failed (every GPU quantizer against numerics::quantize_ref, bit for bit)\n",
+  std::printf("cuda_check: %d passed, %d failed (every GPU quantizer against numerics::quantize_ref and its "
+              "dequantization against numerics::dequantize, bit for bit)\n",
               passes, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -2,13 +2,16 @@
 //
 //   cuda_gemm check        the exact-product reference on the GPU against concord's CPU GEMM
 //                          (tensor::gemm), bit for bit, on fp32, bf16 and per-tensor FP8 operands
-//                          quantized on the GPU; cuBLASLt BF16 and FP8 (fast accumulation off and
-//                          on) against it, as the largest |difference| over Σ_k |x_k w_k|
+//                          quantized on the GPU, and on MXFP8 / MXFP4 / NVFP4 operands against the
+//                          learner's quantized GEMM (tensor::gemm_prepared); cuBLASLt BF16 and FP8
+//                          (fast accumulation off and on) and BF16 on MXFP8's bf16-exact values
+//                          against it, as the largest |difference| over Σ_k |x_k w_k|
 //                          (--quick: the shapes of at most 2^16 outputs, for the host emulation)
 //   cuda_gemm bench        the micro-batch claim: BF16 against FP8 (GEMM alone, and with the
 //                          activation's per-tensor quantization) for SmolLM2-135M's and Qwen3-8B's
 //                          linear shapes at M = 1 .. 16384, each as a fraction of the peak measured
-//                          here (8192^3); the crossover M per shape
+//                          here (8192^3); the crossover M per shape; and MXFP8 the Hopper way
+//                          (activation quantized to MXFP8, dequantized to bf16, the BF16 GEMM)
 //   cuda_gemm logits --hidden X.npy --q8-0 W.npy [--sums S.json] --out DIR
 //                          SmolLM2's lm_head on real hidden states (tools/gpu_inputs.py: X is
 //                          P x H float32, W the GGUF's Q8_0 rows): the exact fp32 product checked
@@ -38,6 +41,7 @@
 #include "concord/numerics/check.h"
 #include "concord/numerics/scalar.h"
 #include "concord/tensor/gemm.h"
+#include "concord/tensor/qgemm.h"
 
 namespace {
 
@@ -129,6 +133,18 @@ std::vector<float> random_matrix(int64_t rows, int64_t cols, std::mt19937& gen, 
   return v;
 }
 
+// The block-scaled GEMM operands checked: the precision presets' forward formats.
+struct BlockCase {
+  const char* name;
+  nm::QuantDesc x, w;
+  bool bf16_cublas;  // values bf16-exact: also through cuBLASLt's BF16 GEMM
+};
+std::vector<BlockCase> block_cases() {
+  return {{"mxfp8-e4m3", nm::QuantDesc::mx(nm::Format::e4m3), nm::QuantDesc::mx(nm::Format::e4m3), true},
+          {"mxfp4", nm::QuantDesc::mx(nm::Format::e2m1), nm::QuantDesc::mx(nm::Format::e2m1), true},
+          {"nvfp4 1x16 / 16x16", nm::QuantDesc::nvfp4({1, 16}), nm::QuantDesc::nvfp4({16, 16}), false}};
+}
+
 int run_check(bool quick) {
   struct Shape {
     int64_t M, N, K;
@@ -192,6 +208,49 @@ int run_check(bool quick) {
     for (float& v : cpu_fp8) v = v * scale;
     const std::string d3 = first_difference(exact_fp8, cpu_fp8);
     report(d3.empty(), "exact fp8-tensor = tensor::gemm", s, d3);
+
+    // (5) block-scaled operands: the learner's quantized GEMM (tensor::gemm_prepared — the values
+    // with their block scales, the tensor scales after the sum) against the GPU's quantize,
+    // dequantize and exact product; MXFP8 E4M3 and MXFP4 (1x32 along K), NVFP4 (activation 1x16,
+    // weight 16x16, the global scales after the sum). On Hopper, which has no MX tensor cores,
+    // MXFP8's values are bf16-exact, so cuBLASLt's BF16 GEMM multiplies them exactly: its
+    // difference from the exact product is accumulation alone, held to the BF16 bound below.
+    for (const BlockCase& bc : block_cases()) {
+      namespace ts = concord::tensor;
+      ts::PreparedOperand pa, pb;
+      ts::prepare_operand(pa, bc.x, ts::Operand::a, ts::Trans::no, X.data(), s.M, s.K);
+      ts::prepare_operand(pb, bc.w, ts::Operand::b, ts::Trans::yes, W.data(), s.N, s.K);
+      std::vector<float> cpu(outputs);
+      ts::gemm_prepared(ts::Trans::no, ts::Trans::yes, s.M, s.N, s.K, pa, pb, cpu.data(), s.N);
+      cu::DeviceQuantized gx, gw;
+      cu::quantize(*pa.desc, static_cast<float*>(dx.data()), s.M, s.K, {}, gx);
+      cu::quantize(*pb.desc, static_cast<float*>(dw.data()), s.N, s.K, {}, gw);
+      cu::DeviceBuffer bx(static_cast<size_t>(std::max<int64_t>(s.M * s.K, 1)) * sizeof(float));
+      cu::DeviceBuffer bw(static_cast<size_t>(std::max<int64_t>(s.N * s.K, 1)) * sizeof(float));
+      cu::dequantize(gx, bx.data());
+      cu::dequantize(gw, bw.data());
+      const bool scaled = gx.desc.is_nvfp4();
+      cu::exact_gemm(static_cast<float*>(bx.data()), static_cast<float*>(bw.data()), y, s.M, s.N, s.K,
+                     scaled ? cu::tensor_scale_of(gx) : nullptr, scaled ? cu::tensor_scale_of(gw) : nullptr);
+      const std::vector<float> exact_block = download_floats(y, outputs);
+      const std::string d5 = first_difference(exact_block, cpu);
+      report(d5.empty(), std::string("exact ") + bc.name + " = gemm_prepared", s, d5);
+      if (!bc.bf16_cublas || cu::host_emulation() || s.K % 16 != 0 || s.N % 16 != 0) continue;
+      try {
+        cu::dequantize(gx, bx.data(), true);  // bf16 codes of the same values (exact)
+        cu::dequantize(gw, bw.data(), true);
+        blas.gemm_bf16(static_cast<const uint16_t*>(bx.data()), static_cast<const uint16_t*>(bw.data()), y,
+                       cu::OutType::f32, s.M, s.N, s.K);
+        const std::vector<float> px(pa.data, pa.data + s.M * s.K), pw(pb.data, pb.data + s.N * s.K);
+        const double e = relative_error(download_floats(y, outputs), exact_block, px, pw, s.M, s.N, s.K, 1.0);
+        const double order_bound = 4.0 * static_cast<double>(s.K) * 0x1p-24;
+        char b5[160];
+        std::snprintf(b5, sizeof(b5), "max |d| / sum|xw| = %.3g (any fp32 order: <= %.3g)", e, order_bound);
+        report(e <= order_bound, std::string("cublasLt bf16 on ") + bc.name + " ~ exact", s, b5);
+      } catch (const std::exception& e) {
+        report(false, std::string("cublasLt bf16 on ") + bc.name, s, e.what());
+      }
+    }
 
     // (4) cuBLASLt against the exact products of the same operands.
     char buf[160];
@@ -300,6 +359,7 @@ int run_bench(bool quick) {
   cu::DeviceQuantized xb, wb, x8, w8;
   const nm::QuantDesc bf16 = nm::QuantDesc::elementwise(nm::Format::bf16);
   const nm::QuantDesc fp8 = nm::QuantDesc::per_tensor(nm::Format::e4m3);
+  const nm::QuantDesc mx8 = nm::QuantDesc::mx(nm::Format::e4m3);
   cu::quantize(bf16, static_cast<float*>(xf.data()), 1, max_x, {}, xb);
   cu::quantize(bf16, static_cast<float*>(wf.data()), 1, max_w, {}, wb);
   cu::quantize(fp8, static_cast<float*>(xf.data()), 1, max_x, {}, x8);
@@ -349,8 +409,8 @@ int run_bench(bool quick) {
     const double extra = quant ? (8.0 * m * k + m * k) / (bw * 1e9) : 0.0;
     return (std::max(flops, bytes) + extra) * 1e6;
   };
-  std::printf("%-13s %-14s %6s | %9s %9s %9s %9s | %6s %6s %6s | %9s %9s | %s\n", "model", "linear", "M", "bf16 us",
-              "fp8 us", "fp8f us", "q+fp8 us", "bf16%", "fp8%", "fp8f%", "roof bf16", "roof q+8",
+  std::printf("%-13s %-14s %6s | %9s %9s %9s %9s %9s | %6s %6s %6s | %9s %9s | %s\n", "model", "linear", "M",
+              "bf16 us", "fp8 us", "fp8f us", "q+fp8 us", "mx8 us", "bf16%", "fp8%", "fp8f%", "roof bf16", "roof q+8",
               "fp8 (with quant) / bf16 speed");
   for (const Linear& l : kLinears) {
     int64_t crossover = -1;
@@ -370,20 +430,31 @@ int run_bench(bool quick) {
         blas.gemm_fp8(static_cast<const uint8_t*>(xq.codes.data()), cu::tensor_scale_of(xq), w8c, sw, y.data(),
                       cu::OutType::bf16, M, l.N, l.K, false);
       }, budget);
+      // MXFP8 on Hopper (no MX tensor cores): the activation quantized to MXFP8 E4M3 (1x32 along
+      // K), its values dequantized to bf16 (exact), then the BF16 GEMM; the weight is dequantized
+      // once, outside (its bf16 bytes are what the GEMM reads).
+      cu::DeviceQuantized xm;
+      cu::DeviceBuffer xm16(static_cast<size_t>(M * l.K) * 2);
+      const double t_mx = time_ms([&] {
+        cu::quantize_async(mx8, static_cast<float*>(xf.data()), M, l.K, {}, xm);
+        cu::dequantize(xm, xm16.data(), true);
+        blas.gemm_bf16(static_cast<const uint16_t*>(xm16.data()), wbc, y.data(), cu::OutType::bf16, M, l.N, l.K);
+      }, budget);
       const double speed = t_bf16 / t_q;
       if (crossover < 0 && speed > 1.0) crossover = M;
       const double roof_bf16 = roof_us(M, l.N, l.K, false, false), roof_q = roof_us(M, l.N, l.K, true, true);
-      std::printf("%-13s %-14s %6lld | %9.1f %9.1f %9.1f %9.1f | %5.1f%% %5.1f%% %5.1f%% | %9.1f %9.1f | %.2fx\n",
+      std::printf("%-13s %-14s %6lld | %9.1f %9.1f %9.1f %9.1f %9.1f | %5.1f%% %5.1f%% %5.1f%% | %9.1f %9.1f | %.2fx\n",
                   l.model, l.name, static_cast<long long>(M), t_bf16 * 1e3, t_fp8 * 1e3, t_fast * 1e3, t_q * 1e3,
+                  t_mx * 1e3,
                   100.0 * tflops(M, l.N, l.K, t_bf16) / peak_bf16, 100.0 * tflops(M, l.N, l.K, t_fp8) / peak_fp8,
                   100.0 * tflops(M, l.N, l.K, t_fast) / peak_fp8_fast, roof_bf16, roof_q, speed);
       if (g_json != nullptr) {
         std::fprintf(g_json,
                      "{\"model\": \"%s\", \"linear\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": %lld, \"bf16_ms\": %.5f, "
-                     "\"fp8_ms\": %.5f, \"fp8_fast_ms\": %.5f, \"quant_fp8_ms\": %.5f, \"roof_bf16_us\": %.2f, "
-                     "\"roof_quant_fp8_us\": %.2f}\n",
+                     "\"fp8_ms\": %.5f, \"fp8_fast_ms\": %.5f, \"quant_fp8_ms\": %.5f, \"mxfp8_bf16_ms\": %.5f, "
+                     "\"roof_bf16_us\": %.2f, \"roof_quant_fp8_us\": %.2f}\n",
                      l.model, l.name, static_cast<long long>(M), static_cast<long long>(l.N), static_cast<long long>(l.K),
-                     t_bf16, t_fp8, t_fast, t_q, roof_bf16, roof_q);
+                     t_bf16, t_fp8, t_fast, t_q, t_mx, roof_bf16, roof_q);
       }
       } catch (const std::exception& e) {  // one shape cuBLASLt refuses does not end the table
         std::printf("%-13s %-14s %6lld | failed: %s\n", l.model, l.name, static_cast<long long>(M), e.what());

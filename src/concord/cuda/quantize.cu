@@ -272,6 +272,32 @@ __global__ void pack_nibbles_kernel(const uint8_t* unpacked, int64_t n, uint8_t*
   packed[j] = static_cast<uint8_t>(lo | (hi << 4));
 }
 
+// Four elements a thread: each code decoded, times its block's scale value (e8m0 for MX, ue4m3
+// for NVFP4; kind 0: no block scale), as numerics::dequantize computes it (NaNs included:
+// mul_as_cpu).
+template <bool kBf16>
+__global__ void dequantize_kernel(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, Elem elem,
+                                  int kind, int block_rows, int block_cols, int64_t grid_cols, void* out) {
+  const int64_t n = rows * cols;
+  const int64_t i0 = 4 * (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x);
+  const int bits = storage_bits(elem);
+  for (int64_t i = i0; i < i0 + 4 && i < n; ++i) {
+    const uint32_t code = bits == 16  ? reinterpret_cast<const uint16_t*>(codes)[i]
+                          : bits == 8 ? codes[i]
+                                      : (codes[i >> 1] >> (4 * (i & 1))) & 0xFu;
+    float v = decode(elem, code);
+    if (kind != 0) {
+      const uint8_t s = scales[(i / cols) / block_rows * grid_cols + (i % cols) / block_cols];
+      v = mul_as_cpu(v, kind == 1 ? e8m0_value(s) : decode(Elem::ue4m3, s));
+    }
+    if (kBf16) {
+      reinterpret_cast<uint16_t*>(out)[i] = static_cast<uint16_t>(encode(Elem::bf16, v, Round::rne, Over::ieee));
+    } else {
+      reinterpret_cast<float*>(out)[i] = v;
+    }
+  }
+}
+
 unsigned blocks_for(int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
 template <int kStorage>
@@ -524,6 +550,26 @@ void quantize(const nm::QuantDesc& desc, const float* x, int64_t rows, int64_t c
     CONCORD_CUDA_OK(cudaMemcpy(words, out.scratch.data(), sizeof(words), cudaMemcpyDeviceToHost));
     out.tensor_scale = float_of(words[1]);
   }
+}
+
+void dequantize(const DeviceQuantized& q, void* out, bool bf16_out) {
+  const int64_t n = q.rows * q.cols;
+  if (n == 0) return;
+  const nm::BlockShape b = nm::effective_block(q.desc);
+  const bool block_scaled = q.desc.is_mx() || q.desc.is_nvfp4();
+  const int kind = !block_scaled ? 0 : q.desc.is_mx() ? 1 : 2;
+  const int64_t grid_cols = block_scaled ? (q.cols + b.cols - 1) / b.cols : 1;
+  const auto* codes = static_cast<const uint8_t*>(q.codes.data());
+  const auto* scales = static_cast<const uint8_t*>(q.scales.data());
+  const auto elem = static_cast<Elem>(q.desc.element);
+  if (bf16_out) {
+    CONCORD_LAUNCH(dequantize_kernel<true>, blocks_for((n + 3) / 4), kThreads, codes, scales, q.rows, q.cols, elem, kind,
+                   b.rows, b.cols, grid_cols, out);
+  } else {
+    CONCORD_LAUNCH(dequantize_kernel<false>, blocks_for((n + 3) / 4), kThreads, codes, scales, q.rows, q.cols, elem, kind,
+                   b.rows, b.cols, grid_cols, out);
+  }
+  CONCORD_CUDA_LAUNCHED("dequantize_kernel");
 }
 
 nm::QuantizedTensor DeviceQuantized::to_host() const {

@@ -82,6 +82,14 @@ void quantize(const numerics::QuantDesc& desc, const float* x, int64_t rows, int
 void quantize_async(const numerics::QuantDesc& desc, const float* x, int64_t rows, int64_t cols,
                     numerics::RandomStream rng, DeviceQuantized& out);
 
+// The values of q's elements times their block scales WITHOUT the tensor scale (NVFP4's 1/S_enc
+// and per-tensor FP8's 1/S stay apart, as in tensor::PreparedOperand: numerics::dequantize with
+// tensor_scale 1), into out (rows x cols, row-major): fp32, or with bf16_out their bf16 codes
+// rounded to nearest even — exact whenever the values are bf16-representable, as every MX and
+// NVFP4 value with a block scale in the normal range is (tensor/qgemm.h): how a GPU without MX
+// tensor cores (Hopper) multiplies MX operands exactly, on its BF16 ones.
+void dequantize(const DeviceQuantized& q, void* out, bool bf16_out = false);
+
 // A device-to-device copy of n bytes (the bandwidth baseline), and a wait for the device.
 void copy_device(void* dst, const void* src, size_t n);
 void copy_to_host(void* host, const void* device, size_t n);  // waits for the device first
