@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -626,6 +627,9 @@ int run_verify_inputs(const std::string& hidden_path, const std::string& weight_
 int run_logits(const std::string& hidden_path, const std::string& weight_path, const std::string& sums_path,
                const std::string& out_dir) {
   const LogitsInputs in = read_logits_inputs(hidden_path, weight_path, sums_path);
+  std::error_code made;
+  std::filesystem::create_directories(out_dir, made);
+  if (made) throw concord::InputError(out_dir + ": cannot create the output folder: " + made.message());
   const int64_t P = in.P, V = in.V, H = in.H;
   cu::DeviceBuffer dx = upload_floats(in.X), dw = upload_floats(in.W), dy(static_cast<size_t>(P * V) * 4);
   auto* y = static_cast<float*>(dy.data());

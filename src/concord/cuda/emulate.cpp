@@ -1,7 +1,9 @@
-// The CUDA host emulation (emulate.h): GPU threads as ucontext fibers, one block at a time.
+// The CUDA host emulation (emulate.h): GPU threads as fibers, one block at a time.
 #include "concord/cuda/emulate.h"
 
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -38,10 +40,69 @@ constexpr size_t kStackBytes = size_t{256} << 10;
 constexpr size_t kStackBytes = size_t{64} << 10;
 #endif
 
+// --- Fibers ----------------------------------------------------------------------------------
+// On x86-64 a context switch of its own: the callee-saved registers and the stack pointer, no
+// signal mask — swapcontext's rt_sigprocmask system call on every switch made half the
+// emulation's time. Elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void concord_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl concord_emu_switch
+  .type concord_emu_switch, @function
+concord_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size concord_emu_switch, .-concord_emu_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+// A context whose first switch enters entry on the given stack (entry must never return): below
+// a 16-byte-aligned top, entry's (null) return address, then entry itself for the switch's ret,
+// then the six registers it pops — so entry starts with rsp = 8 mod 16, as after a call.
+void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  auto** sp = reinterpret_cast<void**>(reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15});
+  *--sp = nullptr;
+  --sp;
+  std::memcpy(static_cast<void*>(sp), &entry, sizeof(entry));
+  for (int k = 0; k < 6; ++k) *--sp = nullptr;
+  c.sp = sp;
+}
+void switch_context(Context& from, Context& to) { concord_emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc{};
+};
+// getcontext returns twice (in the sense of setjmp): kept out of the scheduler's loops.
+[[gnu::noinline]] void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
 enum class State : uint8_t { ready, shuffle, barrier, done };
 
 struct Lane {
-  ucontext_t context{};
+  Context context;
   std::unique_ptr<char[]> stack;
   State state = State::done;
   uint32_t value = 0;  // at a shuffle: the value offered; resumed: the value received
@@ -56,7 +117,7 @@ struct Launch {
   Lane* lanes = nullptr;  // threads of them: the block's
   int threads = 0;
   const std::function<void()>* body = nullptr;
-  ucontext_t scheduler{};
+  Context scheduler;
   int current = -1;
   const void* scheduler_stack = nullptr;  // ASan: the scheduler's stack, for switching back
   size_t scheduler_stack_size = 0;
@@ -86,9 +147,11 @@ void lane_entry() {
   } catch (...) {
     if (!l.error) l.error = std::current_exception();
   }
-  l.lanes[l.current].state = State::done;
+  Lane& lane = l.lanes[l.current];
+  lane.state = State::done;
   start_switch(nullptr, l.scheduler_stack, l.scheduler_stack_size);  // this fiber ends
-  // returning resumes uc_link: the scheduler
+  switch_context(lane.context, l.scheduler);                         // and is never resumed
+  __builtin_unreachable();
 }
 
 // The running lane waits in state s until the scheduler resumes it.
@@ -98,7 +161,7 @@ void wait_in(State s) {
   Lane& lane = l->lanes[l->current];
   lane.state = s;
   start_switch(&lane.fake_stack, l->scheduler_stack, l->scheduler_stack_size);
-  swapcontext(&lane.context, &l->scheduler);
+  switch_context(lane.context, l->scheduler);
   finish_switch(lane.fake_stack, &l->scheduler_stack, &l->scheduler_stack_size);
 }
 
@@ -108,7 +171,7 @@ void resume(Launch& l, int i) {
   threadIdx = lane.index;
   void* fake = nullptr;
   start_switch(&fake, lane.stack.get(), kStackBytes);
-  swapcontext(&l.scheduler, &lane.context);
+  switch_context(l.scheduler, lane.context);
   finish_switch(fake, nullptr, nullptr);
   l.current = -1;
 }
@@ -185,21 +248,11 @@ Lane* lane_pool(size_t threads) {
   return pool.data();
 }
 
-// A fresh fiber that starts in lane_entry on stack and returns to link. getcontext returns twice
-// (in the sense of setjmp), so it is kept away from the scheduler's loop variables.
-[[gnu::noinline]] void prepare(ucontext_t* context, char* stack, ucontext_t* link) {
-  getcontext(context);
-  context->uc_stack.ss_sp = stack;
-  context->uc_stack.ss_size = kStackBytes;
-  context->uc_link = link;
-  makecontext(context, lane_entry, 0);
-}
-
 void run_block(Launch& l, bool reverse) {
   const int threads = l.threads;
   for (int i = 0; i < threads; ++i) {
     Lane& lane = l.lanes[i];
-    prepare(&lane.context, lane.stack.get(), &l.scheduler);
+    make_context(lane.context, lane.stack.get(), kStackBytes, lane_entry);
     lane.state = State::ready;
     lane.index = {static_cast<unsigned>(i) % blockDim.x, static_cast<unsigned>(i) / blockDim.x % blockDim.y,
                   static_cast<unsigned>(i) / (blockDim.x * blockDim.y)};
