@@ -3,7 +3,8 @@
 
 PyTorch on the same shapes: BF16 `x @ w.T`; FP8 E4M3 with per-tensor scales through
 `torch._scaled_mm` (fast accumulation off and on); and FP8 with the activation's quantization
-(amax, scale, cast from fp32 — eager PyTorch, three kernels) before the GEMM. Peaks: one 8192^3
+(amax, scale, cast from fp32 — eager PyTorch, three kernels) before the GEMM; and MXFP8 the
+Hopper way (1x32 blocks quantized in eager PyTorch, dequantized to bf16, the BF16 GEMM). Peaks: one 8192^3
 GEMM each. Every time is CUDA-event device time over repetitions after a warm-up, like
 cuda_gemm's. torchao is reported if importable (its version), not benchmarked.
 
@@ -93,7 +94,7 @@ def main() -> int:
     del a, a16, a8
     print(f"measured peaks (8192^3, bf16 out): BF16 {peak_bf16:.0f} TFLOP/s, FP8 {peak_fp8:.0f}, FP8 fast-accum {peak_fast:.0f}")
     emit({"peak": True, "bf16_tflops": peak_bf16, "fp8_tflops": peak_fp8, "fp8_fast_tflops": peak_fast, "torch": torch.__version__})
-    print(f"{'model':13} {'linear':14} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} {'fp8f us':>9} {'q+fp8 us':>9} | {'bf16%':>6} {'fp8%':>6} {'fp8f%':>6} | speed")
+    print(f"{'model':13} {'linear':14} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} {'fp8f us':>9} {'q+fp8 us':>9} {'mx8 us':>9} | {'bf16%':>6} {'fp8%':>6} {'fp8f%':>6} | speed")
     for model, name, n, k in LINEARS:
         w = torch.randn(n, k, device=dev, generator=gen)
         w16, w8 = w.to(torch.bfloat16), fp8(w)
@@ -112,23 +113,38 @@ def main() -> int:
                 xq = (x * (E4M3_MAX / amax)).to(torch.float8_e4m3fn)
                 return torch._scaled_mm(xq, w8.T, scale_a=(amax / E4M3_MAX).float(), scale_b=sw, out_dtype=torch.bfloat16)
 
+            def mx8_then_gemm():
+                # MXFP8 the Hopper way in eager PyTorch: 1x32 blocks along K, the OCP floor rule
+                # (scale 2^(floor(log2 amax) - 8), e4m3's emax 8), saturating cast, values back
+                # to bf16 (exact), then the BF16 GEMM against the weight's bf16 (as cuda_gemm's mx8).
+                # The same values as concord's mxfp8-e4m3 (this rule in numpy + ml_dtypes equals
+                # concord.numerics.fake_quantize on Gaussian rows of scales 2^-20..2^20).
+                xb = x.reshape(m, k // 32, 32)
+                amax = xb.abs().amax(dim=-1, keepdim=True)
+                e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 8, torch.zeros_like(amax))
+                scale = torch.exp2(e.clamp(-127, 127))
+                q = (xb / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+                xq = (q.to(torch.bfloat16) * scale.to(torch.bfloat16)).reshape(m, k)
+                return xq @ w16.T
+
             try:  # a shape torch refuses (e.g. an M its FP8 path does not take) does not end the table
                 t16 = time_ms(lambda: x16 @ w16.T)
                 t8 = time_ms(lambda: torch._scaled_mm(x8, w8.T, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16))
                 tf = time_ms(lambda: torch._scaled_mm(x8, w8.T, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16,
                                                       use_fast_accum=True))
                 tq = time_ms(quant_then_gemm)
+                tm = time_ms(mx8_then_gemm)
             except RuntimeError as e:
                 print(f"{model:13} {name:14} {m:6d} | failed: {str(e).splitlines()[0]}")
                 continue
             speed = t16 / tq
             if crossover is None and speed > 1.0:
                 crossover = m
-            print(f"{model:13} {name:14} {m:6d} | {t16 * 1e3:9.1f} {t8 * 1e3:9.1f} {tf * 1e3:9.1f} {tq * 1e3:9.1f} | "
+            print(f"{model:13} {name:14} {m:6d} | {t16 * 1e3:9.1f} {t8 * 1e3:9.1f} {tf * 1e3:9.1f} {tq * 1e3:9.1f} {tm * 1e3:9.1f} | "
                   f"{100 * tflops(m, n, k, t16) / peak_bf16:5.1f}% {100 * tflops(m, n, k, t8) / peak_fp8:5.1f}% "
                   f"{100 * tflops(m, n, k, tf) / peak_fast:5.1f}% | {speed:.2f}x")
             emit({"model": model, "linear": name, "M": m, "N": n, "K": k, "bf16_ms": t16, "fp8_ms": t8,
-                  "fp8_fast_ms": tf, "quant_fp8_ms": tq})
+                  "fp8_fast_ms": tf, "quant_fp8_ms": tq, "mxfp8_bf16_ms": tm})
             del x, x16, x8
         print(f"{model:13} {name:14} crossover (FP8 with its quantization faster than BF16): "
               f"{'none up to the largest M' if crossover is None else f'M = {crossover}'}")
