@@ -3,14 +3,17 @@
 # has nvcc, CMake and a C++ compiler but none of concord's Debian packages, it
 #   1. records the machine (date, nvidia-smi name and driver, nvcc, CMake),
 #   2. builds src/concord/cuda on its own (numerics and tensor from source, nothing else),
-#   3. cuda_check: every GPU quantizer bit-exact against numerics::quantize_ref,
-#   4. cuda_gemm check: the exact-product GEMM bit-exact against tensor::gemm; cuBLASLt against it,
+#   3. cuda_check: every GPU quantizer bit-exact against numerics::quantize_ref (and its
+#      dequantization against numerics::dequantize),
+#   4. cuda_gemm check: the exact-product GEMM bit-exact against tensor::gemm (fp32, bf16, FP8) and
+#      tensor::gemm_prepared (MXFP8, MXFP4, NVFP4); cuBLASLt against it,
 #   5. cuda_gemm logits (when gpu-inputs/ was carried: tools/gpu_inputs.sh made it here): the GPU's
 #      exact fp32 lm_head against concord's CPU logits of SmolLM2-135M, and five GPU variants'
 #      logits for `concord contract measure` back here,
 #   6. cuda_check --bench: the quantizers' GB/s against a device-to-device copy,
-#   7. cuda_gemm bench and tools/gpu_torch_peer.py: the micro-batch table, concord's cuBLASLt calls
-#      and PyTorch's on the same shapes in the same run,
+#   7. cuda_gemm bench and tools/gpu_torch_peer.py: the micro-batch table (BF16, FP8, FP8 with its
+#      quantization, MXFP8 through bf16), concord's cuBLASLt calls and PyTorch's on the same
+#      shapes in the same run,
 # each step under its own timeout (a failing step is recorded, the rest still run), in about 5
 # minutes on an H100/H200. What comes back (the device tool returns at most 8 files, 16 MiB each):
 #   $OUT/summary.txt   machine, each step's status and time, the checks' verdicts
