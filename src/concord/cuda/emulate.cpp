@@ -290,9 +290,9 @@ void run_block(Launch& l, bool reverse) {
 }  // namespace
 
 void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
-  const unsigned threads = block.x * block.y * block.z;
-  if (threads == 0 || threads > kMaxThreads || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-      grid.z > 65535) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;  // CUDA's limits for sm_90:
+  if (threads == 0 || threads > kMaxThreads || block.z > 64 || grid.x == 0 || grid.x > 0x7FFFFFFFu || grid.y == 0 ||
+      grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
     throw std::runtime_error("[cuda emulation] invalid launch configuration: grid (" + std::to_string(grid.x) + "," +
                              std::to_string(grid.y) + "," + std::to_string(grid.z) + "), block (" +
                              std::to_string(block.x) + "," + std::to_string(block.y) + "," + std::to_string(block.z) + ")");
@@ -301,9 +301,6 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
   if (launching) throw std::logic_error("[cuda emulation] a launch inside a kernel");
   const std::lock_guard<std::mutex> lock(g_launch_mutex);  // one launch at a time, whatever the OS thread
   launching = true;
-  Launch l;
-  l.lanes = lane_pool(threads);
-  l.threads = static_cast<int>(threads);
   struct Clear {
     bool& launching;
     ~Clear() {
@@ -311,6 +308,9 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
       launching = false;
     }
   } clear{launching};
+  Launch l;
+  l.lanes = lane_pool(threads);
+  l.threads = static_cast<int>(threads);
   l.body = &body;
   g_launch = &l;
   gridDim = grid;
