@@ -7,6 +7,7 @@
 //   cuda_check --bench [--mib N] the quantizers' bandwidth on an N MiB fp32 tensor (default 256)
 //   cuda_check --json FILE       also write the results as JSON lines
 // Without a usable GPU it prints one line saying why and exits 77 (ctest: skipped).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -294,6 +295,24 @@ int run_bench(std::FILE* json, int64_t mib) {
     if (json != nullptr) {
       std::fprintf(json, "{\"bench\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"ms\": %.5f, \"gbs\": %.1f, \"copy_gbs\": %.1f}\n",
                    c.name.c_str(), static_cast<long long>(rows), static_cast<long long>(cols), ms, gbs, copy_gbs);
+    }
+  }
+  // Dequantization (MX on Hopper: back to bf16 for the BF16 GEMM; fp32 for the exact product):
+  // codes and scales read, fp32 or bf16 values written.
+  cu::DeviceBuffer values(static_cast<size_t>(n) * sizeof(float));
+  for (const std::string wanted : {"mxfp8-e4m3 floor 1x32", "mxfp4 floor 1x32", "nvfp4 1x16"}) {
+    const Case& c = *std::find_if(benched.begin(), benched.end(), [&](const Case& k) { return k.name == wanted; });
+    cu::quantize(c.desc, static_cast<const float*>(x.data()), rows, cols, c.rng, q);
+    for (bool bf16_out : {true, false}) {
+      const double ms = time_ms([&] { cu::dequantize(q, values.data(), bf16_out); });
+      const size_t bytes = q.codes.size() + q.scales.size() + static_cast<size_t>(n) * (bf16_out ? 2u : 4u);
+      const double gbs = static_cast<double>(bytes) / (ms * 1e6);
+      const std::string name = "dequant " + c.name.substr(0, c.name.find(' ')) + (bf16_out ? " -> bf16" : " -> fp32");
+      std::printf("%-26s %10.3f %10.0f %9.2fx\n", name.c_str(), ms, gbs, gbs / copy_gbs);
+      if (json != nullptr) {
+        std::fprintf(json, "{\"bench\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"ms\": %.5f, \"gbs\": %.1f, \"copy_gbs\": %.1f}\n",
+                     name.c_str(), static_cast<long long>(rows), static_cast<long long>(cols), ms, gbs, copy_gbs);
+      }
     }
   }
   return 0;
