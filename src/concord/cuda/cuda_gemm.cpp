@@ -63,13 +63,20 @@ cu::DeviceBuffer upload_floats(const std::vector<float>& v) {
   return b;
 }
 
-// Operand values as the GEMMs see them: codes decoded on the device (no scale applied).
+// Operand values as the GEMMs see them, dequantized on the device: block scales applied, the
+// tensor scale left apart (applied after the sum).
 cu::DeviceBuffer decoded(const cu::DeviceQuantized& q) {
   const int64_t n = q.rows * q.cols;
   cu::DeviceBuffer out(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float));
-  cu::decode_codes(static_cast<cu::Elem>(q.desc.element), q.codes.data(), n, static_cast<float*>(out.data()));
+  cu::dequantize(q, out.data());
   return out;
 }
+
+// The bound on cuBLASLt's difference from the fma chain over exactly multiplied operands: the
+// chain is within K u Σ|xw| of the true sum (u = 2^-24) and any order of fp32 additions within
+// 2 K u even with truncating adders (tensor cores truncate: Fasi et al., PeerJ CS 2021), so the
+// two differ by at most 3 K u — a bound from the arithmetic, not a tolerance (4 K u is held).
+double accumulation_bound(int64_t K) { return 4.0 * static_cast<double>(K) * 0x1p-24; }
 
 // CPU: the values of a quantized tensor's codes (no scales), through the reference decoder.
 std::vector<float> code_values(const nm::QuantizedTensor& q) {
@@ -226,10 +233,7 @@ int run_check(bool quick) {
       cu::DeviceQuantized gx, gw;
       cu::quantize(*pa.desc, static_cast<float*>(dx.data()), s.M, s.K, {}, gx);
       cu::quantize(*pb.desc, static_cast<float*>(dw.data()), s.N, s.K, {}, gw);
-      cu::DeviceBuffer bx(static_cast<size_t>(std::max<int64_t>(s.M * s.K, 1)) * sizeof(float));
-      cu::DeviceBuffer bw(static_cast<size_t>(std::max<int64_t>(s.N * s.K, 1)) * sizeof(float));
-      cu::dequantize(gx, bx.data());
-      cu::dequantize(gw, bw.data());
+      cu::DeviceBuffer bx = decoded(gx), bw = decoded(gw);
       const bool scaled = gx.desc.is_nvfp4();
       cu::exact_gemm(static_cast<float*>(bx.data()), static_cast<float*>(bw.data()), y, s.M, s.N, s.K,
                      scaled ? cu::tensor_scale_of(gx) : nullptr, scaled ? cu::tensor_scale_of(gw) : nullptr);
@@ -244,7 +248,7 @@ int run_check(bool quick) {
                        cu::OutType::f32, s.M, s.N, s.K);
         const std::vector<float> px(pa.data, pa.data + s.M * s.K), pw(pb.data, pb.data + s.N * s.K);
         const double e = relative_error(download_floats(y, outputs), exact_block, px, pw, s.M, s.N, s.K, 1.0);
-        const double order_bound = 4.0 * static_cast<double>(s.K) * 0x1p-24;
+        const double order_bound = accumulation_bound(s.K);
         char b5[160];
         std::snprintf(b5, sizeof(b5), "max |d| / sum|xw| = %.3g (any fp32 order: <= %.3g)", e, order_bound);
         report(e <= order_bound, std::string("cublasLt bf16 on ") + bc.name + " ~ exact", s, b5);
@@ -269,10 +273,7 @@ int run_check(bool quick) {
     blas.gemm_bf16(static_cast<const uint16_t*>(qx.codes.data()), static_cast<const uint16_t*>(qw.codes.data()), y,
                    cu::OutType::f32, s.M, s.N, s.K);
     const double e_bf16 = relative_error(download_floats(y, outputs), exact_bf16, cx, cw, s.M, s.N, s.K, 1.0);
-    // The fma chain is within K u sum|xw| of the true sum (u = 2^-24), and any order of fp32
-    // additions within 2 K u even with truncating adders (tensor cores truncate: Fasi et al.,
-    // PeerJ CS 2021): the two differ by at most 3 K u — a bound from the arithmetic, not a tolerance.
-    const double order_bound = 4.0 * static_cast<double>(s.K) * 0x1p-24;
+    const double order_bound = accumulation_bound(s.K);
     std::snprintf(buf, sizeof(buf), "max |d| / sum|xw| = %.3g (any fp32 order: <= %.3g)", e_bf16, order_bound);
     report(e_bf16 <= order_bound, "cublasLt bf16 ~ exact bf16", s, buf);
     for (bool fast : {false, true}) {

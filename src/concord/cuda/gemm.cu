@@ -58,21 +58,6 @@ __global__ void exact_gemm_kernel(const float* X, const float* W, float* Y, int6
   }
 }
 
-__global__ void decode_kernel(Elem f, const uint8_t* codes, int64_t n, float* out) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const int bits = storage_bits(f);
-  uint32_t code;
-  if (bits == 16) {
-    code = reinterpret_cast<const uint16_t*>(codes)[i];
-  } else if (bits == 8) {
-    code = codes[i];
-  } else {
-    code = (codes[i / 2] >> (4 * (i & 1))) & 0xFu;
-  }
-  out[i] = decode(f, code);
-}
-
 }  // namespace
 
 void exact_gemm(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K, const float* scale_x,
@@ -82,13 +67,6 @@ void exact_gemm(const float* X, const float* W, float* Y, int64_t M, int64_t N, 
   const dim3 block(kTile, kTile);
   const dim3 grid(static_cast<unsigned>((N + kTile - 1) / kTile), static_cast<unsigned>((M + kTile - 1) / kTile));
   CONCORD_LAUNCH(exact_gemm_kernel, grid, block, X, W, Y, M, N, K, scale_x, scale_w);
-  CONCORD_CUDA_OK(cudaGetLastError());
-}
-
-void decode_codes(Elem f, const void* codes, int64_t n, float* out) {
-  if (n == 0) return;
-  CONCORD_LAUNCH(decode_kernel, static_cast<unsigned>((n + 255) / 256), 256, f, static_cast<const uint8_t*>(codes), n,
-                 out);
   CONCORD_CUDA_OK(cudaGetLastError());
 }
 

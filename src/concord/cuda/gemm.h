@@ -29,9 +29,6 @@ namespace concord::cuda {
 void exact_gemm(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K,
                 const float* scale_x = nullptr, const float* scale_w = nullptr);
 
-// Element values of n codes of format f (no block or tensor scale): out[i] = decode(code i).
-void decode_codes(Elem f, const void* codes, int64_t n, float* out);
-
 // The device float holding a per-tensor or NVFP4 quantization's decode scale (1/S).
 const float* tensor_scale_of(const DeviceQuantized& q);
 
